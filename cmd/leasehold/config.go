@@ -1,0 +1,123 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// config is a replica's configuration (contract §2): flag, then
+// environment variable, then default.
+type config struct {
+	DatabaseURL  string
+	Addr         string
+	Instance     string
+	Workers      int
+	LeaseTTL     time.Duration
+	Roles        []string
+	APIToken     string
+	SimCrashRate float64
+	SimSpikeRate float64
+	LogLevel     string
+	LogFormat    string
+}
+
+var allRoles = []string{"api", "worker", "generator", "reaper"}
+
+// hasRole reports whether the replica plays role.
+func (c config) hasRole(role string) bool { return slices.Contains(c.Roles, role) }
+
+// configFlags defines the replica flags on fs with defaults taken from the
+// environment, and returns a function that validates and finishes the
+// configuration after fs.Parse. simDefault is the default of the
+// simulated-fault rates (0 in serve, on in demo).
+func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpike float64) func() (config, error) {
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var (
+		c                              config
+		workers, ttl, roles, crash, sp string
+	)
+	fs.StringVar(&c.DatabaseURL, "database-url", getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
+	fs.StringVar(&c.Addr, "addr", env("LEASEHOLD_ADDR", ":8080"), "listen address (env LEASEHOLD_ADDR)")
+	fs.StringVar(&c.Instance, "instance", getenv("LEASEHOLD_INSTANCE"), "instance id (env LEASEHOLD_INSTANCE; default <hostname>-<pid>)")
+	fs.StringVar(&workers, "workers", env("LEASEHOLD_WORKERS", "4"), "task workers per replica (env LEASEHOLD_WORKERS)")
+	fs.StringVar(&ttl, "lease-ttl", env("LEASEHOLD_LEASE_TTL", "30s"), "default lease TTL (env LEASEHOLD_LEASE_TTL)")
+	fs.StringVar(&roles, "roles", env("LEASEHOLD_ROLES", strings.Join(allRoles, ",")), "roles of this replica (env LEASEHOLD_ROLES)")
+	fs.StringVar(&c.APIToken, "api-token", getenv("LEASEHOLD_API_TOKEN"), "require this Bearer token on /api/* and /ws (env LEASEHOLD_API_TOKEN)")
+	fs.StringVar(&crash, "sim-crash-rate", env("LEASEHOLD_SIM_CRASH_RATE", strconv.FormatFloat(simCrash, 'g', -1, 64)), "per task, the chance of a simulated crash (env LEASEHOLD_SIM_CRASH_RATE)")
+	fs.StringVar(&sp, "sim-spike-rate", env("LEASEHOLD_SIM_SPIKE_RATE", strconv.FormatFloat(simSpike, 'g', -1, 64)), "per heartbeat, the chance of a simulated latency spike (env LEASEHOLD_SIM_SPIKE_RATE)")
+	fs.StringVar(&c.LogLevel, "log-level", env("LEASEHOLD_LOG_LEVEL", "info"), "debug, info, warn or error (env LEASEHOLD_LOG_LEVEL)")
+	fs.StringVar(&c.LogFormat, "log-format", env("LEASEHOLD_LOG_FORMAT", "json"), "json or console (env LEASEHOLD_LOG_FORMAT)")
+
+	return func() (config, error) {
+		var errs []error
+		n, err := strconv.Atoi(workers)
+		if err != nil || n < 0 || n > 1024 {
+			errs = append(errs, fmt.Errorf("--workers %q must be an integer between 0 and 1024", workers))
+		}
+		c.Workers = n
+		d, err := time.ParseDuration(ttl)
+		if err != nil || d < time.Second || d > time.Hour || d%time.Second != 0 {
+			errs = append(errs, fmt.Errorf("--lease-ttl %q must be whole seconds between 1s and 1h, e.g. 30s", ttl))
+		}
+		c.LeaseTTL = d
+		for _, r := range strings.Split(roles, ",") {
+			r = strings.TrimSpace(r)
+			if r == "" {
+				continue
+			}
+			if !slices.Contains(allRoles, r) {
+				errs = append(errs, fmt.Errorf("--roles: unknown role %q; use some of %s", r, strings.Join(allRoles, ",")))
+			}
+			c.Roles = append(c.Roles, r)
+		}
+		for name, raw := range map[string]string{"--sim-crash-rate": crash, "--sim-spike-rate": sp} {
+			v, err := strconv.ParseFloat(raw, 64)
+			if err != nil || v < 0 || v > 1 {
+				errs = append(errs, fmt.Errorf("%s %q must be a number between 0 and 1", name, raw))
+			}
+			if name == "--sim-crash-rate" {
+				c.SimCrashRate = v
+			} else {
+				c.SimSpikeRate = v
+			}
+		}
+		if c.LogFormat != "json" && c.LogFormat != "console" {
+			errs = append(errs, fmt.Errorf("--log-format %q must be json or console", c.LogFormat))
+		}
+		if c.Instance == "" {
+			host, _ := os.Hostname()
+			c.Instance = fmt.Sprintf("%s-%d", host, os.Getpid())
+		}
+		if err := errors.Join(errs...); err != nil {
+			return c, fmt.Errorf("%w: %w", errUsage, err)
+		}
+		return c, nil
+	}
+}
+
+// parse parses args into fs, turning -h and flag errors into errUsage.
+func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errUsage
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	return nil
+}

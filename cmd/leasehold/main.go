@@ -1,0 +1,74 @@
+// Command leasehold is one replica of the lease service and its tools: see
+// usage below and the README.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `leasehold: leases and a task queue on PostgreSQL
+
+usage:
+  leasehold serve    [flags]   run one replica (REST API, reaper, ...)
+  leasehold migrate  [flags]   apply the database migrations and exit
+  leasehold demo     [flags]   a local PostgreSQL (unless DATABASE_URL is set) and a replica on :8080
+  leasehold localdb            start or reuse the local development PostgreSQL; print its URL
+  leasehold version            print the version
+
+Run "leasehold <command> -h" for the flags of a command.
+`
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// errUsage marks errors of the command line: exit status 2.
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, errUsage) || err.Error() != errUsage.Error() {
+			fmt.Fprintln(os.Stderr, "leasehold:", err)
+		}
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// run is the whole program; main only supplies the process's environment.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return runServe(ctx, rest, getenv, stderr)
+	case "migrate":
+		return runMigrate(ctx, rest, getenv, stdout, stderr)
+	case "demo":
+		return runDemo(ctx, rest, getenv, stderr)
+	case "localdb":
+		return runLocalDB(ctx, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, version)
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+	}
+}

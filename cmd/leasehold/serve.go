@@ -1,0 +1,229 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/localpg"
+	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/internal/reaper"
+	"github.com/leasehold/leasehold/internal/server"
+	"github.com/leasehold/leasehold/schema"
+)
+
+func runServe(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
+	finish := configFlags(fs, getenv, 0, 0)
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	c, err := finish()
+	if err != nil {
+		return err
+	}
+	if c.DatabaseURL == "" {
+		return fmt.Errorf("%w: no database: set DATABASE_URL or pass --database-url postgres://user:pass@host:5432/db", errUsage)
+	}
+	return serve(ctx, c, stderr, nil)
+}
+
+// runDemo runs a replica against DATABASE_URL or, when it is unset, the
+// local development PostgreSQL, which it brings up first. (Several replicas
+// behind a front door come with the task queue.)
+func runDemo(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("leasehold demo", flag.ContinueOnError)
+	finish := configFlags(fs, getenv, 0.05, 0.10)
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	c, err := finish()
+	if err != nil {
+		return err
+	}
+	if c.DatabaseURL == "" {
+		if c.DatabaseURL, err = localpg.Ensure(ctx, stderr); err != nil {
+			return err
+		}
+	}
+	if c.LogFormat == "json" && getenv("LEASEHOLD_LOG_FORMAT") == "" {
+		c.LogFormat = "console"
+	}
+	return serve(ctx, c, stderr, nil)
+}
+
+func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("leasehold migrate", flag.ContinueOnError)
+	url := fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	if *url == "" {
+		return fmt.Errorf("%w: no database: set DATABASE_URL or pass --database-url postgres://user:pass@host:5432/db", errUsage)
+	}
+	pool, err := pgxpool.New(ctx, *url)
+	if err != nil {
+		return fmt.Errorf("database URL: %w", err)
+	}
+	defer pool.Close()
+	applied, err := schema.Migrate(ctx, pool)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "applied %d migration(s) %v\n", len(applied), applied)
+	return nil
+}
+
+func runLocalDB(ctx context.Context, stdout, stderr io.Writer) error {
+	url, err := localpg.Ensure(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, url)
+	return nil
+}
+
+func newLogger(c config, w io.Writer) (zerolog.Logger, error) {
+	level, err := zerolog.ParseLevel(c.LogLevel)
+	if err != nil || level == zerolog.NoLevel {
+		return zerolog.Nop(), fmt.Errorf("%w: --log-level %q must be debug, info, warn or error", errUsage, c.LogLevel)
+	}
+	if c.LogFormat == "console" {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Str("instance", c.Instance).Logger(), nil
+}
+
+// serve runs one replica until ctx ends. ready, if not nil, receives the
+// address the server listens on once it accepts connections.
+func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string) error {
+	log, err := newLogger(c, stderr)
+	if err != nil {
+		return err
+	}
+	poolCfg, err := pgxpool.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("database URL: %w", err)
+	}
+	poolCfg.ConnConfig.RuntimeParams["application_name"] = "leasehold " + c.Instance
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+
+	applied, err := schema.Migrate(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if len(applied) > 0 {
+		log.Info().Ints64("versions", applied).Msg("applied migrations")
+	}
+	latest, err := schema.Latest()
+	if err != nil {
+		return err
+	}
+
+	listenCfg := poolCfg.ConnConfig.Copy()
+	listenCfg.RuntimeParams["application_name"] = "leasehold " + c.Instance + " listener"
+	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) {
+		return pgx.ConnectConfig(ctx, listenCfg)
+	}, log, notify.ChannelLease)
+
+	store := lease.NewStore(pool)
+	metrics := server.NewMetrics(listener.Connected, listener.Reconnects)
+	startedAt := time.Now().UTC()
+	handler := server.NewServer(server.Deps{
+		Leases:     store,
+		Instance:   server.Instance{ID: c.Instance, StartedAt: startedAt, Roles: c.Roles, Version: version},
+		DefaultTTL: c.LeaseTTL,
+		APIToken:   c.APIToken,
+		Log:        log,
+		Metrics:    metrics,
+		Ready: func(ctx context.Context) error {
+			if err := pool.Ping(ctx); err != nil {
+				return fmt.Errorf("database: %w", err)
+			}
+			v, err := schema.Applied(ctx, pool)
+			if err != nil {
+				return fmt.Errorf("database: %w", err)
+			}
+			if v < latest {
+				return fmt.Errorf("migrations: database at version %d, this binary needs %d", v, latest)
+			}
+			if !listener.Connected() {
+				return errors.New("listener: the LISTEN connection is down")
+			}
+			return nil
+		},
+	})
+
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", c.Addr, err)
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+	}
+
+	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := listener.Run(bgCtx); err != nil {
+			log.Error().Err(err).Msg("listener stopped")
+		}
+	})
+	if c.hasRole("reaper") {
+		r := &reaper.Reaper{
+			Store: store, Listener: listener, Instance: c.Instance, Log: log,
+			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Marked: metrics.ExpiryAnnounced,
+		}
+		wg.Go(func() {
+			if err := r.Run(bgCtx); err != nil {
+				log.Error().Err(err).Msg("reaper stopped")
+			}
+		})
+	}
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info().Str("addr", ln.Addr().String()).Strs("roles", c.Roles).Msg("serving")
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+
+	select {
+	case <-ctx.Done():
+	case err = <-serveErr:
+	}
+	log.Info().Msg("shutting down")
+	// Background work first: its leases are released while the database
+	// is still reachable through the pool.
+	stopBackground()
+	wg.Wait()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if serr := srv.Shutdown(shutdownCtx); serr != nil && err == nil {
+		err = serr
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	log.Info().Msg("stopped")
+	return err
+}

@@ -1,0 +1,107 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/notify"
+)
+
+// Elector runs a function only while it holds the lease on a resource: the
+// way one replica of many becomes the reaper or the generator. Followers wait
+// for the holder's lease to be released or to expire, woken by NOTIFY or, when
+// no reaper announces the expiry, by their own timer at its expires_at.
+type Elector struct {
+	Store    *Store
+	Listener *notify.Listener
+	Resource string
+	Holder   string
+	Keep     KeepConfig
+	Log      zerolog.Logger
+}
+
+// Run campaigns until ctx ends. Each time it wins, it calls lead with a
+// context that is cancelled as soon as the lease is lost (or ctx ends); when
+// lead returns, the lease is released and the campaign goes on.
+func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Lease)) error {
+	if err := e.Keep.Validate(); err != nil {
+		return err
+	}
+	sub := e.Listener.Subscribe(notify.ChannelLease, 64)
+	defer sub.Close()
+	log := e.Log.With().Str("resource", e.Resource).Logger()
+	for {
+		sent := time.Now()
+		acq, err := e.Store.Acquire(ctx, AcquireParams{Resource: e.Resource, Holder: e.Holder, TTL: e.Keep.TTL})
+		wait := e.Keep.withDefaults().RetryInterval
+		var held *HeldError
+		switch {
+		case err == nil:
+			log.Info().Int64("fence", acq.Lease.Fence).Msg("won the lease")
+			e.hold(ctx, acq.Lease, sent, lead)
+			log.Info().Int64("fence", acq.Lease.Fence).Msg("gave up the lease")
+			// wait stays at the retry interval: having just stepped down,
+			// let the followers, woken by the release, go first.
+		case errors.As(err, &held):
+			// The holder's lease runs out at its expires_at by the database
+			// clock; a little after that, try again even if nobody says so.
+			wait = held.Lease.ExpiresAt.Sub(acq.DBNow) + 10*time.Millisecond
+		case ctx.Err() != nil:
+		default:
+			log.Warn().Err(err).Msg("campaign failed; retrying")
+		}
+		if !waitForTurn(ctx, sub, e.Resource, wait) {
+			return nil
+		}
+	}
+}
+
+// hold runs lead while keeping the lease, then releases it.
+func (e *Elector) hold(ctx context.Context, l Lease, sent time.Time, lead func(ctx context.Context, l Lease)) {
+	leadCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lost := make(chan error, 1)
+	go func() {
+		lost <- keep(leadCtx, e.Keep, sent, func(rctx context.Context) error {
+			_, err := e.Store.Renew(rctx, RenewParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
+			return err
+		})
+		cancel()
+	}()
+	lead(leadCtx, l)
+	cancel()
+	if reason := <-lost; reason != nil {
+		e.Log.Warn().Err(reason).Str("resource", l.Resource).Msg("lost the lease")
+		return
+	}
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer rcancel()
+	if _, err := e.Store.Release(rctx, ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence}); err != nil && !errors.Is(err, ErrNotHeld) {
+		e.Log.Warn().Err(err).Str("resource", l.Resource).Msg("release failed; the lease will expire on its own")
+	}
+}
+
+// waitForTurn waits up to d for a sign that the resource may be free: its
+// release or expiry notified, or a resync. It reports false when ctx ended.
+func waitForTurn(ctx context.Context, sub *notify.Subscription, resource string, d time.Duration) bool {
+	timer := time.NewTimer(max(d, 0))
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return true
+		case <-sub.Resync():
+			return true
+		case n := <-sub.C():
+			c, err := ParseChange(n.Payload)
+			if err == nil && c.Resource == resource && (c.Kind == "released" || c.Kind == "expired") {
+				return true
+			}
+		}
+	}
+}

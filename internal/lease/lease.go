@@ -1,0 +1,342 @@
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/internal/db"
+)
+
+// State is where a lease stands by the database clock.
+type State string
+
+// The states of a lease.
+const (
+	StateActive   State = "active"   // not released, expires_at in the future
+	StateExpired  State = "expired"  // not released, expires_at passed
+	StateReleased State = "released" // released by its holder
+)
+
+// Filters of List beyond the states: every lease, or those ever renewed.
+const (
+	FilterAll     = "all"
+	FilterRenewed = "renewed"
+)
+
+// Errors of the lease service. A caller that lost its lease gets ErrNotHeld:
+// a normal outcome, not a failure of the service.
+var (
+	ErrNotFound = errors.New("lease not found")
+	ErrNotHeld  = errors.New("lease not held")
+	ErrHeld     = errors.New("lease held by another holder")
+)
+
+// HeldError is ErrHeld with the lease of the current holder.
+type HeldError struct{ Lease Lease }
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("%s is held by %s until %s", e.Lease.Resource, e.Lease.Holder, e.Lease.ExpiresAt.Format(time.RFC3339Nano))
+}
+
+// Is makes errors.Is(err, ErrHeld) true.
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// Lease is one lease as the API shows it.
+type Lease struct {
+	ID         int64      `json:"id"`
+	Resource   string     `json:"resource"`
+	Holder     string     `json:"holder"`
+	Fence      int64      `json:"fence"`
+	State      State      `json:"state"`
+	TTLSeconds int32      `json:"ttl_seconds"`
+	CreatedAt  time.Time  `json:"created_at"`
+	RenewedAt  *time.Time `json:"renewed_at"`
+	ReleasedAt *time.Time `json:"released_at"`
+	ExpiresAt  time.Time  `json:"expires_at"`
+}
+
+// TTL is the lease's time to live as a duration.
+func (l Lease) TTL() time.Duration { return time.Duration(l.TTLSeconds) * time.Second }
+
+// MarshalJSON writes timestamps as RFC 3339 UTC with milliseconds.
+func (l Lease) MarshalJSON() ([]byte, error) {
+	type plain Lease
+	return json.Marshal(struct {
+		plain
+		CreatedAt  string  `json:"created_at"`
+		RenewedAt  *string `json:"renewed_at"`
+		ReleasedAt *string `json:"released_at"`
+		ExpiresAt  string  `json:"expires_at"`
+	}{
+		plain:      plain(l),
+		CreatedAt:  FormatTime(l.CreatedAt),
+		RenewedAt:  formatTimePtr(l.RenewedAt),
+		ReleasedAt: formatTimePtr(l.ReleasedAt),
+		ExpiresAt:  FormatTime(l.ExpiresAt),
+	})
+}
+
+// Event is one entry of the audit history.
+type Event struct {
+	ID        int64     `json:"id"`
+	At        time.Time `json:"at"`
+	LeaseID   int64     `json:"lease_id"`
+	Resource  string    `json:"resource"`
+	Holder    string    `json:"holder"`
+	Fence     int64     `json:"fence"`
+	Kind      string    `json:"kind"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// MarshalJSON writes timestamps as RFC 3339 UTC with milliseconds.
+func (e Event) MarshalJSON() ([]byte, error) {
+	type plain Event
+	return json.Marshal(struct {
+		plain
+		At        string `json:"at"`
+		ExpiresAt string `json:"expires_at"`
+	}{plain: plain(e), At: FormatTime(e.At), ExpiresAt: FormatTime(e.ExpiresAt)})
+}
+
+// FormatTime formats t as the API does: RFC 3339, UTC, milliseconds.
+func FormatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z07:00") }
+
+func formatTimePtr(t *time.Time) *string {
+	if t == nil {
+		return nil
+	}
+	s := FormatTime(*t)
+	return &s
+}
+
+// Store is the lease service on the database.
+type Store struct {
+	q *db.Queries
+}
+
+// NewStore returns a store on the pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{q: db.New(pool)} }
+
+// AcquireParams names what to acquire, for whom and for how long.
+type AcquireParams struct {
+	Resource string
+	Holder   string
+	TTL      time.Duration // whole seconds, 1 s to 1 h
+}
+
+// Acquisition is the outcome of an Acquire that did not fail.
+type Acquisition struct {
+	Lease Lease
+	// New is true when this call took the lease with a new fence, false when
+	// the holder already held it (an idempotent retry; the lease unchanged).
+	New bool
+	// DBNow is the database clock when the decision was made.
+	DBNow time.Time
+}
+
+// Acquire takes the resource for the holder when it is free: it has never
+// been leased, or its lease was released or expired. When another holder
+// holds it, the error is a *HeldError carrying that holder's lease.
+func (s *Store) Acquire(ctx context.Context, p AcquireParams) (Acquisition, error) {
+	// Zero rows means the lease changed between the statement's two halves
+	// (taken by a concurrent insert, or expired): look again.
+	for range 10 {
+		row, err := s.q.LeaseAcquire(ctx, db.LeaseAcquireParams{
+			Resource:   p.Resource,
+			Holder:     p.Holder,
+			TTLSeconds: ttlSeconds(p.TTL),
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return Acquisition{}, fmt.Errorf("acquire %s: %w", p.Resource, err)
+		}
+		l := Lease{
+			ID: row.ID, Resource: row.Resource, Holder: row.Holder, Fence: row.Fence,
+			State: StateActive, TTLSeconds: row.TTLSeconds, CreatedAt: row.CreatedAt,
+			RenewedAt: row.RenewedAt, ReleasedAt: row.ReleasedAt, ExpiresAt: row.ExpiresAt,
+		}
+		switch {
+		case row.Acquired:
+			return Acquisition{Lease: l, New: true, DBNow: row.DBNow}, nil
+		case row.Holder == p.Holder:
+			return Acquisition{Lease: l, DBNow: row.DBNow}, nil
+		default:
+			return Acquisition{Lease: l, DBNow: row.DBNow}, &HeldError{Lease: l}
+		}
+	}
+	return Acquisition{}, fmt.Errorf("acquire %s: the lease kept changing under contention; retry", p.Resource)
+}
+
+func ttlSeconds(d time.Duration) int32 { return int32(d / time.Second) }
+
+// RenewParams names the lease to renew. Fence, when not zero, must match
+// the lease's fence; TTL, when not zero, replaces the lease's TTL.
+type RenewParams struct {
+	Resource string
+	Holder   string
+	Fence    int64
+	TTL      time.Duration
+}
+
+// Renew extends the holder's active lease to now + TTL by the database
+// clock. ErrNotHeld when the holder holds no active lease on the resource.
+func (s *Store) Renew(ctx context.Context, p RenewParams) (Lease, error) {
+	params := db.LeaseRenewParams{Resource: p.Resource, Holder: p.Holder, Fence: optional(p.Fence)}
+	if p.TTL > 0 {
+		ttl := ttlSeconds(p.TTL)
+		params.TTLSeconds = &ttl
+	}
+	row, err := s.q.LeaseRenew(ctx, params)
+	if err != nil {
+		return Lease{}, notHeld("renew", p.Resource, err)
+	}
+	return fromRow(row, StateActive), nil
+}
+
+// ReleaseParams names the lease to release. Fence and ID, when not zero,
+// must match too.
+type ReleaseParams struct {
+	Resource string
+	Holder   string
+	Fence    int64
+	ID       int64
+}
+
+// Release ends the holder's active lease now. ErrNotHeld when the holder
+// holds no active lease on the resource (a second release included).
+func (s *Store) Release(ctx context.Context, p ReleaseParams) (Lease, error) {
+	row, err := s.q.LeaseRelease(ctx, db.LeaseReleaseParams{
+		Resource: p.Resource, Holder: p.Holder, Fence: optional(p.Fence), ID: optional(p.ID),
+	})
+	if err != nil {
+		return Lease{}, notHeld("release", p.Resource, err)
+	}
+	return fromRow(row, StateReleased), nil
+}
+
+func notHeld(op, resource string, err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotHeld
+	}
+	return fmt.Errorf("%s %s: %w", op, resource, err)
+}
+
+func optional(v int64) *int64 {
+	if v == 0 {
+		return nil
+	}
+	return &v
+}
+
+func fromRow(r db.Lease, state State) Lease {
+	return Lease{
+		ID: r.ID, Resource: r.Resource, Holder: r.Holder, Fence: r.Fence, State: state,
+		TTLSeconds: r.TTLSeconds, CreatedAt: r.CreatedAt, RenewedAt: r.RenewedAt,
+		ReleasedAt: r.ReleasedAt, ExpiresAt: r.ExpiresAt,
+	}
+}
+
+// Get returns the lease with the given id, ErrNotFound when there is none.
+func (s *Store) Get(ctx context.Context, id int64) (Lease, error) {
+	row, err := s.q.LeaseGet(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Lease{}, ErrNotFound
+	}
+	if err != nil {
+		return Lease{}, fmt.Errorf("get lease %d: %w", id, err)
+	}
+	return fromListRow(db.LeaseListRow(row)), nil
+}
+
+func fromListRow(r db.LeaseListRow) Lease {
+	return Lease{
+		ID: r.ID, Resource: r.Resource, Holder: r.Holder, Fence: r.Fence, State: State(r.State),
+		TTLSeconds: r.TTLSeconds, CreatedAt: r.CreatedAt, RenewedAt: r.RenewedAt,
+		ReleasedAt: r.ReleasedAt, ExpiresAt: r.ExpiresAt,
+	}
+}
+
+// ListParams selects a page of leases.
+type ListParams struct {
+	Filter  string // FilterAll, FilterRenewed, or a State
+	Prefix  string // resources starting with it; "" for all
+	AfterID int64  // keyset paging: leases with a greater id
+	Limit   int32
+}
+
+// List returns a page of leases in id order.
+func (s *Store) List(ctx context.Context, p ListParams) ([]Lease, error) {
+	rows, err := s.q.LeaseList(ctx, db.LeaseListParams{
+		AfterID: p.AfterID, Prefix: p.Prefix, State: p.Filter, RowLimit: p.Limit,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list leases: %w", err)
+	}
+	leases := make([]Lease, len(rows))
+	for i, r := range rows {
+		leases[i] = fromListRow(r)
+	}
+	return leases, nil
+}
+
+// EventsParams selects a page of the audit history.
+type EventsParams struct {
+	Resource string // "" for every resource
+	AfterID  int64
+	Limit    int32
+}
+
+// Events returns a page of the audit history in id order.
+func (s *Store) Events(ctx context.Context, p EventsParams) ([]Event, error) {
+	rows, err := s.q.LeaseEvents(ctx, db.LeaseEventsParams{AfterID: p.AfterID, Resource: p.Resource, RowLimit: p.Limit})
+	if err != nil {
+		return nil, fmt.Errorf("list lease events: %w", err)
+	}
+	events := make([]Event, len(rows))
+	for i, r := range rows {
+		events[i] = Event(r)
+	}
+	return events, nil
+}
+
+// Expiry is an expired lease the reaper announced, Lag after its expires_at.
+type Expiry struct {
+	Lease Lease
+	Lag   time.Duration
+}
+
+// MarkExpired announces up to batch expiries that are due: each gets an
+// "expired" event and a NOTIFY.
+func (s *Store) MarkExpired(ctx context.Context, batch int32) ([]Expiry, error) {
+	rows, err := s.q.LeaseMarkExpired(ctx, batch)
+	if err != nil {
+		return nil, fmt.Errorf("mark expired leases: %w", err)
+	}
+	expiries := make([]Expiry, len(rows))
+	for i, r := range rows {
+		var lag time.Duration
+		if r.ExpiredAt != nil {
+			lag = r.ExpiredAt.Sub(r.ExpiresAt)
+		}
+		expiries[i] = Expiry{Lease: fromRow(r, StateExpired), Lag: lag}
+	}
+	return expiries, nil
+}
+
+// NextExpiry returns when the earliest unannounced expiry is due and the
+// database clock now.
+func (s *Store) NextExpiry(ctx context.Context) (next, dbNow time.Time, err error) {
+	row, err := s.q.LeaseNextExpiry(ctx)
+	if err != nil {
+		return time.Time{}, time.Time{}, fmt.Errorf("next lease expiry: %w", err)
+	}
+	return row.NextExpiry, row.DBNow, nil
+}

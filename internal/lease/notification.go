@@ -1,0 +1,32 @@
+package lease
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Change is the payload the leases trigger NOTIFYs on the leasehold_lease
+// channel: a hint that a lease changed, not the lease itself.
+type Change struct {
+	ID        int64
+	Resource  string
+	Fence     int64
+	Kind      string // acquired, renewed, released or expired
+	ExpiresAt time.Time
+}
+
+// ParseChange decodes a leasehold_lease notification payload.
+func ParseChange(payload string) (Change, error) {
+	var p struct {
+		ID          int64  `json:"id"`
+		Resource    string `json:"resource"`
+		Fence       int64  `json:"fence"`
+		Kind        string `json:"kind"`
+		ExpiresAtMS int64  `json:"expires_at_ms"`
+	}
+	if err := json.Unmarshal([]byte(payload), &p); err != nil {
+		return Change{}, fmt.Errorf("lease notification %q: %w", payload, err)
+	}
+	return Change{ID: p.ID, Resource: p.Resource, Fence: p.Fence, Kind: p.Kind, ExpiresAt: time.UnixMilli(p.ExpiresAtMS)}, nil
+}

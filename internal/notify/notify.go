@@ -1,0 +1,210 @@
+// Package notify keeps the one LISTEN connection of a leasehold process and
+// fans its notifications out to in-process subscribers.
+//
+// NOTIFY is a hint, never the data: a subscriber that is woken reads the
+// truth from the database. Notifications sent while the connection was down
+// are lost, so after every (re)connect each subscriber gets a Resync signal
+// and runs its catch-up query; a subscriber too slow to take a notification
+// gets the same signal instead of blocking the listener.
+package notify
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgxlisten"
+	"github.com/rs/zerolog"
+)
+
+// The channels leasehold's triggers notify on.
+const (
+	ChannelLease = "leasehold_lease"
+)
+
+// Notification is one notification as received.
+type Notification struct {
+	Channel string
+	Payload string
+}
+
+// Subscription receives the notifications of one channel.
+type Subscription struct {
+	channel string
+	c       chan Notification
+	resync  chan struct{}
+	l       *Listener
+}
+
+// C delivers the channel's notifications.
+func (s *Subscription) C() <-chan Notification { return s.c }
+
+// Resync is signalled (coalesced, capacity 1) after the listener connected
+// or reconnected, and whenever a notification had to be dropped because C
+// was full: the subscriber may have missed something and must catch up from
+// the database.
+func (s *Subscription) Resync() <-chan struct{} { return s.resync }
+
+// Close ends the subscription.
+func (s *Subscription) Close() {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	delete(s.l.subs[s.channel], s)
+}
+
+// Listener owns the process's LISTEN connection.
+type Listener struct {
+	connect  func(ctx context.Context) (*pgx.Conn, error)
+	channels []string
+	log      zerolog.Logger
+
+	mu   sync.Mutex
+	subs map[string]map[*Subscription]struct{}
+
+	connected  atomic.Bool
+	reconnects atomic.Int64
+}
+
+// Backoff bounds between reconnect attempts: pgxlisten waits a fixed minute
+// by default; leasehold starts at MinReconnectDelay and doubles up to
+// MaxReconnectDelay while the database stays unreachable.
+const (
+	MinReconnectDelay = 100 * time.Millisecond
+	MaxReconnectDelay = 5 * time.Second
+)
+
+// New returns a listener for the given channels. connect opens a dedicated
+// session (not one borrowed from a pool, and not through a transaction-mode
+// pooler, where LISTEN does not work).
+func New(connect func(ctx context.Context) (*pgx.Conn, error), log zerolog.Logger, channels ...string) *Listener {
+	return &Listener{
+		connect:  connect,
+		channels: channels,
+		log:      log.With().Str("component", "listener").Logger(),
+		subs:     make(map[string]map[*Subscription]struct{}),
+	}
+}
+
+// Subscribe returns a subscription to channel with room for buffer
+// notifications. The channel must be one the listener was created with.
+func (l *Listener) Subscribe(channel string, buffer int) *Subscription {
+	s := &Subscription{channel: channel, c: make(chan Notification, buffer), resync: make(chan struct{}, 1), l: l}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.subs[channel] == nil {
+		l.subs[channel] = make(map[*Subscription]struct{})
+	}
+	l.subs[channel][s] = struct{}{}
+	return s
+}
+
+// Connected reports whether the LISTEN connection is up.
+func (l *Listener) Connected() bool { return l.connected.Load() }
+
+// Reconnects counts the connections made after the first.
+func (l *Listener) Reconnects() int64 { return l.reconnects.Load() }
+
+// Run listens until ctx ends, reconnecting with backoff.
+func (l *Listener) Run(ctx context.Context) error {
+	var failures, unlistened int
+	var everConnected bool
+	pl := &pgxlisten.Listener{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			l.connected.Store(false)
+			if failures > 0 {
+				delay := min(MinReconnectDelay<<min(failures-1, 16), MaxReconnectDelay)
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(delay):
+				}
+			}
+			failures++
+			unlistened = len(l.channels)
+			conn, err := l.connect(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return conn, nil
+		},
+		LogError: func(ctx context.Context, err error) {
+			l.connected.Store(false)
+			if ctx.Err() == nil {
+				l.log.Warn().Err(err).Msg("listen connection lost; reconnecting")
+			}
+		},
+		// The backoff lives in Connect; pgxlisten's own delay stays out of it.
+		ReconnectDelay: -1,
+	}
+	for _, ch := range l.channels {
+		pl.Handle(ch, handler{l: l, onBacklog: func() {
+			// pgxlisten calls this once per channel, right after its LISTEN.
+			if unlistened--; unlistened > 0 {
+				return
+			}
+			// Every channel is LISTENed now: from here nothing is missed.
+			failures = 0
+			if everConnected {
+				l.reconnects.Add(1)
+				l.log.Info().Msg("listen connection restored")
+			}
+			everConnected = true
+			l.connected.Store(true)
+			l.resyncAll()
+		}})
+	}
+	err := pl.Listen(ctx)
+	l.connected.Store(false)
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func (l *Listener) resyncAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, subs := range l.subs {
+		for s := range subs {
+			signal(s.resync)
+		}
+	}
+}
+
+func (l *Listener) dispatch(n Notification) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for s := range l.subs[n.Channel] {
+		select {
+		case s.c <- n:
+		default:
+			signal(s.resync)
+		}
+	}
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+type handler struct {
+	l         *Listener
+	onBacklog func()
+}
+
+func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	h.l.dispatch(Notification{Channel: n.Channel, Payload: n.Payload})
+	return nil
+}
+
+func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
+	h.onBacklog()
+	return nil
+}

@@ -1,0 +1,112 @@
+// Package reaper turns lease expiry into an event. One replica at a time
+// (elected through the lease leasehold:reaper) sleeps until the earliest
+// expiry is due, or until a notification says a lease now expires earlier,
+// then marks what has expired: the leases trigger records an "expired" event
+// and NOTIFYs it. Correctness never depends on the reaper: an expired lease
+// is free to acquire whether or not it was marked.
+package reaper
+
+import (
+	"context"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/notify"
+)
+
+// Resource is the lease that elects the reaper.
+const Resource = "leasehold:reaper"
+
+// batchSize bounds the leases marked per statement.
+const batchSize = 500
+
+// Reaper marks expired leases while it holds the reaper lease.
+type Reaper struct {
+	Store    *lease.Store
+	Listener *notify.Listener
+	Instance string
+	Keep     lease.KeepConfig
+	Log      zerolog.Logger
+	// Marked, if set, is called with each lease the reaper announced as
+	// expired and the delay from its expires_at to the announcement.
+	Marked func(l lease.Lease, lag time.Duration)
+
+	offset time.Duration // database clock − this process's clock, as last measured
+}
+
+// Run campaigns for the reaper lease and reaps while holding it, until ctx ends.
+func (r *Reaper) Run(ctx context.Context) error {
+	e := &lease.Elector{
+		Store: r.Store, Listener: r.Listener, Resource: Resource,
+		Holder: r.Instance, Keep: r.Keep, Log: r.Log,
+	}
+	return e.Run(ctx, r.reap)
+}
+
+// reap runs one term as the reaper.
+func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
+	// Subscribe before the first pass so that no change falls between.
+	sub := r.Listener.Subscribe(notify.ChannelLease, 1024)
+	defer sub.Close()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	var wakeAt time.Time // on this process's clock
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+			wakeAt = r.pass(ctx)
+			timer.Reset(time.Until(wakeAt))
+		case <-sub.Resync():
+			wakeAt = time.Now()
+			timer.Reset(0)
+		case n := <-sub.C():
+			c, err := lease.ParseChange(n.Payload)
+			if err != nil || c.Kind == "released" || c.Kind == "expired" {
+				continue
+			}
+			// The payload carries expires_at by the database clock; the
+			// last pass measured the offset to ours.
+			if due := c.ExpiresAt.Add(-r.offset); due.Before(wakeAt) {
+				wakeAt = due
+				timer.Reset(time.Until(due))
+			}
+		}
+	}
+}
+
+// pass marks every due expiry and returns when the next one is due, on this
+// process's clock. On a database error it returns a time soon after now.
+func (r *Reaper) pass(ctx context.Context) time.Time {
+	for {
+		marked, err := r.Store.MarkExpired(ctx, batchSize)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.Log.Warn().Err(err).Msg("reaper pass failed; retrying")
+			}
+			return time.Now().Add(time.Second)
+		}
+		for _, m := range marked {
+			if r.Marked != nil {
+				r.Marked(m.Lease, m.Lag)
+			}
+		}
+		if len(marked) < batchSize {
+			break
+		}
+	}
+	asked := time.Now()
+	next, dbNow, err := r.Store.NextExpiry(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.Log.Warn().Err(err).Msg("reaper could not read the next expiry; retrying")
+		}
+		return time.Now().Add(time.Second)
+	}
+	r.offset = dbNow.Sub(asked)
+	// A little after the due time, so that now() in the database has passed it.
+	return next.Add(-r.offset + 5*time.Millisecond)
+}

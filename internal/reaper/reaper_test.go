@@ -1,0 +1,221 @@
+package reaper_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/reaper"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// replica is the part of a leasehold process the reaper needs.
+type replica struct {
+	store    *lease.Store
+	listener *notify.Listener
+}
+
+func startListener(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) *notify.Listener {
+	l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) },
+		zerolog.Nop(), notify.ChannelLease)
+	wg.Go(func() {
+		if err := l.Run(ctx); err != nil {
+			t.Errorf("listener: %v", err)
+		}
+	})
+	return l
+}
+
+// changes collects the lease notifications an outside observer receives.
+func changes(ctx context.Context, t *testing.T, wg *sync.WaitGroup, sub *notify.Subscription) <-chan lease.Change {
+	out := make(chan lease.Change, 1024)
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case n := <-sub.C():
+				c, err := lease.ParseChange(n.Payload)
+				if err != nil {
+					t.Errorf("bad payload: %v", err)
+					return
+				}
+				out <- c
+			}
+		}
+	})
+	return out
+}
+
+func waitChange(t *testing.T, c <-chan lease.Change, match func(lease.Change) bool, what string) lease.Change {
+	t.Helper()
+	deadline := time.After(30 * time.Second) // keeps a broken test from hanging; asserts no speed
+	for {
+		select {
+		case ch := <-c:
+			if match(ch) {
+				return ch
+			}
+		case <-deadline:
+			t.Fatalf("gave up waiting for %s", what)
+		}
+	}
+}
+
+// TestExpiryIsAnnounced: with a reaper running, every lease that runs out
+// is announced by NOTIFY and recorded as an "expired" event within 1 s of
+// its expires_at; a renewed lease is not announced; the expired lease can
+// be taken over with a higher fence and cannot be renewed by its old holder.
+func TestExpiryIsAnnounced(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	tdb := pgtest.New(t)
+	store := lease.NewStore(tdb.Pool)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+
+	observer := startListener(ctx, t, &wg, tdb.URL)
+	sub := observer.Subscribe(notify.ChannelLease, 1024)
+	got := changes(ctx, t, &wg, sub)
+	defer sub.Close()
+
+	var lagMu sync.Mutex
+	var lags []time.Duration
+	r := &reaper.Reaper{
+		Store: store, Listener: startListener(ctx, t, &wg, tdb.URL), Instance: "reaper-1",
+		Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: zerolog.Nop(),
+		Marked: func(_ lease.Lease, lag time.Duration) { lagMu.Lock(); lags = append(lags, lag); lagMu.Unlock() },
+	}
+	wg.Go(func() {
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("reaper: %v", err)
+		}
+	})
+	waitChange(t, got, func(c lease.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
+
+	// Leases with staggered TTLs; "kept" is renewed and must not expire.
+	const n = 6
+	for i := range n {
+		if _, err := store.Acquire(ctx, lease.AcquireParams{Resource: fmt.Sprintf("job:%d", i), Holder: "w", TTL: time.Duration(1+i%3) * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := store.Acquire(ctx, lease.AcquireParams{Resource: "kept", Holder: "w", TTL: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	expired := map[string]bool{}
+	for len(expired) < n {
+		c := waitChange(t, got, func(c lease.Change) bool { return c.Kind == "expired" }, "expiries")
+		if c.Resource == "kept" {
+			t.Fatal("the renewed lease was announced expired")
+		}
+		// The observer got the notification: how late is it by the database clock?
+		var late time.Duration
+		if err := tdb.Pool.QueryRow(ctx, `SELECT now() - expires_at FROM leases WHERE id = $1`, c.ID).Scan(&late); err != nil {
+			t.Fatal(err)
+		}
+		if late >= time.Second || late < 0 {
+			t.Errorf("%s: notified %s after its expires_at; want within 1s", c.Resource, late)
+		}
+		expired[c.Resource] = true
+		if _, err := store.Renew(ctx, lease.RenewParams{Resource: "kept", Holder: "w"}); err != nil {
+			t.Fatalf("renew kept: %v", err)
+		}
+	}
+	var worst time.Duration
+	if err := tdb.Pool.QueryRow(ctx, `SELECT max(at - expires_at) FROM lease_events WHERE kind = 'expired'`).Scan(&worst); err != nil {
+		t.Fatal(err)
+	}
+	if worst >= time.Second {
+		t.Errorf("an expired event was recorded %s after its expires_at; want within 1s", worst)
+	}
+	lagMu.Lock()
+	t.Logf("announce lags by the database clock: %v", lags)
+	lagMu.Unlock()
+
+	if _, err := store.Renew(ctx, lease.RenewParams{Resource: "job:0", Holder: "w"}); !errors.Is(err, lease.ErrNotHeld) {
+		t.Fatalf("renew after expiry: got %v, want ErrNotHeld", err)
+	}
+	acq, err := store.Acquire(ctx, lease.AcquireParams{Resource: "job:0", Holder: "x", TTL: time.Minute})
+	if err != nil || !acq.New {
+		t.Fatalf("takeover after expiry: %+v, %v", acq, err)
+	}
+}
+
+// TestOneReaperAtATime runs three reapers: one is elected; when it stops,
+// it releases its lease and another takes over without waiting for a TTL.
+func TestOneReaperAtATime(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	tdb := pgtest.New(t)
+	store := lease.NewStore(tdb.Pool)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	observer := startListener(ctx, t, &wg, tdb.URL)
+	sub := observer.Subscribe(notify.ChannelLease, 1024)
+	defer sub.Close()
+	got := changes(ctx, t, &wg, sub)
+
+	stops := map[string]context.CancelFunc{}
+	var rwg sync.WaitGroup
+	for i := range 3 {
+		rctx, stop := context.WithCancel(ctx)
+		name := fmt.Sprintf("reaper-%d", i)
+		stops[name] = stop
+		r := &reaper.Reaper{
+			Store: store, Listener: startListener(rctx, t, &rwg, tdb.URL), Instance: name,
+			Keep: lease.KeepConfig{TTL: 30 * time.Second}, Log: zerolog.Nop(),
+		}
+		rwg.Go(func() { _ = r.Run(rctx) })
+	}
+	isReaper := func(kind string) func(lease.Change) bool {
+		return func(c lease.Change) bool { return c.Resource == reaper.Resource && c.Kind == kind }
+	}
+	first := waitChange(t, got, isReaper("acquired"), "the first election")
+	l, err := store.Get(ctx, first.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stops[l.Holder]()
+	waitChange(t, got, isReaper("released"), "the first reaper's release")
+	second := waitChange(t, got, isReaper("acquired"), "the second election")
+	if second.Fence <= first.Fence {
+		t.Fatalf("second reaper's fence %d not above %d", second.Fence, first.Fence)
+	}
+	l2, err := store.Get(ctx, second.ID)
+	if err != nil || l2.Holder == l.Holder {
+		t.Fatalf("second reaper is %q (%v); want another than %q", l2.Holder, err, l.Holder)
+	}
+	cancel()
+	rwg.Wait()
+	// Every reaper stopped: none holds the lease, and the history never
+	// shows two at once.
+	final, _ := store.Get(context.Background(), second.ID)
+	if final.State == lease.StateActive {
+		t.Fatalf("reaper lease still active after every reaper stopped: %+v", final)
+	}
+	events, _ := store.Events(context.Background(), lease.EventsParams{Resource: reaper.Resource, Limit: 1000})
+	var holding int
+	for _, e := range events {
+		switch e.Kind {
+		case "acquired":
+			holding++
+		case "released", "expired":
+			holding--
+		}
+		if holding > 1 {
+			t.Fatalf("two reapers held the lease at event %d", e.ID)
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// maxBodyBytes bounds every request body; more is answered with 413.
+const maxBodyBytes = 1 << 20
+
+// maxNameBytes bounds resource, holder and processor names.
+const maxNameBytes = 255
+
+// badRequest is input the client must fix; its message says how.
+type badRequest struct{ msg string }
+
+func (e *badRequest) Error() string { return e.msg }
+
+func badRequestf(format string, args ...any) error {
+	return &badRequest{msg: fmt.Sprintf(format, args...)}
+}
+
+// encode writes v as the JSON response with the given status.
+func encode(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v) // the status is sent; a broken connection is the client's
+}
+
+// validator is a request body that checks itself after decoding.
+type validator interface {
+	validate() error
+}
+
+// decode reads exactly one JSON object from the body into a new T, refusing
+// unknown fields, trailing data and bodies over maxBodyBytes, then validates it.
+func decode[T validator](w http.ResponseWriter, r *http.Request) (T, error) {
+	var v T
+	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return v, decodeError(err)
+	}
+	if dec.More() {
+		return v, badRequestf("request body has data after the JSON object; send exactly one JSON object")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			return v, err
+		}
+		return v, badRequestf("request body has data after the JSON object; send exactly one JSON object")
+	}
+	return v, v.validate()
+}
+
+// decodeError turns an encoding/json error into a message a user can act on.
+func decodeError(err error) error {
+	var (
+		maxErr    *http.MaxBytesError
+		syntaxErr *json.SyntaxError
+		typeErr   *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &maxErr):
+		return err
+	case errors.Is(err, io.EOF):
+		return badRequestf("request body is empty; send a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return badRequestf("request body is truncated JSON; send a complete JSON object")
+	case errors.As(err, &syntaxErr):
+		return badRequestf("request body is not valid JSON (at byte %d: %s); send a JSON object", syntaxErr.Offset, syntaxErr.Error())
+	case errors.As(err, &typeErr):
+		if typeErr.Field == "" {
+			return badRequestf("request body must be a JSON object, not %s", typeErr.Value)
+		}
+		return badRequestf("field %q must be %s, not %s", typeErr.Field, jsonKind(typeErr.Type.Kind().String()), typeErr.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		return badRequestf("unknown field %s; remove it (see the README for the fields of this request)", field)
+	default:
+		return badRequestf("request body could not be read as JSON: %v", err)
+	}
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "int", "int32", "int64":
+		return "an integer"
+	case "string":
+		return "a string"
+	case "struct", "map":
+		return "an object"
+	case "slice":
+		return "an array"
+	case "bool":
+		return "true or false"
+	default:
+		return "a " + goKind
+	}
+}
+
+// checkName validates a resource, holder or processor name.
+func checkName(field, value string) error {
+	switch {
+	case value == "":
+		return badRequestf("%q is required and must not be empty", field)
+	case len(value) > maxNameBytes:
+		return badRequestf("%q is %d bytes long; the limit is %d bytes", field, len(value), maxNameBytes)
+	case !utf8.ValidString(value):
+		return badRequestf("%q is not valid UTF-8", field)
+	case strings.ContainsFunc(value, unicode.IsControl):
+		return badRequestf("%q contains a control character; use printable characters only", field)
+	}
+	return nil
+}
+
+// checkTTL validates an optional ttl_seconds.
+func checkTTL(ttl *int64) error {
+	if ttl != nil && (*ttl < 1 || *ttl > 3600) {
+		return badRequestf(`"ttl_seconds" is %d; it must be between 1 and 3600`, *ttl)
+	}
+	return nil
+}
+
+// checkFence validates an optional fence.
+func checkFence(fence *int64) error {
+	if fence != nil && *fence < 1 {
+		return badRequestf(`"fence" is %d; a fence is a positive integer from an acquisition`, *fence)
+	}
+	return nil
+}
+
+// pathID parses the {id} path value: a positive integer.
+func pathID(r *http.Request) (int64, error) {
+	raw := r.PathValue("id")
+	id, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || id < 1 {
+		return 0, badRequestf("id %q is not a positive integer", raw)
+	}
+	return id, nil
+}
+
+// queryInt parses an optional integer query parameter within [lo, hi].
+func queryInt(r *http.Request, name string, def, lo, hi int64) (int64, error) {
+	raw := r.URL.Query().Get(name)
+	if raw == "" {
+		return def, nil
+	}
+	v, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || v < lo || v > hi {
+		return 0, badRequestf("query parameter %s=%q must be an integer between %d and %d", name, raw, lo, hi)
+	}
+	return v, nil
+}

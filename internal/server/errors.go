@@ -1,0 +1,73 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/lease"
+)
+
+// errorBody is every error response: one sentence saying what is wrong and
+// how to fix it; Lease is the current holder's lease on a 409.
+type errorBody struct {
+	Error string       `json:"error"`
+	Lease *lease.Lease `json:"lease,omitempty"`
+}
+
+// writeError is the one place where errors become statuses. Only errors the
+// client cannot fix are logged.
+func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err error) {
+	var (
+		bad    *badRequest
+		tooBig *http.MaxBytesError
+		held   *lease.HeldError
+	)
+	switch {
+	case errors.As(err, &bad):
+		encode(w, http.StatusBadRequest, errorBody{Error: bad.msg})
+	case errors.As(err, &tooBig):
+		encode(w, http.StatusRequestEntityTooLarge, errorBody{Error: "request body is over 1 MiB; send a smaller body"})
+	case errors.As(err, &held):
+		encode(w, http.StatusConflict, errorBody{
+			Error: held.Lease.Resource + " is held by " + held.Lease.Holder + "; wait for its release or expiry and try again",
+			Lease: &held.Lease,
+		})
+	case errors.Is(err, lease.ErrNotHeld):
+		encode(w, http.StatusNotFound, errorBody{Error: "the holder holds no active lease on this resource with that fence (expired, released, someone else's, or never acquired); acquire it again"})
+	case errors.Is(err, lease.ErrNotFound):
+		encode(w, http.StatusNotFound, errorBody{Error: "no lease has this id; list leases with GET /api/leases"})
+	case unavailable(err):
+		log.Warn().Err(err).Str("path", r.URL.Path).Msg("database unavailable")
+		encode(w, http.StatusServiceUnavailable, errorBody{Error: "the database is unavailable; retry shortly"})
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		// The client went away; nobody reads the answer.
+		w.WriteHeader(499)
+	default:
+		log.Error().Err(err).Str("path", r.URL.Path).Msg("internal error")
+		encode(w, http.StatusInternalServerError, errorBody{Error: "internal error; the server log has the details"})
+	}
+}
+
+// unavailable reports errors that mean the database cannot be reached now.
+func unavailable(err error) bool {
+	var (
+		connectErr *pgconn.ConnectError
+		netErr     net.Error
+		pgErr      *pgconn.PgError
+	)
+	if errors.As(err, &pgErr) {
+		// admin_shutdown, crash_shutdown, cannot_connect_now, query_canceled (statement_timeout)
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03", "57014":
+			return true
+		}
+		return false
+	}
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err)
+}

@@ -1,0 +1,48 @@
+// Package server is leasehold's HTTP face: the REST API of contract §3,
+// health, readiness and metrics. NewServer wires the routes (all listed in
+// routes.go); handlers decode and validate in encode.go, and every error
+// becomes a status in one place, writeError in errors.go.
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/lease"
+)
+
+// Instance describes the replica serving the request.
+type Instance struct {
+	ID        string    `json:"id"`
+	StartedAt time.Time `json:"started_at"`
+	Roles     []string  `json:"roles"`
+	Version   string    `json:"version"`
+}
+
+// Deps is what the server needs.
+type Deps struct {
+	Leases   *lease.Store
+	Instance Instance
+	// DefaultTTL applies to acquisitions that name no ttl_seconds.
+	DefaultTTL time.Duration
+	// APIToken, when not empty, is required as a Bearer token on /api/* and /ws.
+	APIToken string
+	// Ready reports why the replica cannot serve (nil when it can).
+	Ready   func(ctx context.Context) error
+	Log     zerolog.Logger
+	Metrics *Metrics
+}
+
+// NewServer returns the handler of every route.
+func NewServer(d Deps) http.Handler {
+	mux := http.NewServeMux()
+	addRoutes(mux, d)
+	var h http.Handler = jsonFallbacks(mux)
+	h = requireToken(h, d.APIToken)
+	h = recoverPanics(h, d.Log)
+	h = logRequests(h, d.Log, d.Metrics, mux)
+	return h
+}

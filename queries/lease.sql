@@ -1,0 +1,139 @@
+-- name: LeaseAcquire :one
+-- LeaseAcquire takes the resource for the holder when it has no lease or its
+-- lease was released or expired, with a new fence (acquired = true). When
+-- someone holds a live lease on it, that lease comes back unchanged
+-- (acquired = false). No row at all means the lease changed between the two
+-- halves of the statement: the caller tries again. Every lease decision is
+-- made by the database clock, now() in the statement.
+WITH taken AS (
+    INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
+    VALUES (@resource, @holder, nextval('lease_fence_seq'), @ttl_seconds::integer,
+            now() + make_interval(secs => @ttl_seconds::integer))
+    ON CONFLICT (resource) DO UPDATE
+    SET holder      = excluded.holder,
+        fence       = excluded.fence,
+        ttl_seconds = excluded.ttl_seconds,
+        -- clock_timestamp(), not now(): now() is when the statement began,
+        -- which may be before the previous holder's release committed while
+        -- this statement waited for its row lock. The new holding interval
+        -- must begin after the old one ended.
+        created_at  = clock_timestamp(),
+        renewed_at  = NULL,
+        released_at = NULL,
+        expired_at  = NULL,
+        expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
+    WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
+    RETURNING l.*
+)
+SELECT taken.id, taken.resource, taken.holder, taken.fence, taken.ttl_seconds,
+       taken.created_at, taken.renewed_at, taken.released_at, taken.expires_at,
+       taken.expired_at, true AS acquired, now()::timestamptz AS db_now
+FROM taken
+UNION ALL
+SELECT cur.id, cur.resource, cur.holder, cur.fence, cur.ttl_seconds,
+       cur.created_at, cur.renewed_at, cur.released_at, cur.expires_at,
+       cur.expired_at, false AS acquired, now()::timestamptz AS db_now
+FROM leases AS cur
+WHERE cur.resource = @resource
+  AND cur.released_at IS NULL
+  AND cur.expires_at > now()
+  AND NOT EXISTS (SELECT 1 FROM taken);
+
+-- name: LeaseRenew :one
+-- LeaseRenew extends the holder's live lease to now() + TTL (the lease's own
+-- TTL unless a new one is given). A compare-and-set: no row back means the
+-- holder does not hold it. A HOT update: no indexed column changes.
+UPDATE leases
+SET renewed_at  = now(),
+    ttl_seconds = coalesce(sqlc.narg(ttl_seconds)::integer, ttl_seconds),
+    expires_at  = now() + make_interval(secs => coalesce(sqlc.narg(ttl_seconds)::integer, ttl_seconds))
+WHERE resource = @resource
+  AND holder = @holder
+  AND (sqlc.narg(fence)::bigint IS NULL OR fence = sqlc.narg(fence)::bigint)
+  AND released_at IS NULL
+  AND expired_at IS NULL -- once announced expired, it stays expired
+  AND expires_at > now()
+RETURNING *;
+
+-- name: LeaseRelease :one
+-- LeaseRelease ends the holder's live lease now; with an id, only that lease.
+UPDATE leases
+SET released_at = now(),
+    expires_at  = now()
+WHERE resource = @resource
+  AND holder = @holder
+  AND (sqlc.narg(fence)::bigint IS NULL OR fence = sqlc.narg(fence)::bigint)
+  AND (sqlc.narg(id)::bigint IS NULL OR id = sqlc.narg(id)::bigint)
+  AND released_at IS NULL
+  AND expires_at > now()
+RETURNING *;
+
+-- name: LeaseGet :one
+-- LeaseGet returns one lease with its state by the database clock.
+SELECT id, resource, holder, fence, ttl_seconds, created_at, renewed_at,
+       released_at, expires_at, expired_at,
+       (CASE WHEN released_at IS NOT NULL THEN 'released'
+             WHEN expires_at > now() THEN 'active'
+             ELSE 'expired' END)::text AS state
+FROM leases
+WHERE id = @id;
+
+-- name: LeaseList :many
+-- LeaseList pages through the leases in id order: all of them (state 'all')
+-- or those active, expired, released, or ever renewed; resources starting
+-- with prefix (all when it is empty).
+SELECT id, resource, holder, fence, ttl_seconds, created_at, renewed_at,
+       released_at, expires_at, expired_at,
+       (CASE WHEN released_at IS NOT NULL THEN 'released'
+             WHEN expires_at > now() THEN 'active'
+             ELSE 'expired' END)::text AS state
+FROM leases
+WHERE id > @after_id
+  AND starts_with(resource, @prefix::text)
+  AND CASE @state::text
+          WHEN 'active'   THEN released_at IS NULL AND expires_at > now()
+          WHEN 'expired'  THEN released_at IS NULL AND expires_at <= now()
+          WHEN 'released' THEN released_at IS NOT NULL
+          WHEN 'renewed'  THEN renewed_at IS NOT NULL
+          ELSE true
+      END
+ORDER BY id
+LIMIT @row_limit;
+
+-- name: LeaseEvents :many
+-- LeaseEvents pages through the audit history in id order, of one resource
+-- or of all when resource is empty.
+SELECT * FROM lease_events
+WHERE id > @after_id
+  AND (@resource::text = '' OR resource = @resource::text)
+ORDER BY id
+LIMIT @row_limit;
+
+-- name: LeaseMarkExpired :many
+-- LeaseMarkExpired announces expiries: it marks up to batch_size leases
+-- whose time ran out, so the trigger records and NOTIFYs each. Leases being
+-- changed right now are skipped; the next pass takes them.
+UPDATE leases
+SET expired_at = now()
+WHERE id IN (
+        SELECT e.id FROM leases AS e
+        WHERE e.released_at IS NULL
+          AND e.expired_at IS NULL
+          AND e.expires_at <= now()
+        ORDER BY e.id
+        LIMIT @batch_size
+        FOR UPDATE SKIP LOCKED)
+  AND released_at IS NULL
+  AND expired_at IS NULL
+  AND expires_at <= now()
+RETURNING *;
+
+-- name: LeaseNextExpiry :one
+-- LeaseNextExpiry tells the reaper when the earliest unannounced expiry is
+-- due (an hour from now when none is: any new lease arrives by NOTIFY), and
+-- the database clock, so it can sleep on its own clock until then.
+SELECT coalesce(min(expires_at), now() + interval '1 hour')::timestamptz AS next_expiry,
+       now()::timestamptz AS db_now
+FROM leases
+WHERE released_at IS NULL
+  AND expired_at IS NULL;
