@@ -1,0 +1,112 @@
+package lease_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/internal/pgtest"
+)
+
+// TestElectorTakesOverFromCrashedHolder: the holder "crashed" (its lease
+// is never renewed nor released) and no reaper runs to announce the
+// expiry; the follower's own timer at the lease's expires_at wins it.
+func TestElectorTakesOverFromCrashedHolder(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	tdb := pgtest.New(t)
+	store := lease.NewStore(tdb.Pool)
+	ghost, err := store.Acquire(ctx, lease.AcquireParams{Resource: "singleton", Holder: "crashed", TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, tdb.URL) },
+		zerolog.Nop(), notify.ChannelLease)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = listener.Run(ctx) })
+	e := &lease.Elector{Store: store, Listener: listener, Resource: "singleton", Holder: "follower",
+		Keep: lease.KeepConfig{TTL: 2 * time.Second}, Log: zerolog.Nop()}
+	led := make(chan lease.Lease, 1)
+	wg.Go(func() {
+		_ = e.Run(ctx, func(ctx context.Context, l lease.Lease) {
+			led <- l
+			<-ctx.Done()
+		})
+	})
+	select {
+	case l := <-led:
+		if l.Fence <= ghost.Lease.Fence {
+			t.Errorf("follower's fence %d not above the crashed holder's %d", l.Fence, ghost.Lease.Fence)
+		}
+	case <-time.After(30 * time.Second): // keeps a broken test from hanging
+		t.Fatal("the follower never took over")
+	}
+	cancel()
+	wg.Wait()
+	checkHistory(t, tdb.Pool, "singleton")
+}
+
+// TestElectorsLeadOneAtATime: several electors on one resource, each
+// leading briefly then stepping down; never two leaders at once, every
+// elector leads at some point, and the history agrees.
+func TestElectorsLeadOneAtATime(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tdb := pgtest.New(t)
+	store := lease.NewStore(tdb.Pool)
+	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, tdb.URL) },
+		zerolog.Nop(), notify.ChannelLease)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = listener.Run(ctx) })
+
+	const electors, terms = 4, 12
+	var (
+		leaders  atomic.Int32
+		termsRun atomic.Int32
+		mu       sync.Mutex
+		ledBy    = map[string]int{}
+		done     = make(chan struct{})
+	)
+	var ewg sync.WaitGroup
+	for i := range electors {
+		name := string(rune('a' + i))
+		e := &lease.Elector{Store: store, Listener: listener, Resource: "job", Holder: name,
+			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: zerolog.Nop()}
+		ewg.Go(func() {
+			_ = e.Run(ctx, func(ctx context.Context, l lease.Lease) {
+				if n := leaders.Add(1); n != 1 {
+					t.Errorf("%d leaders at once", n)
+				}
+				mu.Lock()
+				ledBy[name]++
+				mu.Unlock()
+				// Lead for one renewal's worth of work, then step down.
+				time.Sleep(10 * time.Millisecond)
+				leaders.Add(-1)
+				if termsRun.Add(1) == terms {
+					close(done)
+				}
+			})
+		})
+	}
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the electors did not complete their terms")
+	}
+	cancel()
+	ewg.Wait()
+	wg.Wait()
+	if len(ledBy) < 2 {
+		t.Errorf("only %v led; stepping down should hand the lease to another elector", ledBy)
+	}
+	checkHistory(t, tdb.Pool, "job")
+}
