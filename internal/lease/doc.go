@@ -4,15 +4,18 @@
 // A lease on a resource moves through these states, every decision made by
 // the database clock:
 //
-//	             Acquire (new fence)
-//	  (free) ─────────────────────────▶ active ──Renew──┐
-//	    ▲                                │  ▲ ◀─────────┘
-//	    │                  Release       │  │
-//	    ├──────────── released ◀─────────┤  │ (same holder: Acquire is an
-//	    │                                │  │  idempotent no-op)
-//	    │       expires_at passes        ▼  │
-//	    └────────────────────────────  expired ──(reaper marks it:
-//	                                              an "expired" event + NOTIFY)
+//	           Acquire (a new fence)
+//	free ───────────────────────────▶ active ──┐
+//	 ▲                                 │  │ ◀──┘ Renew by the holder:
+//	 │                                 │  │      expires_at = now + TTL
+//	 │               Release by holder │  │ expires_at passes
+//	 │                                 ▼  ▼
+//	 └──── (free again) ────────── released, expired
+//	                                      │
+//	                           the reaper announces an expiry:
+//	                           an "expired" event and a NOTIFY
+//
+//	An Acquire by the holder of an active lease is an idempotent no-op.
 //
 // A released or expired lease is free: the next Acquire takes it over with a
 // fence greater than every fence handed out before. Renew and Release are

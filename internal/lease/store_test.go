@@ -49,7 +49,7 @@ func TestAcquireRace(t *testing.T) {
 					winners = append(winners, acq)
 				case errors.Is(err, lease.ErrHeld):
 				default:
-					errs = append(errs, fmt.Errorf("holder-%d: acquired=%v err=%v", h, acq.New, err))
+					errs = append(errs, fmt.Errorf("holder-%d: acquired=%v: %w", h, acq.New, err))
 				}
 			})
 		}

@@ -20,12 +20,6 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// replica is the part of a leasehold process the reaper needs.
-type replica struct {
-	store    *lease.Store
-	listener *notify.Listener
-}
-
 func startListener(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) *notify.Listener {
 	l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) },
 		zerolog.Nop(), notify.ChannelLease)

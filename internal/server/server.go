@@ -40,7 +40,7 @@ type Deps struct {
 func NewServer(d Deps) http.Handler {
 	mux := http.NewServeMux()
 	addRoutes(mux, d)
-	var h http.Handler = jsonFallbacks(mux)
+	h := jsonFallbacks(mux)
 	h = requireToken(h, d.APIToken)
 	h = recoverPanics(h, d.Log)
 	h = logRequests(h, d.Log, d.Metrics, mux)
