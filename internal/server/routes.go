@@ -1,12 +1,17 @@
 package server
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/leasehold/leasehold/web"
+)
 
 // addRoutes lists every route of the API.
 func addRoutes(mux *http.ServeMux, d Deps) {
 	mux.Handle("GET /healthz", handleHealthz())
 	mux.Handle("GET /readyz", handleReadyz(d.Ready))
 	mux.Handle("GET /metrics", d.Metrics.Handler())
+	mux.Handle("GET /{$}", web.Handler())
 
 	mux.Handle("POST /api/leases", handleLeaseAcquire(d))
 	mux.Handle("GET /api/leases", handleLeaseListAll(d))
