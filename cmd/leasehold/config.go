@@ -100,8 +100,12 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 			host, _ := os.Hostname()
 			c.Instance = fmt.Sprintf("%s-%d", host, os.Getpid())
 		}
-		if err := errors.Join(errs...); err != nil {
-			return c, fmt.Errorf("%w: %w", errUsage, err)
+		if len(errs) > 0 {
+			msgs := make([]string, len(errs))
+			for i, e := range errs {
+				msgs[i] = e.Error()
+			}
+			return c, usagef("%s", strings.Join(msgs, "; "))
 		}
 		return c, nil
 	}
@@ -114,10 +118,10 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return errUsage
 		}
-		return fmt.Errorf("%w: %w", errUsage, err)
+		return usageError{err}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+		return usagef("unexpected arguments %q", fs.Args())
 	}
 	return nil
 }

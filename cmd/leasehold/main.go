@@ -27,15 +27,27 @@ Run "leasehold <command> -h" for the flags of a command.
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-// errUsage marks errors of the command line: exit status 2.
+// errUsage marks errors of the command line: exit status 2. Alone, it
+// means the usage was printed already.
 var errUsage = errors.New("usage")
+
+// usageError is a command-line error with its own message.
+type usageError struct{ err error }
+
+func (e usageError) Error() string      { return e.err.Error() }
+func (e usageError) Unwrap() error      { return e.err }
+func (usageError) Is(target error) bool { return target == errUsage }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		if !errors.Is(err, errUsage) || err.Error() != errUsage.Error() {
+		if err != errUsage { //nolint:errorlint // the bare sentinel: usage was printed
 			fmt.Fprintln(os.Stderr, "leasehold:", err)
 		}
 		if errors.Is(err, errUsage) {
@@ -69,6 +81,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return nil
 	default:
 		fmt.Fprint(stderr, usage)
-		return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+		return usagef("unknown command %q", cmd)
 	}
 }

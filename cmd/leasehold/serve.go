@@ -34,7 +34,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	if c.DatabaseURL == "" {
-		return fmt.Errorf("%w: no database: set DATABASE_URL or pass --database-url postgres://user:pass@host:5432/db", errUsage)
+		return usagef("no database: set DATABASE_URL or pass --database-url postgres://user:pass@host:5432/db")
 	}
 	return serve(ctx, c, stderr, nil)
 }
@@ -70,7 +70,7 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 		return err
 	}
 	if *url == "" {
-		return fmt.Errorf("%w: no database: set DATABASE_URL or pass --database-url postgres://user:pass@host:5432/db", errUsage)
+		return usagef("no database: set DATABASE_URL or pass --database-url postgres://user:pass@host:5432/db")
 	}
 	pool, err := pgxpool.New(ctx, *url)
 	if err != nil {
@@ -97,7 +97,7 @@ func runLocalDB(ctx context.Context, stdout, stderr io.Writer) error {
 func newLogger(c config, w io.Writer) (zerolog.Logger, error) {
 	level, err := zerolog.ParseLevel(c.LogLevel)
 	if err != nil || level == zerolog.NoLevel {
-		return zerolog.Nop(), fmt.Errorf("%w: --log-level %q must be debug, info, warn or error", errUsage, c.LogLevel)
+		return zerolog.Nop(), usagef("--log-level %q must be debug, info, warn or error", c.LogLevel)
 	}
 	if c.LogFormat == "console" {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}

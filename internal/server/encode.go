@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,8 +45,16 @@ type validator interface {
 // unknown fields, trailing data and bodies over maxBodyBytes, then validates it.
 func decode[T validator](w http.ResponseWriter, r *http.Request) (T, error) {
 	var v T
-	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
-	dec := json.NewDecoder(r.Body)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		return v, decodeError(err)
+	}
+	// encoding/json turns invalid UTF-8 into U+FFFD without a word: refuse
+	// it here, or a name would be stored other than as it was sent.
+	if !utf8.Valid(body) {
+		return v, badRequestf("request body is not valid UTF-8; send UTF-8 encoded JSON")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
 		return v, decodeError(err)
@@ -144,7 +153,8 @@ func checkFence(fence *int64) error {
 func pathID(r *http.Request) (int64, error) {
 	raw := r.PathValue("id")
 	id, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || id < 1 {
+	// Digits only, no sign and no leading zero: one spelling per id.
+	if err != nil || id < 1 || strconv.FormatInt(id, 10) != raw {
 		return 0, badRequestf("id %q is not a positive integer", raw)
 	}
 	return id, nil

@@ -100,7 +100,9 @@ func requireToken(next http.Handler, token string) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		// The scheme name is case-insensitive (RFC 9110 §11.1).
+		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		ok = ok && strings.EqualFold(scheme, "Bearer")
 		gotSum := sha256.Sum256([]byte(got))
 		if !ok || subtle.ConstantTimeCompare(gotSum[:], want[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="leasehold"`)
@@ -135,6 +137,13 @@ func jsonFallbacks(mux *http.ServeMux) http.Handler {
 		switch probe.status {
 		case http.StatusMethodNotAllowed:
 			allow := probe.header.Get("Allow")
+			// The mux counts "/api/leases/{id}" as matching the fixed
+			// subpaths too; only their own methods are allowed there.
+			if sub, ok := strings.CutPrefix(r.URL.Path, "/api/leases/"); ok {
+				if a, ok := leaseSubpaths[sub]; ok {
+					allow = a
+				}
+			}
 			w.Header().Set("Allow", allow)
 			encode(w, http.StatusMethodNotAllowed, errorBody{Error: "method " + r.Method + " is not allowed on " + r.URL.Path + "; use " + allow})
 		default:

@@ -6,6 +6,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"time"
 
@@ -20,6 +21,16 @@ type Instance struct {
 	StartedAt time.Time `json:"started_at"`
 	Roles     []string  `json:"roles"`
 	Version   string    `json:"version"`
+}
+
+// MarshalJSON writes started_at as every API timestamp: RFC 3339 UTC with
+// milliseconds.
+func (i Instance) MarshalJSON() ([]byte, error) {
+	type plain Instance
+	return json.Marshal(struct {
+		plain
+		StartedAt string `json:"started_at"`
+	}{plain: plain(i), StartedAt: lease.FormatTime(i.StartedAt)})
 }
 
 // Deps is what the server needs.
