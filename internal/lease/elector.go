@@ -50,6 +50,10 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Leas
 			// clock; a little after that, try again even if nobody says so.
 			wait = held.Lease.ExpiresAt.Sub(acq.DBNow) + 10*time.Millisecond
 		case ctx.Err() != nil:
+			// Stopped mid-campaign: the acquisition may have committed
+			// although its answer was lost. Give up whatever we may hold.
+			e.release(ctx, ReleaseParams{Resource: e.Resource, Holder: e.Holder})
+			return nil
 		default:
 			log.Warn().Err(err).Msg("campaign failed; retrying")
 		}
@@ -77,10 +81,16 @@ func (e *Elector) hold(ctx context.Context, l Lease, sent time.Time, lead func(c
 		e.Log.Warn().Err(reason).Str("resource", l.Resource).Msg("lost the lease")
 		return
 	}
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer rcancel()
-	if _, err := e.Store.Release(rctx, ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence}); err != nil && !errors.Is(err, ErrNotHeld) {
-		e.Log.Warn().Err(err).Str("resource", l.Resource).Msg("release failed; the lease will expire on its own")
+	e.release(ctx, ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
+}
+
+// release gives the lease up even when ctx has ended, so that a follower
+// takes over at once instead of after the TTL.
+func (e *Elector) release(ctx context.Context, p ReleaseParams) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if _, err := e.Store.Release(rctx, p); err != nil && !errors.Is(err, ErrNotHeld) {
+		e.Log.Warn().Err(err).Str("resource", p.Resource).Msg("release failed; the lease will expire on its own")
 	}
 }
 

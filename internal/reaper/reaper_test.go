@@ -31,10 +31,22 @@ func startListener(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url st
 	return l
 }
 
-// changes collects the lease notifications an outside observer receives.
-func changes(ctx context.Context, t *testing.T, wg *sync.WaitGroup, sub *notify.Subscription) <-chan lease.Change {
+// observe returns the lease notifications an outside observer receives
+// from the moment it returns: it waits until its LISTEN is in place.
+func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) <-chan lease.Change {
+	t.Helper()
+	l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) },
+		zerolog.Nop(), notify.ChannelLease)
+	sub := l.Subscribe(notify.ChannelLease, 1024)
+	wg.Go(func() { _ = l.Run(ctx) })
+	select {
+	case <-sub.Resync(): // connected and listening
+	case <-time.After(30 * time.Second):
+		t.Fatal("the observer never connected")
+	}
 	out := make(chan lease.Change, 1024)
 	wg.Go(func() {
+		defer sub.Close()
 		for {
 			select {
 			case <-ctx.Done():
@@ -79,10 +91,7 @@ func TestExpiryIsAnnounced(t *testing.T) {
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 
-	observer := startListener(ctx, t, &wg, tdb.URL)
-	sub := observer.Subscribe(notify.ChannelLease, 1024)
-	got := changes(ctx, t, &wg, sub)
-	defer sub.Close()
+	got := observe(ctx, t, &wg, tdb.URL)
 
 	var lagMu sync.Mutex
 	var lags []time.Duration
@@ -156,10 +165,7 @@ func TestOneReaperAtATime(t *testing.T) {
 	store := lease.NewStore(tdb.Pool)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	observer := startListener(ctx, t, &wg, tdb.URL)
-	sub := observer.Subscribe(notify.ChannelLease, 1024)
-	defer sub.Close()
-	got := changes(ctx, t, &wg, sub)
+	got := observe(ctx, t, &wg, tdb.URL)
 
 	stops := map[string]context.CancelFunc{}
 	var rwg sync.WaitGroup

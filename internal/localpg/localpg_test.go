@@ -1,0 +1,148 @@
+package localpg
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TestEnsureConcurrent brings the local cluster up (or finds it up) from two callers at once,
+// which must agree on a URL that answers.
+func TestEnsureConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+
+	var (
+		wg   sync.WaitGroup
+		urls [2]string
+		errs [2]error
+	)
+	for i := range urls {
+		wg.Go(func() { urls[i], errs[i] = Ensure(ctx, testLog{t}) })
+	}
+	wg.Wait()
+
+	for i, err := range errs {
+		if errors.Is(err, ErrNotInstalled) {
+			t.Skip(err)
+		}
+		if err != nil {
+			t.Fatalf("Ensure #%d: %v", i, err)
+		}
+	}
+	if urls[0] != urls[1] {
+		t.Errorf("the two calls disagree: got %q and %q", urls[0], urls[1])
+	}
+	for _, url := range urls {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatalf("connect to %s: %v", url, err)
+		}
+		var got int
+		if err := conn.QueryRow(ctx, "SELECT 1").Scan(&got); err != nil {
+			t.Errorf("SELECT 1: %v", err)
+		} else if got != 1 {
+			t.Errorf("SELECT 1: got %d, want 1", got)
+		}
+		if err := conn.Close(ctx); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	}
+
+	// Once up, Ensure only connects: quick, and silent.
+	var log bytes.Buffer
+	start := time.Now()
+	if _, err := Ensure(ctx, &log); err != nil {
+		t.Fatalf("Ensure on a running cluster: %v", err)
+	}
+	t.Logf("Ensure on a running cluster took %v", time.Since(start))
+	if log.Len() != 0 {
+		t.Errorf("Ensure on a running cluster logged %q, want nothing", log.String())
+	}
+}
+
+func TestPortFromEnv(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in      string
+		want    int
+		wantErr bool
+	}{
+		{"", DefaultPort, false},
+		{"5433", 5433, false},
+		{"0", 0, true},
+		{"65536", 0, true},
+		{"port", 0, true},
+	} {
+		got, err := portFromEnv(tc.in)
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("portFromEnv(%q) = %d, %v; want %d, error %v", tc.in, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
+
+func TestMajorOf(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"pg_ctl (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)\n": "15",
+		"pg_ctl (PostgreSQL) 17.2\n":                           "17",
+		"pg_ctl (PostgreSQL) 18devel\n":                        "18",
+		"pg_ctl (PostgreSQL) 9.6.24\n":                         "9.6",
+		"pg_ctl (PostgreSQL) 9\n":                              "",
+		"something else\n":                                     "",
+	} {
+		got, ok := majorOf(in)
+		if got != want || ok != (want != "") {
+			t.Errorf("majorOf(%q) = %q, %v; want %q", in, got, ok, want)
+		}
+	}
+}
+
+func TestFindBinariesPicksHighestCompleteVersion(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	install := func(version string, programs ...string) {
+		dir := filepath.Join(root, version, "bin")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range programs {
+			if err := os.WriteFile(filepath.Join(dir, p), []byte("#!/bin/sh\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	install("9.6", "initdb", "pg_ctl", "postgres")
+	install("13", "initdb", "pg_ctl", "postgres")
+	install("15", "initdb", "pg_ctl", "postgres")
+	install("17", "pg_ctl") // client-only leftovers
+	install("notes")
+
+	noPath := func(string) (string, error) { return "", errors.New("not on PATH") }
+	got, err := findBinaries(root, noPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(root, "15", "bin", "pg_ctl"); got.major != "15" || got.pgCtl != want {
+		t.Errorf("got major %q, pg_ctl %q; want 15, %q", got.major, got.pgCtl, want)
+	}
+
+	if _, err := findBinaries(t.TempDir(), noPath); !errors.Is(err, ErrNotInstalled) {
+		t.Errorf("with nothing installed: got %v, want ErrNotInstalled", err)
+	}
+}
+
+// testLog sends Ensure's log to the test log.
+type testLog struct{ t *testing.T }
+
+func (w testLog) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
