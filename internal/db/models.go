@@ -8,6 +8,21 @@ import (
 	"time"
 )
 
+type GeneratorState struct {
+	ID        int32
+	Started   bool
+	ChangedAt time.Time
+	ChangedBy string
+}
+
+type Instance struct {
+	ID        string
+	Addr      string
+	Roles     []string
+	Version   string
+	StartedAt time.Time
+}
+
 type Lease struct {
 	ID         int64
 	Resource   string
@@ -30,4 +45,23 @@ type LeaseEvent struct {
 	Fence     int64
 	Kind      string
 	ExpiresAt time.Time
+}
+
+type Task struct {
+	ID                  int64
+	TaskData            []byte
+	State               string
+	ScheduledAt         time.Time
+	Processor           *string
+	Fence               *int64
+	Attempts            int32
+	MaxAttempts         int32
+	LastHeartbeatAt     *time.Time
+	MustHeartbeatBefore *time.Time
+	StartedAt           *time.Time
+	ProcessedAt         *time.Time
+	TaskOutput          []byte
+	LastError           *string
+	CreatedAt           time.Time
+	GeneratorFence      *int64
 }

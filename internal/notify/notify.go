@@ -23,7 +23,9 @@ import (
 
 // The channels leasehold's triggers notify on.
 const (
-	ChannelLease = "leasehold_lease"
+	ChannelLease     = "leasehold_lease"     // every lease change: lease.Change JSON
+	ChannelTask      = "leasehold_task"      // tasks were inserted: "inserted"
+	ChannelGenerator = "leasehold_generator" // the generator switch: "STARTED" or "STOPPED"
 )
 
 // Notification is one notification as received.

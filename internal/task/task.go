@@ -1,0 +1,306 @@
+package task
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/internal/db"
+	"github.com/leasehold/leasehold/internal/lease"
+)
+
+// The states of a task.
+const (
+	StatePending = "pending"
+	StateRunning = "running"
+	StateDone    = "done"
+	StateDead    = "dead"
+)
+
+// Errors of the task queue.
+var (
+	ErrNotFound = errors.New("task not found")
+	// ErrLeaseLost: the task is not the caller's (another processor, another
+	// fence), is already processed, or its lease lapsed.
+	ErrLeaseLost = errors.New("task lease lost")
+	// ErrNotGenerator: a generator insert was refused because the generator
+	// is stopped or the caller's generator lease is no longer live.
+	ErrNotGenerator = errors.New("not the live generator")
+)
+
+// Task is one task as the API shows it.
+type Task struct {
+	ID                  int64           `json:"id"`
+	TaskData            json.RawMessage `json:"task_data"`
+	State               string          `json:"state"`
+	ScheduledAt         time.Time       `json:"scheduled_at"`
+	Processor           *string         `json:"processor"`
+	Fence               *int64          `json:"fence"`
+	Attempts            int32           `json:"attempts"`
+	MaxAttempts         int32           `json:"max_attempts"`
+	LastHeartbeatAt     *time.Time      `json:"last_heartbeat_at"`
+	MustHeartbeatBefore *time.Time      `json:"must_heartbeat_before"`
+	StartedAt           *time.Time      `json:"started_at"`
+	ProcessedAt         *time.Time      `json:"processed_at"`
+	TaskOutput          json.RawMessage `json:"task_output"`
+	LastError           *string         `json:"last_error"`
+	CreatedAt           time.Time       `json:"created_at"`
+	GeneratorFence      *int64          `json:"generator_fence"`
+}
+
+// MarshalJSON writes timestamps as RFC 3339 UTC with milliseconds, and a
+// missing output as null.
+func (t Task) MarshalJSON() ([]byte, error) {
+	type plain Task
+	out := t.TaskOutput
+	if len(out) == 0 {
+		out = json.RawMessage("null")
+	}
+	return json.Marshal(struct {
+		plain
+		TaskOutput          json.RawMessage `json:"task_output"`
+		ScheduledAt         string          `json:"scheduled_at"`
+		LastHeartbeatAt     *string         `json:"last_heartbeat_at"`
+		MustHeartbeatBefore *string         `json:"must_heartbeat_before"`
+		StartedAt           *string         `json:"started_at"`
+		ProcessedAt         *string         `json:"processed_at"`
+		CreatedAt           string          `json:"created_at"`
+	}{
+		plain:               plain(t),
+		TaskOutput:          out,
+		ScheduledAt:         lease.FormatTime(t.ScheduledAt),
+		LastHeartbeatAt:     formatTimePtr(t.LastHeartbeatAt),
+		MustHeartbeatBefore: formatTimePtr(t.MustHeartbeatBefore),
+		StartedAt:           formatTimePtr(t.StartedAt),
+		ProcessedAt:         formatTimePtr(t.ProcessedAt),
+		CreatedAt:           lease.FormatTime(t.CreatedAt),
+	})
+}
+
+func formatTimePtr(t *time.Time) *string {
+	if t == nil {
+		return nil
+	}
+	s := lease.FormatTime(*t)
+	return &s
+}
+
+func fromRow(r db.Task) Task {
+	return Task{
+		ID: r.ID, TaskData: r.TaskData, State: r.State, ScheduledAt: r.ScheduledAt,
+		Processor: r.Processor, Fence: r.Fence, Attempts: r.Attempts, MaxAttempts: r.MaxAttempts,
+		LastHeartbeatAt: r.LastHeartbeatAt, MustHeartbeatBefore: r.MustHeartbeatBefore,
+		StartedAt: r.StartedAt, ProcessedAt: r.ProcessedAt, TaskOutput: r.TaskOutput,
+		LastError: r.LastError, CreatedAt: r.CreatedAt, GeneratorFence: r.GeneratorFence,
+	}
+}
+
+func fromRows(rows []db.Task) []Task {
+	ts := make([]Task, len(rows))
+	for i, r := range rows {
+		ts[i] = fromRow(r)
+	}
+	return ts
+}
+
+// LeaseResource is the name of a task's lease.
+func LeaseResource(id int64) string { return fmt.Sprintf("task:%d", id) }
+
+// Store is the task queue on the database.
+type Store struct {
+	q *db.Queries
+}
+
+// NewStore returns a store on the pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{q: db.New(pool)} }
+
+// NewTask is a task to insert.
+type NewTask struct {
+	TaskData    json.RawMessage
+	ScheduledAt time.Time // zero: now, by the database clock
+	MaxAttempts int32     // zero: 5
+}
+
+// DefaultMaxAttempts is the attempts a task gets when it names none.
+const DefaultMaxAttempts = 5
+
+// Insert adds tasks in one statement, so that workers are woken once.
+func (s *Store) Insert(ctx context.Context, tasks []NewTask) ([]Task, error) {
+	p := db.TaskInsertParams{
+		TaskData:    make([][]byte, len(tasks)),
+		ScheduledAt: make([]string, len(tasks)),
+		MaxAttempts: make([]int32, len(tasks)),
+	}
+	for i, t := range tasks {
+		p.TaskData[i] = t.TaskData
+		if !t.ScheduledAt.IsZero() {
+			p.ScheduledAt[i] = t.ScheduledAt.Format(time.RFC3339Nano)
+		}
+		p.MaxAttempts[i] = t.MaxAttempts
+		if p.MaxAttempts[i] == 0 {
+			p.MaxAttempts[i] = DefaultMaxAttempts
+		}
+	}
+	rows, err := s.q.TaskInsert(ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("insert tasks: %w", err)
+	}
+	return fromRows(rows), nil
+}
+
+// InsertGenerated is the generator's fenced insert: refused with
+// ErrNotGenerator unless the generator is started and holder's generator
+// lease with this fence is live.
+func (s *Store) InsertGenerated(ctx context.Context, holder string, fence int64, data []json.RawMessage) ([]Task, error) {
+	p := db.TaskInsertGeneratedParams{Holder: holder, Fence: fence, TaskData: make([][]byte, len(data))}
+	for i, d := range data {
+		p.TaskData[i] = d
+	}
+	rows, err := s.q.TaskInsertGenerated(ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("insert generated tasks: %w", err)
+	}
+	if len(rows) == 0 && len(data) > 0 {
+		return nil, ErrNotGenerator
+	}
+	return fromRows(rows), nil
+}
+
+// Claim claims up to one task for each processor named, in one statement,
+// each under a new lease of the given TTL. The i-th task returned belongs
+// to the processor named in its Processor field.
+func (s *Store) Claim(ctx context.Context, processors []string, ttl time.Duration) ([]Task, error) {
+	rows, err := s.q.TaskClaim(ctx, db.TaskClaimParams{Processors: processors, TTLSeconds: int32(ttl / time.Second)})
+	if err != nil {
+		return nil, fmt.Errorf("claim tasks: %w", err)
+	}
+	return fromRows(rows), nil
+}
+
+// Heartbeat renews the task's lease for its processor. ErrLeaseLost when
+// it is not the processor's (or not with this fence, when fence is not 0),
+// is processed, or its lease lapsed; ErrNotFound when there is no such task.
+func (s *Store) Heartbeat(ctx context.Context, id int64, processor string, fence int64) (Task, error) {
+	row, err := s.q.TaskHeartbeat(ctx, db.TaskHeartbeatParams{ID: id, Processor: processor, Fence: optional(fence)})
+	return s.casResult(ctx, id, row, err, "heartbeat")
+}
+
+// Complete finishes the task with its output, at most once, under the same
+// compare-and-set as Heartbeat.
+func (s *Store) Complete(ctx context.Context, id int64, processor string, fence int64, output json.RawMessage) (Task, error) {
+	if len(output) == 0 {
+		output = json.RawMessage("null")
+	}
+	row, err := s.q.TaskComplete(ctx, db.TaskCompleteParams{ID: id, Processor: processor, Fence: optional(fence), TaskOutput: output})
+	return s.casResult(ctx, id, row, err, "complete")
+}
+
+// Backoff of failed attempts: Base × 2^(attempts−1), at most Max, times a
+// random factor in [0.5, 1) so that failed tasks do not retry in lockstep.
+const (
+	BackoffBase = time.Second
+	BackoffMax  = 5 * time.Minute
+)
+
+// Fail records a failed attempt: the task goes back to pending after a
+// backoff, or dead when it has used its attempts. Same compare-and-set as
+// Heartbeat.
+func (s *Store) Fail(ctx context.Context, id int64, processor string, fence int64, reason string) (Task, error) {
+	row, err := s.q.TaskFail(ctx, db.TaskFailParams{
+		ID: id, Processor: processor, Fence: optional(fence), Error: reason,
+		BaseSeconds: BackoffBase.Seconds(), MaxBackoffSeconds: BackoffMax.Seconds(),
+	})
+	return s.casResult(ctx, id, row, err, "fail")
+}
+
+// Requeue hands a running task back without counting the attempt: a worker
+// that shuts down before finishing it. Another worker may claim it at once.
+func (s *Store) Requeue(ctx context.Context, id int64, processor string, fence int64, reason string) (Task, error) {
+	row, err := s.q.TaskFail(ctx, db.TaskFailParams{
+		ID: id, Processor: processor, Fence: optional(fence), Error: reason, Requeue: true,
+	})
+	return s.casResult(ctx, id, row, err, "requeue")
+}
+
+// casResult turns the outcome of a compare-and-set into ErrLeaseLost or
+// ErrNotFound when no row came back.
+func (s *Store) casResult(ctx context.Context, id int64, row db.Task, err error, op string) (Task, error) {
+	if errors.Is(err, pgx.ErrNoRows) {
+		if _, gerr := s.Get(ctx, id); gerr != nil {
+			return Task{}, gerr
+		}
+		return Task{}, ErrLeaseLost
+	}
+	if err != nil {
+		return Task{}, fmt.Errorf("%s task %d: %w", op, id, err)
+	}
+	return fromRow(row), nil
+}
+
+func optional(v int64) *int64 {
+	if v == 0 {
+		return nil
+	}
+	return &v
+}
+
+// Get returns the task, ErrNotFound when there is none.
+func (s *Store) Get(ctx context.Context, id int64) (Task, error) {
+	row, err := s.q.TaskGet(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Task{}, ErrNotFound
+	}
+	if err != nil {
+		return Task{}, fmt.Errorf("get task %d: %w", id, err)
+	}
+	return fromRow(row), nil
+}
+
+// Filters of List.
+const (
+	FilterAll       = "all"
+	FilterProcessed = "processed" // done or dead
+	FilterStarted   = "started"   // claimed at least once
+)
+
+// List returns a page of tasks in id order.
+func (s *Store) List(ctx context.Context, filter string, afterID int64, limit int32) ([]Task, error) {
+	rows, err := s.q.TaskList(ctx, db.TaskListParams{Filter: filter, AfterID: afterID, RowLimit: limit})
+	if err != nil {
+		return nil, fmt.Errorf("list tasks: %w", err)
+	}
+	return fromRows(rows), nil
+}
+
+// Stats counts tasks by state.
+type Stats struct {
+	Pending        int64 `json:"pending"`
+	Running        int64 `json:"running"`
+	Done           int64 `json:"done"`
+	Dead           int64 `json:"dead"`
+	DoneLastMinute int64 `json:"done_last_minute"`
+}
+
+// Stats returns the counts of tasks by state.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	r, err := s.q.TaskStats(ctx)
+	if err != nil {
+		return Stats{}, fmt.Errorf("task stats: %w", err)
+	}
+	return Stats(r), nil
+}
+
+// NextDue returns when the next pending task falls due (an hour from now
+// when none is pending) and the database clock now.
+func (s *Store) NextDue(ctx context.Context) (due, dbNow time.Time, err error) {
+	r, err := s.q.TaskNextDue(ctx)
+	if err != nil {
+		return time.Time{}, time.Time{}, fmt.Errorf("next due task: %w", err)
+	}
+	return r.NextDue, r.DBNow, nil
+}

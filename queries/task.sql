@@ -1,0 +1,220 @@
+-- name: TaskInsert :many
+-- TaskInsert adds tasks in one statement (one NOTIFY): the i-th task gets
+-- task_data[i], scheduled_at[i] (an RFC 3339 time, or '' for now) and
+-- max_attempts[i].
+INSERT INTO tasks (task_data, scheduled_at, max_attempts)
+SELECT d.v, coalesce(nullif(s.v, '')::timestamptz, now()), m.v
+FROM unnest(@task_data::jsonb[]) WITH ORDINALITY AS d (v, i)
+JOIN unnest(@scheduled_at::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
+JOIN unnest(@max_attempts::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
+RETURNING *;
+
+-- name: TaskInsertGenerated :many
+-- TaskInsertGenerated is the generator's fenced insert: it adds the tasks
+-- only while the generator is started and the holder's generator lease with
+-- this fence is live, holding that lease row locked against a takeover
+-- until the insert commits. No rows back: not (or no longer) allowed.
+WITH live AS (
+    SELECT l.fence FROM leases AS l
+    WHERE l.resource = 'leasehold:generator'
+      AND l.holder = @holder
+      AND l.fence = @fence
+      AND l.released_at IS NULL
+      AND l.expired_at IS NULL
+      AND l.expires_at > now()
+    FOR SHARE
+)
+INSERT INTO tasks (task_data, generator_fence)
+SELECT d.v, live.fence
+FROM unnest(@task_data::jsonb[]) AS d (v)
+CROSS JOIN live
+JOIN generator_state AS g ON g.started
+RETURNING *;
+
+-- name: TaskClaim :many
+-- TaskClaim claims up to one task per processor named, oldest schedule
+-- first, each under a new lease 'task:<id>' (a new fence, TTL ttl_seconds)
+-- taken in the same statement: pending tasks that are due, and running
+-- tasks whose lease lapsed (the claim counts an attempt either way). Lapsed
+-- tasks that have used all their attempts are declared dead instead.
+WITH buried AS (
+    UPDATE tasks AS b
+    SET state = 'dead',
+        processed_at = now(),
+        last_error = coalesce(b.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)')
+    WHERE b.id IN (
+            SELECT x.id FROM tasks AS x
+            WHERE x.state = 'running'
+              AND x.must_heartbeat_before <= now()
+              AND x.attempts >= x.max_attempts
+            FOR UPDATE SKIP LOCKED)
+    RETURNING b.id
+),
+picked AS (
+    SELECT p.id, row_number() OVER (ORDER BY p.scheduled_at, p.id) AS n
+    FROM (
+        SELECT c.id, c.scheduled_at FROM tasks AS c
+        WHERE (c.state = 'pending' AND c.scheduled_at <= now())
+           OR (c.state = 'running' AND c.must_heartbeat_before <= now() AND c.attempts < c.max_attempts)
+        ORDER BY c.scheduled_at, c.id
+        LIMIT cardinality(@processors::text[])
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+),
+assigned AS (
+    SELECT picked.id, w.processor
+    FROM picked
+    JOIN unnest(@processors::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+),
+leased AS (
+    INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
+    SELECT 'task:' || a.id, a.processor, nextval('lease_fence_seq'), @ttl_seconds::integer,
+           now() + make_interval(secs => @ttl_seconds::integer)
+    FROM assigned AS a
+    ON CONFLICT (resource) DO UPDATE
+    SET holder      = excluded.holder,
+        fence       = excluded.fence,
+        ttl_seconds = excluded.ttl_seconds,
+        created_at  = clock_timestamp(),
+        renewed_at  = NULL,
+        released_at = NULL,
+        expired_at  = NULL,
+        expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
+    WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
+    RETURNING l.resource, l.holder, l.fence, l.expires_at
+)
+UPDATE tasks AS t
+SET state = 'running',
+    processor = leased.holder,
+    fence = leased.fence,
+    attempts = t.attempts + 1,
+    started_at = now(),
+    last_heartbeat_at = now(),
+    must_heartbeat_before = leased.expires_at
+FROM leased
+WHERE leased.resource = 'task:' || t.id
+RETURNING t.*;
+
+-- name: TaskHeartbeat :one
+-- TaskHeartbeat renews the task's lease for its processor: a
+-- compare-and-set on (processor, fence when given, lease live). No row:
+-- the task is not this processor's, is finished, or its lease lapsed.
+WITH renewed AS (
+    UPDATE leases AS l
+    SET renewed_at = now(),
+        expires_at = now() + make_interval(secs => l.ttl_seconds)
+    WHERE l.resource = 'task:' || @id::bigint
+      AND l.holder = @processor::text
+      AND (sqlc.narg(fence)::bigint IS NULL OR l.fence = sqlc.narg(fence)::bigint)
+      AND l.released_at IS NULL
+      AND l.expired_at IS NULL
+      AND l.expires_at > now()
+    RETURNING l.fence, l.expires_at
+)
+UPDATE tasks AS t
+SET last_heartbeat_at = now(),
+    must_heartbeat_before = renewed.expires_at
+FROM renewed
+WHERE t.id = @id::bigint
+  AND t.state = 'running'
+  AND t.processor = @processor::text
+  AND t.fence = renewed.fence
+RETURNING t.*;
+
+-- name: TaskComplete :one
+-- TaskComplete finishes the task with its output and releases its lease,
+-- under the same compare-and-set as TaskHeartbeat: at most once.
+WITH released AS (
+    UPDATE leases AS l
+    SET released_at = now(),
+        expires_at = now()
+    WHERE l.resource = 'task:' || @id::bigint
+      AND l.holder = @processor::text
+      AND (sqlc.narg(fence)::bigint IS NULL OR l.fence = sqlc.narg(fence)::bigint)
+      AND l.released_at IS NULL
+      AND l.expired_at IS NULL
+      AND l.expires_at > now()
+    RETURNING l.fence
+)
+UPDATE tasks AS t
+SET state = 'done',
+    processed_at = now(),
+    task_output = @task_output::jsonb,
+    must_heartbeat_before = NULL
+FROM released
+WHERE t.id = @id::bigint
+  AND t.state = 'running'
+  AND t.processor = @processor::text
+  AND t.fence = released.fence
+RETURNING t.*;
+
+-- name: TaskFail :one
+-- TaskFail records a failed attempt and releases the task's lease, under
+-- the same compare-and-set: back to pending after an exponential backoff
+-- with jitter (base_seconds × 2^(attempts−1), at most max_backoff_seconds,
+-- times 0.5–1.0), or dead when the attempts are used up. With requeue, the
+-- attempt is not counted and the task is due at once (a worker shutting
+-- down hands it back).
+WITH released AS (
+    UPDATE leases AS l
+    SET released_at = now(),
+        expires_at = now()
+    WHERE l.resource = 'task:' || @id::bigint
+      AND l.holder = @processor::text
+      AND (sqlc.narg(fence)::bigint IS NULL OR l.fence = sqlc.narg(fence)::bigint)
+      AND l.released_at IS NULL
+      AND l.expired_at IS NULL
+      AND l.expires_at > now()
+    RETURNING l.fence
+)
+UPDATE tasks AS t
+SET state = CASE WHEN NOT sqlc.arg(requeue)::boolean AND t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
+    attempts = CASE WHEN sqlc.arg(requeue)::boolean THEN t.attempts - 1 ELSE t.attempts END,
+    scheduled_at = CASE
+        WHEN sqlc.arg(requeue)::boolean THEN now()
+        ELSE now() + make_interval(secs => least(sqlc.arg(base_seconds)::float8 * power(2, t.attempts - 1), sqlc.arg(max_backoff_seconds)::float8)
+                                           * (0.5 + random() / 2))
+    END,
+    processed_at = CASE WHEN NOT sqlc.arg(requeue)::boolean AND t.attempts >= t.max_attempts THEN now() END,
+    last_error = sqlc.arg(error)::text,
+    must_heartbeat_before = NULL
+FROM released
+WHERE t.id = @id::bigint
+  AND t.state = 'running'
+  AND t.processor = @processor::text
+  AND t.fence = released.fence
+RETURNING t.*;
+
+-- name: TaskGet :one
+SELECT * FROM tasks WHERE id = @id;
+
+-- name: TaskList :many
+-- TaskList pages through tasks in id order: all ('all'), those processed
+-- (done or dead) or those started.
+SELECT * FROM tasks
+WHERE id > @after_id
+  AND CASE @filter::text
+          WHEN 'processed' THEN state IN ('done', 'dead')
+          WHEN 'started'   THEN started_at IS NOT NULL
+          ELSE true
+      END
+ORDER BY id
+LIMIT @row_limit;
+
+-- name: TaskStats :one
+-- TaskStats counts tasks by state, and those finished in the last minute.
+SELECT count(*) FILTER (WHERE state = 'pending')                                  AS pending,
+       count(*) FILTER (WHERE state = 'running')                                  AS running,
+       count(*) FILTER (WHERE state = 'done')                                     AS done,
+       count(*) FILTER (WHERE state = 'dead')                                     AS dead,
+       count(*) FILTER (WHERE state = 'done' AND processed_at > now() - interval '1 minute') AS done_last_minute
+FROM tasks;
+
+-- name: TaskNextDue :one
+-- TaskNextDue tells an idle dispatcher when the next pending task falls
+-- due (scheduled in the future, e.g. a retry's backoff); an hour from now
+-- when none is (a new task arrives by NOTIFY).
+SELECT coalesce(min(scheduled_at), now() + interval '1 hour')::timestamptz AS next_due,
+       now()::timestamptz AS db_now
+FROM tasks
+WHERE state = 'pending';
