@@ -26,6 +26,14 @@ type config struct {
 	SimSpikeRate float64
 	LogLevel     string
 	LogFormat    string
+	// GeneratorRate is the tasks per second the generator creates while
+	// started; GeneratorSleepMin/Max bound each task's sleep.
+	GeneratorRate     float64
+	GeneratorSleepMin time.Duration
+	GeneratorSleepMax time.Duration
+	// ShutdownGrace is how long running tasks may finish after SIGTERM
+	// before they are handed back to the queue.
+	ShutdownGrace time.Duration
 }
 
 var allRoles = []string{"api", "worker", "generator", "reaper"}
@@ -47,6 +55,7 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 	var (
 		c                              config
 		workers, ttl, roles, crash, sp string
+		genRate, genSleep, grace       string
 	)
 	fs.StringVar(&c.DatabaseURL, "database-url", getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
 	fs.StringVar(&c.Addr, "addr", env("LEASEHOLD_ADDR", ":8080"), "listen address (env LEASEHOLD_ADDR)")
@@ -57,6 +66,9 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 	fs.StringVar(&c.APIToken, "api-token", getenv("LEASEHOLD_API_TOKEN"), "require this Bearer token on /api/* and /ws (env LEASEHOLD_API_TOKEN)")
 	fs.StringVar(&crash, "sim-crash-rate", env("LEASEHOLD_SIM_CRASH_RATE", strconv.FormatFloat(simCrash, 'g', -1, 64)), "per task, the chance of a simulated crash (env LEASEHOLD_SIM_CRASH_RATE)")
 	fs.StringVar(&sp, "sim-spike-rate", env("LEASEHOLD_SIM_SPIKE_RATE", strconv.FormatFloat(simSpike, 'g', -1, 64)), "per heartbeat, the chance of a simulated latency spike (env LEASEHOLD_SIM_SPIKE_RATE)")
+	fs.StringVar(&genRate, "generator-rate", env("LEASEHOLD_GENERATOR_RATE", "2"), "tasks per second the generator creates while started (env LEASEHOLD_GENERATOR_RATE)")
+	fs.StringVar(&genSleep, "generator-sleep", env("LEASEHOLD_GENERATOR_SLEEP", "1s-5s"), "range of a generated task's sleep, MIN-MAX (env LEASEHOLD_GENERATOR_SLEEP)")
+	fs.StringVar(&grace, "shutdown-grace", env("LEASEHOLD_SHUTDOWN_GRACE", "10s"), "on SIGTERM, how long running tasks may finish before they are handed back (env LEASEHOLD_SHUTDOWN_GRACE)")
 	fs.StringVar(&c.LogLevel, "log-level", env("LEASEHOLD_LOG_LEVEL", "info"), "debug, info, warn or error (env LEASEHOLD_LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", env("LEASEHOLD_LOG_FORMAT", "json"), "json or console (env LEASEHOLD_LOG_FORMAT)")
 
@@ -92,6 +104,24 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 			} else {
 				c.SimSpikeRate = v
 			}
+		}
+		if r, err := strconv.ParseFloat(genRate, 64); err != nil || r <= 0 || r > 10000 {
+			errs = append(errs, fmt.Errorf("--generator-rate %q must be a number of tasks per second above 0 and at most 10000", genRate))
+		} else {
+			c.GeneratorRate = r
+		}
+		lo, hi, ok := strings.Cut(genSleep, "-")
+		minSleep, err1 := time.ParseDuration(lo)
+		maxSleep, err2 := time.ParseDuration(hi)
+		if !ok || err1 != nil || err2 != nil || minSleep < 0 || minSleep > maxSleep || maxSleep > time.Hour {
+			errs = append(errs, fmt.Errorf("--generator-sleep %q must be a range MIN-MAX of durations within 0..1h, e.g. 1s-5s", genSleep))
+		} else {
+			c.GeneratorSleepMin, c.GeneratorSleepMax = minSleep, maxSleep
+		}
+		if g, err := time.ParseDuration(grace); err != nil || g < 0 || g > 10*time.Minute {
+			errs = append(errs, fmt.Errorf("--shutdown-grace %q must be a duration between 0s and 10m, e.g. 10s", grace))
+		} else {
+			c.ShutdownGrace = g
 		}
 		if c.LogFormat != "json" && c.LogFormat != "console" {
 			errs = append(errs, fmt.Errorf("--log-format %q must be json or console", c.LogFormat))
