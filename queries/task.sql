@@ -7,6 +7,7 @@ SELECT d.v, coalesce(nullif(s.v, '')::timestamptz, now()), m.v
 FROM unnest(@task_data::jsonb[]) WITH ORDINALITY AS d (v, i)
 JOIN unnest(@scheduled_at::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
 JOIN unnest(@max_attempts::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
+ORDER BY d.i
 RETURNING *;
 
 -- name: TaskInsertGenerated :many

@@ -352,6 +352,7 @@ SELECT d.v, coalesce(nullif(s.v, '')::timestamptz, now()), m.v
 FROM unnest($1::jsonb[]) WITH ORDINALITY AS d (v, i)
 JOIN unnest($2::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
 JOIN unnest($3::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
+ORDER BY d.i
 RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence
 `
 

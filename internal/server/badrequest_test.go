@@ -174,6 +174,7 @@ func TestRejectedRequestsChangeNothing(t *testing.T) {
 				{"a truncated UTF-8 sequence", "\"seed:a\xc3\""},
 				{"UTF-8 of a surrogate", "\"seed:a\xed\xa0\x80\""},
 				{"overlong UTF-8", "\"seed:a\xc0\xaf\""},
+				{"an escaped lone surrogate", `"seed:a\ud800"`},
 			} {
 				add(name+" "+v.what, object(with(r.base, name, v.raw)...), 400)
 			}

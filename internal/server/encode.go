@@ -54,6 +54,11 @@ func decode[T validator](w http.ResponseWriter, r *http.Request) (T, error) {
 	if !utf8.Valid(body) {
 		return v, badRequestf("request body is not valid UTF-8; send UTF-8 encoded JSON")
 	}
+	// Nor may an escape decode to what PostgreSQL cannot store or Go would
+	// quietly replace (\u0000, a lone surrogate).
+	if err := checkJSON("request body", body, false); err != nil {
+		return v, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {

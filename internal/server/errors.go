@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/task"
 )
 
 // errorBody is every error response: one sentence saying what is wrong and
@@ -41,6 +42,10 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		encode(w, http.StatusNotFound, errorBody{Error: "the holder holds no active lease on this resource with that fence (expired, released, someone else's, or never acquired); acquire it again"})
 	case errors.Is(err, lease.ErrNotFound):
 		encode(w, http.StatusNotFound, errorBody{Error: "no lease has this id; list leases with GET /api/leases"})
+	case errors.Is(err, task.ErrLeaseLost):
+		encode(w, http.StatusConflict, errorBody{Error: "this processor does not hold the task with a live lease (another processor or fence claimed it, it is already completed or failed, or its lease expired); claim a task again with POST /api/tasks/next"})
+	case errors.Is(err, task.ErrNotFound):
+		encode(w, http.StatusNotFound, errorBody{Error: "no task has this id; list tasks with GET /api/tasks"})
 	case unavailable(err):
 		log.Warn().Err(err).Str("path", r.URL.Path).Msg("database unavailable")
 		encode(w, http.StatusServiceUnavailable, errorBody{Error: "the database is unavailable; retry shortly"})

@@ -111,9 +111,6 @@ func handleLeaseRelease(d Deps, withID bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var id int64
 		if withID {
-			if methodNotAllowedOnSubpath(w, r) {
-				return
-			}
 			var err error
 			if id, err = pathID(r); err != nil {
 				writeError(w, r, d.Log, err)
@@ -139,9 +136,6 @@ func handleLeaseRelease(d Deps, withID bool) http.Handler {
 
 func handleLeaseGet(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if methodNotAllowedOnSubpath(w, r) {
-			return
-		}
 		id, err := pathID(r)
 		if err != nil {
 			writeError(w, r, d.Log, err)
@@ -154,18 +148,6 @@ func handleLeaseGet(d Deps) http.Handler {
 		}
 		encode(w, http.StatusOK, l)
 	})
-}
-
-// methodNotAllowedOnSubpath answers 405 when {id} is one of the fixed
-// subpaths, requested with a method it does not allow.
-func methodNotAllowedOnSubpath(w http.ResponseWriter, r *http.Request) bool {
-	allow, ok := leaseSubpaths[r.PathValue("id")]
-	if !ok {
-		return false
-	}
-	w.Header().Set("Allow", allow)
-	encode(w, http.StatusMethodNotAllowed, errorBody{Error: "method " + r.Method + " is not allowed on " + r.URL.Path + "; use " + allow})
-	return true
 }
 
 // listParams reads ?prefix=, ?limit= and ?after_id= of a lease list.

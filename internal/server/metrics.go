@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/task"
 )
 
 // Metrics are the replica's Prometheus metrics, on a registry of its own.
@@ -19,6 +20,7 @@ type Metrics struct {
 	requests  *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
 	leaseOps  *prometheus.CounterVec
+	taskOps   *prometheus.CounterVec
 	expiries  prometheus.Counter
 	expiryLag prometheus.Histogram
 }
@@ -39,6 +41,10 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 			Name: "leasehold_lease_operations_total",
 			Help: "Lease operations by op (acquire, renew, release) and outcome (ok, conflict, not_held, error).",
 		}, []string{"op", "outcome"}),
+		taskOps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_task_operations_total",
+			Help: "Task operations over the API by op (insert, claim, heartbeat, complete, fail) and outcome (ok, empty, lease_lost, not_found, error).",
+		}, []string{"op", "outcome"}),
 		expiries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_lease_expiries_announced_total", Help: "Expired leases the reaper of this replica announced.",
 		}),
@@ -47,7 +53,7 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}),
 	}
-	m.reg.MustRegister(m.requests, m.duration, m.leaseOps, m.expiries, m.expiryLag,
+	m.reg.MustRegister(m.requests, m.duration, m.leaseOps, m.taskOps, m.expiries, m.expiryLag,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "leasehold_listener_connected", Help: "1 while the LISTEN connection is up.",
@@ -92,4 +98,22 @@ func (m *Metrics) leaseOp(op string, err error) {
 		outcome = "error"
 	}
 	m.leaseOps.WithLabelValues(op, outcome).Inc()
+}
+
+// taskOp counts one task operation by its outcome; a claim that found
+// nothing ready counts as "empty".
+func (m *Metrics) taskOp(op string, err error) {
+	outcome := "ok"
+	switch {
+	case err == nil:
+	case errors.Is(err, errNothingReady):
+		outcome = "empty"
+	case errors.Is(err, task.ErrLeaseLost):
+		outcome = "lease_lost"
+	case errors.Is(err, task.ErrNotFound):
+		outcome = "not_found"
+	default:
+		outcome = "error"
+	}
+	m.taskOps.WithLabelValues(op, outcome).Inc()
 }

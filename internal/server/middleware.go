@@ -137,13 +137,6 @@ func jsonFallbacks(mux *http.ServeMux) http.Handler {
 		switch probe.status {
 		case http.StatusMethodNotAllowed:
 			allow := probe.header.Get("Allow")
-			// The mux counts "/api/leases/{id}" as matching the fixed
-			// subpaths too; only their own methods are allowed there.
-			if sub, ok := strings.CutPrefix(r.URL.Path, "/api/leases/"); ok {
-				if a, ok := leaseSubpaths[sub]; ok {
-					allow = a
-				}
-			}
 			w.Header().Set("Allow", allow)
 			encode(w, http.StatusMethodNotAllowed, errorBody{Error: "method " + r.Method + " is not allowed on " + r.URL.Path + "; use " + allow})
 		default:

@@ -3,6 +3,7 @@ package server
 import (
 	"net/http"
 
+	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/web"
 )
 
@@ -24,12 +25,50 @@ func addRoutes(mux *http.ServeMux, d Deps) {
 	mux.Handle("DELETE /api/leases/release", handleLeaseRelease(d, false))
 	mux.Handle("GET /api/leases/{id}", handleLeaseGet(d))
 	mux.Handle("DELETE /api/leases/{id}", handleLeaseRelease(d, true))
+
+	mux.Handle("POST /api/tasks", handleTaskCreate(d))
+	mux.Handle("GET /api/tasks", handleTaskList(d, task.FilterAll))
+	mux.Handle("GET /api/tasks/processed", handleTaskList(d, task.FilterProcessed))
+	mux.Handle("GET /api/tasks/started", handleTaskList(d, task.FilterStarted))
+	mux.Handle("GET /api/tasks/stats", handleTaskStats(d))
+	mux.Handle("POST /api/tasks/next", handleTaskClaim(d))
+	mux.Handle("GET /api/tasks/{id}", handleTaskGet(d))
+	mux.Handle("PUT /api/tasks/{id}/heartbeat", handleTaskHeartbeat(d))
+	mux.Handle("PUT /api/tasks/{id}/complete", handleTaskComplete(d))
+	mux.Handle("PUT /api/tasks/{id}/fail", handleTaskFail(d))
+
+	mux.Handle("GET /api/generator", handleGeneratorGet(d))
+	mux.Handle("POST /api/generator/start", handleGeneratorSet(d, true))
+	mux.Handle("POST /api/generator/stop", handleGeneratorSet(d, false))
+	mux.Handle("GET /api/instances", handleInstanceList(d))
 }
 
-// leaseSubpaths are the fixed paths under /api/leases/ with their methods.
-// "GET /api/leases/{id}" would otherwise take "GET /api/leases/renew" as the
-// id "renew"; the right answer is 405 with the methods the path allows.
-var leaseSubpaths = map[string]string{
-	"active": "GET", "expired": "GET", "renewed": "GET", "released": "GET",
-	"events": "GET", "renew": "PUT", "release": "DELETE",
+// fixedSubpaths are the fixed paths beside an {id} pattern, with the one
+// method each allows. Without them the mux would take GET /api/leases/renew
+// as the id "renew" (a 400), and answer DELETE /api/tasks/next with an
+// Allow header naming GET; the right answer is 405 with the path's method.
+var fixedSubpaths = map[string]string{
+	"/api/leases/active": "GET", "/api/leases/expired": "GET", "/api/leases/renewed": "GET",
+	"/api/leases/released": "GET", "/api/leases/events": "GET",
+	"/api/leases/renew": "PUT", "/api/leases/release": "DELETE",
+	"/api/tasks/next": "POST", "/api/tasks/stats": "GET",
+	"/api/tasks/processed": "GET", "/api/tasks/started": "GET",
+}
+
+// refuseWrongMethodOnSubpaths answers 405, with the method the path
+// allows, a request for one of fixedSubpaths made with another method. It
+// runs before the mux, which counts the {id} patterns as matching them too.
+func refuseWrongMethodOnSubpaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		allow, fixed := fixedSubpaths[r.URL.Path]
+		if !fixed || r.Method == allow || (allow == "GET" && r.Method == "HEAD") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if allow == "GET" {
+			allow = "GET, HEAD" // as the mux says of every GET route
+		}
+		w.Header().Set("Allow", allow)
+		encode(w, http.StatusMethodNotAllowed, errorBody{Error: "method " + r.Method + " is not allowed on " + r.URL.Path + "; use " + allow})
+	})
 }

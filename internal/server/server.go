@@ -12,7 +12,10 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/task"
 )
 
 // Instance describes the replica serving the request.
@@ -35,10 +38,16 @@ func (i Instance) MarshalJSON() ([]byte, error) {
 
 // Deps is what the server needs.
 type Deps struct {
-	Leases   *lease.Store
-	Instance Instance
+	Leases    *lease.Store
+	Tasks     *task.Store
+	Generator *generator.State
+	Instances *instance.Store
+	Instance  Instance
 	// DefaultTTL applies to acquisitions that name no ttl_seconds.
 	DefaultTTL time.Duration
+	// TaskTTL is the lease TTL of a task claimed with POST /api/tasks/next
+	// (whole seconds); zero means DefaultTTL.
+	TaskTTL time.Duration
 	// APIToken, when not empty, is required as a Bearer token on /api/* and /ws.
 	APIToken string
 	// Ready reports why the replica cannot serve (nil when it can).
@@ -49,9 +58,13 @@ type Deps struct {
 
 // NewServer returns the handler of every route.
 func NewServer(d Deps) http.Handler {
+	if d.TaskTTL == 0 {
+		d.TaskTTL = d.DefaultTTL
+	}
 	mux := http.NewServeMux()
 	addRoutes(mux, d)
 	h := jsonFallbacks(mux)
+	h = refuseWrongMethodOnSubpaths(h)
 	h = requireToken(h, d.APIToken)
 	h = recoverPanics(h, d.Log)
 	h = logRequests(h, d.Log, d.Metrics, mux)

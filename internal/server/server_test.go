@@ -17,9 +17,12 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
+	"github.com/leasehold/leasehold/internal/task"
 )
 
 func TestMain(m *testing.M) {
@@ -49,6 +52,9 @@ func testDeps(db pgtest.DB, opts ...option) server.Deps {
 	d := server.Deps{
 		Leases:     lease.NewStore(db.Pool),
 		DefaultTTL: 30 * time.Second,
+		Tasks:      task.NewStore(db.Pool),
+		Generator:  generator.NewState(db.Pool),
+		Instances:  instance.NewStore(db.Pool),
 		Log:        zerolog.Nop(),
 		Metrics:    server.NewMetrics(func() bool { return true }, func() int64 { return 0 }),
 		Ready:      func(ctx context.Context) error { return db.Pool.Ping(ctx) },

@@ -1,0 +1,544 @@
+package server_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/server"
+)
+
+func withTaskTTL(ttl time.Duration) option { return func(d *server.Deps) { d.TaskTTL = ttl } }
+
+// taskJSON is the task object of contract §3, with its timestamps as sent
+// (created_at and generator_fence are the task package's additions).
+type taskJSON struct {
+	ID                  int64           `json:"id"`
+	TaskData            json.RawMessage `json:"task_data"`
+	State               string          `json:"state"`
+	ScheduledAt         string          `json:"scheduled_at"`
+	Processor           *string         `json:"processor"`
+	Fence               *int64          `json:"fence"`
+	Attempts            int             `json:"attempts"`
+	MaxAttempts         int             `json:"max_attempts"`
+	LastHeartbeatAt     *string         `json:"last_heartbeat_at"`
+	MustHeartbeatBefore *string         `json:"must_heartbeat_before"`
+	StartedAt           *string         `json:"started_at"`
+	ProcessedAt         *string         `json:"processed_at"`
+	TaskOutput          json.RawMessage `json:"task_output"`
+	LastError           *string         `json:"last_error"`
+	CreatedAt           string          `json:"created_at"`
+	GeneratorFence      *int64          `json:"generator_fence"`
+}
+
+func (tk taskJSON) String() string {
+	b, _ := json.Marshal(tk)
+	return string(b)
+}
+
+// fence returns the task's fence, failing the test when it has none.
+func (tk taskJSON) fence(t *testing.T) int64 {
+	t.Helper()
+	if tk.Fence == nil {
+		t.Fatalf("task %v has no fence", tk)
+	}
+	return *tk.Fence
+}
+
+// checkTask checks the task's timestamps and that its fields hang together.
+func checkTask(t *testing.T, tk taskJSON) {
+	t.Helper()
+	parseTime(t, "created_at", tk.CreatedAt)
+	parseTime(t, "scheduled_at", tk.ScheduledAt)
+	for name, p := range map[string]*string{
+		"last_heartbeat_at": tk.LastHeartbeatAt, "must_heartbeat_before": tk.MustHeartbeatBefore,
+		"started_at": tk.StartedAt, "processed_at": tk.ProcessedAt,
+	} {
+		if p != nil {
+			parseTime(t, name, *p)
+		}
+	}
+	if tk.ID < 1 || tk.MaxAttempts < 1 || tk.MaxAttempts > 100 || tk.Attempts < 0 || tk.Attempts > tk.MaxAttempts {
+		t.Errorf("task %v: want a positive id, max_attempts in 1..100, attempts in 0..max_attempts", tk)
+	}
+	if len(tk.TaskData) == 0 || tk.TaskData[0] != '{' {
+		t.Errorf("task %d: task_data %s, want an object", tk.ID, tk.TaskData)
+	}
+	if tk.State != "done" && string(tk.TaskOutput) != "null" {
+		t.Errorf("task %d is %s with task_output %s, want null", tk.ID, tk.State, tk.TaskOutput)
+	}
+	switch tk.State {
+	case "pending":
+		if tk.ProcessedAt != nil || tk.MustHeartbeatBefore != nil {
+			t.Errorf("pending task %v: want processed_at and must_heartbeat_before null", tk)
+		}
+	case "running":
+		if tk.Processor == nil || tk.Fence == nil || tk.StartedAt == nil || tk.LastHeartbeatAt == nil ||
+			tk.MustHeartbeatBefore == nil || tk.ProcessedAt != nil || tk.Attempts < 1 {
+			t.Errorf("running task %v: want processor, fence, started_at, last_heartbeat_at, must_heartbeat_before, attempts ≥ 1, and no processed_at", tk)
+		}
+	case "done", "dead":
+		if tk.ProcessedAt == nil || tk.MustHeartbeatBefore != nil {
+			t.Errorf("%s task %v: want processed_at and no must_heartbeat_before", tk.State, tk)
+		}
+	default:
+		t.Errorf("task %d: state %q, want pending, running, done or dead", tk.ID, tk.State)
+	}
+}
+
+func (r response) task(t *testing.T, what string) taskJSON {
+	t.Helper()
+	tk := decodeStrict[taskJSON](t, what, r)
+	checkTask(t, tk)
+	return tk
+}
+
+func (r response) tasks(t *testing.T, what string) []taskJSON {
+	t.Helper()
+	ts := decodeStrict[[]taskJSON](t, what, r)
+	if ts == nil {
+		t.Errorf("%s: got %s, want a JSON array (not null)", what, r)
+	}
+	for _, tk := range ts {
+		checkTask(t, tk)
+	}
+	return ts
+}
+
+func (b bundle) createTask(t *testing.T, body string) taskJSON {
+	t.Helper()
+	what := "POST /api/tasks " + body
+	return b.do(t, "POST", "/api/tasks", body).want(t, what, http.StatusCreated).task(t, what)
+}
+
+func (b bundle) claimTask(t *testing.T, processor string) taskJSON {
+	t.Helper()
+	what := "claim by " + processor
+	return b.do(t, "POST", "/api/tasks/next", jsonBody(t, obj{"processor": processor})).want(t, what, http.StatusOK).task(t, what)
+}
+
+func (b bundle) getTask(t *testing.T, id int64) taskJSON {
+	t.Helper()
+	path := fmt.Sprintf("/api/tasks/%d", id)
+	return b.do(t, "GET", path, "").want(t, path, http.StatusOK).task(t, path)
+}
+
+// taskOp sends PUT /api/tasks/{id}/{op} with body.
+func (b bundle) taskOp(t *testing.T, id int64, op string, body obj) response {
+	t.Helper()
+	return b.do(t, "PUT", fmt.Sprintf("/api/tasks/%d/%s", id, op), jsonBody(t, body))
+}
+
+// sqlExec runs test setup that stands in for waiting (a lease running out,
+// a backoff passing).
+func (b bundle) sqlExec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	tag, err := b.db.Pool.Exec(t.Context(), sql, args...)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("%s %v: %v (%d rows)", sql, args, err, tag.RowsAffected())
+	}
+}
+
+// expireTaskLease moves the task's lease expiry into the past.
+func (b bundle) expireTaskLease(t *testing.T, id int64) {
+	t.Helper()
+	b.sqlExec(t, `UPDATE leases SET expires_at = now() - interval '1 second', created_at = now() - interval '2 seconds' WHERE resource = $1`,
+		fmt.Sprintf("task:%d", id))
+	b.sqlExec(t, `UPDATE tasks SET must_heartbeat_before = now() - interval '1 second' WHERE id = $1`, id)
+}
+
+// jsonEqual reports whether a and b are the same JSON value (jsonb
+// reorders keys and drops whitespace).
+func jsonEqual(t *testing.T, a, b []byte) bool {
+	t.Helper()
+	var va, vb any
+	if err := json.Unmarshal(a, &va); err != nil {
+		t.Fatalf("%s: %v", a, err)
+	}
+	if err := json.Unmarshal(b, &vb); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	return reflect.DeepEqual(va, vb)
+}
+
+func wantConflict(t *testing.T, what string, r response) {
+	t.Helper()
+	r.want(t, what, http.StatusConflict)
+	if body := checkError(t, what, r); body["lease"] != nil {
+		t.Errorf("%s: a task 409 has only \"error\", got %s", what, r.body)
+	}
+}
+
+func TestTaskLifecycle(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+
+	// Nothing to claim yet: 204 and no body.
+	r := b.do(t, "POST", "/api/tasks/next", `{"processor":"replica-a/w1"}`).want(t, "claim from an empty queue", http.StatusNoContent)
+	if len(r.body) != 0 {
+		t.Errorf("204: got body %q, want none", r.body)
+	}
+
+	created := b.createTask(t, `{"task_data": {"sleep_duration_seconds": 5, "tags": ["a", "b"]}}`)
+	if created.State != "pending" || created.Attempts != 0 || created.MaxAttempts != 5 || created.Processor != nil ||
+		created.Fence != nil || created.StartedAt != nil || created.LastError != nil || created.GeneratorFence != nil {
+		t.Errorf("created task %v: want pending, 0 of 5 attempts, no processor, fence, started_at, last_error or generator_fence", created)
+	}
+	if !jsonEqual(t, created.TaskData, []byte(`{"sleep_duration_seconds": 5, "tags": ["a", "b"]}`)) {
+		t.Errorf("created task_data %s, want the one sent", created.TaskData)
+	}
+	if created.ScheduledAt != created.CreatedAt {
+		t.Errorf("created task without scheduled_at: scheduled_at %s, want created_at %s", created.ScheduledAt, created.CreatedAt)
+	}
+	if got := b.getTask(t, created.ID); got.String() != created.String() {
+		t.Errorf("GET after create: got %v, want %v", got, created)
+	}
+
+	// Claim: running, this processor, a fence, the lease task:<id> with
+	// the default TTL.
+	claimed := b.claimTask(t, "replica-a/w1")
+	if claimed.ID != created.ID || claimed.State != "running" || *claimed.Processor != "replica-a/w1" || claimed.Attempts != 1 {
+		t.Fatalf("claimed %v: want task %d running for replica-a/w1, attempt 1", claimed, created.ID)
+	}
+	hb := parseTime(t, "last_heartbeat_at", *claimed.LastHeartbeatAt)
+	if got := parseTime(t, "must_heartbeat_before", *claimed.MustHeartbeatBefore).Sub(hb); got != 30*time.Second {
+		t.Errorf("claim: must_heartbeat_before - last_heartbeat_at = %v, want the default TTL 30s", got)
+	}
+	leases := b.do(t, "GET", "/api/leases/active?prefix=task:", "").want(t, "task leases", http.StatusOK).leases(t, "task leases")
+	if len(leases) != 1 || leases[0].Resource != fmt.Sprintf("task:%d", created.ID) || leases[0].Holder != "replica-a/w1" || leases[0].Fence != claimed.fence(t) {
+		t.Errorf("after claim: active task leases %v, want task:%d held by replica-a/w1 with fence %d", leases, created.ID, claimed.fence(t))
+	}
+	b.do(t, "POST", "/api/tasks/next", `{"processor":"replica-b/w1"}`).want(t, "claim with the only task running", http.StatusNoContent)
+
+	// Heartbeat: 202, the lease renewed; with or without the fence.
+	fence := claimed.fence(t)
+	beat := b.taskOp(t, claimed.ID, "heartbeat", obj{"processor": "replica-a/w1", "fence": fence}).want(t, "heartbeat", http.StatusAccepted).task(t, "heartbeat")
+	if beat.State != "running" || beat.fence(t) != fence || beat.Attempts != 1 {
+		t.Errorf("heartbeat: got %v, want running with fence %d, attempt 1", beat, fence)
+	}
+	beatAt := parseTime(t, "last_heartbeat_at", *beat.LastHeartbeatAt)
+	if beatAt.Before(hb) || parseTime(t, "must_heartbeat_before", *beat.MustHeartbeatBefore).Sub(beatAt) != 30*time.Second {
+		t.Errorf("heartbeat: last_heartbeat_at %s, must_heartbeat_before %s; want the lease renewed for 30s from now", *beat.LastHeartbeatAt, *beat.MustHeartbeatBefore)
+	}
+	b.taskOp(t, claimed.ID, "heartbeat", obj{"processor": "replica-a/w1"}).want(t, "heartbeat without a fence", http.StatusAccepted)
+
+	// The compare-and-set refuses anyone else, and knows unknown ids.
+	wantConflict(t, "heartbeat by another processor", b.taskOp(t, claimed.ID, "heartbeat", obj{"processor": "replica-b/w1"}))
+	wantConflict(t, "heartbeat with another fence", b.taskOp(t, claimed.ID, "heartbeat", obj{"processor": "replica-a/w1", "fence": fence + 1}))
+	wantConflict(t, "complete by another processor", b.taskOp(t, claimed.ID, "complete", obj{"processor": "replica-b/w1", "task_output": 1}))
+	wantConflict(t, "complete with another fence", b.taskOp(t, claimed.ID, "complete", obj{"processor": "replica-a/w1", "fence": fence + 1, "task_output": 1}))
+	wantConflict(t, "fail by another processor", b.taskOp(t, claimed.ID, "fail", obj{"processor": "replica-b/w1", "error": "x"}))
+	for op, body := range map[string]obj{
+		"heartbeat": {"processor": "replica-a/w1"},
+		"complete":  {"processor": "replica-a/w1", "task_output": nil},
+		"fail":      {"processor": "replica-a/w1", "error": "x"},
+	} {
+		r := b.taskOp(t, 999999, op, body).want(t, op+" of an unknown task", http.StatusNotFound)
+		checkError(t, op+" of an unknown task", r)
+	}
+	if got := b.getTask(t, claimed.ID); got.State != "running" || *got.Processor != "replica-a/w1" || got.fence(t) != fence || got.Attempts != 1 {
+		t.Errorf("after refused requests: got %v, want it running for replica-a/w1 as before", got)
+	}
+
+	// Complete: done, with the output, the lease released; at most once.
+	done := b.taskOp(t, claimed.ID, "complete", obj{"processor": "replica-a/w1", "fence": fence, "task_output": obj{"slept": 5, "ok": true}}).
+		want(t, "complete", http.StatusAccepted).task(t, "complete")
+	if done.State != "done" || done.fence(t) != fence || !jsonEqual(t, done.TaskOutput, []byte(`{"slept": 5, "ok": true}`)) || done.ProcessedAt == nil {
+		t.Errorf("complete: got %v, want done with the output and processed_at", done)
+	}
+	if got := b.getTask(t, claimed.ID); got.String() != done.String() {
+		t.Errorf("GET after complete: got %v, want %v", got, done)
+	}
+	wantConflict(t, "second complete", b.taskOp(t, claimed.ID, "complete", obj{"processor": "replica-a/w1", "fence": fence, "task_output": 2}))
+	wantConflict(t, "heartbeat after complete", b.taskOp(t, claimed.ID, "heartbeat", obj{"processor": "replica-a/w1", "fence": fence}))
+	wantConflict(t, "fail after complete", b.taskOp(t, claimed.ID, "fail", obj{"processor": "replica-a/w1", "fence": fence, "error": "late"}))
+	if got := b.getTask(t, claimed.ID); got.String() != done.String() {
+		t.Errorf("GET after the refused second complete: got %v, want %v", got, done)
+	}
+	released := b.do(t, "GET", "/api/leases/released?prefix=task:", "").want(t, "released task leases", http.StatusOK).leases(t, "released task leases")
+	if len(released) != 1 || released[0].Fence != fence {
+		t.Errorf("after complete: released task leases %v, want the task's lease with fence %d", released, fence)
+	}
+	b.do(t, "POST", "/api/tasks/next", `{"processor":"replica-b/w1"}`).want(t, "claim after complete", http.StatusNoContent)
+
+	// task_output may be null, but must be sent.
+	b.createTask(t, `{"task_data": {}}`)
+	next := b.claimTask(t, "replica-b/w1")
+	nullOut := b.taskOp(t, next.ID, "complete", obj{"processor": "replica-b/w1", "task_output": nil}).want(t, "complete with null output", http.StatusAccepted).task(t, "complete with null output")
+	if nullOut.State != "done" || string(nullOut.TaskOutput) != "null" {
+		t.Errorf("complete with task_output null: got %v, want done with null output", nullOut)
+	}
+
+	metrics := string(b.do(t, "GET", "/metrics", "").want(t, "GET /metrics", http.StatusOK).body)
+	for _, want := range []string{
+		`leasehold_task_operations_total{op="claim",outcome="empty"} 3`,
+		`leasehold_task_operations_total{op="claim",outcome="ok"} 2`,
+		`leasehold_task_operations_total{op="complete",outcome="lease_lost"} 3`,
+		`leasehold_task_operations_total{op="heartbeat",outcome="not_found"} 1`,
+		`leasehold_task_operations_total{op="insert",outcome="ok"} 2`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("GET /metrics: no line %q in\n%s", want, grep(metrics, "leasehold_task_"))
+		}
+	}
+}
+
+func TestTaskFailRetriesThenDies(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	created := b.createTask(t, `{"task_data": {"n": 1}, "max_attempts": 2}`)
+	if created.MaxAttempts != 2 {
+		t.Fatalf("created %v: want max_attempts 2", created)
+	}
+
+	// Attempt 1 fails: back to pending, due after a backoff of 1s × [0.5, 1).
+	first := b.claimTask(t, "p")
+	failed := b.taskOp(t, first.ID, "fail", obj{"processor": "p", "fence": first.fence(t), "error": "boom\nat line 3"}).
+		want(t, "fail attempt 1", http.StatusAccepted).task(t, "fail attempt 1")
+	if failed.State != "pending" || failed.Attempts != 1 || failed.LastError == nil || *failed.LastError != "boom\nat line 3" || failed.ProcessedAt != nil {
+		t.Errorf("fail attempt 1: got %v, want pending, attempts 1, last_error the one sent, no processed_at", failed)
+	}
+	// The backoff runs from the failure, when the task's lease was released
+	// (both by the database clock).
+	leases := b.do(t, "GET", "/api/leases/released?prefix=task:", "").want(t, "released task leases", http.StatusOK).leases(t, "released task leases")
+	if len(leases) != 1 || leases[0].ReleasedAt == nil {
+		t.Fatalf("after fail: released task leases %v, want the task's", leases)
+	}
+	backoff := parseTime(t, "scheduled_at", failed.ScheduledAt).Sub(parseTime(t, "released_at", *leases[0].ReleasedAt))
+	if backoff < 499*time.Millisecond || backoff > time.Second { // 1ms for the rounding to milliseconds
+		t.Errorf("fail attempt 1: scheduled_at %s is %v after the failure at %s, want 0.5s to 1s", failed.ScheduledAt, backoff, *leases[0].ReleasedAt)
+	}
+	wantConflict(t, "second fail of the same attempt", b.taskOp(t, first.ID, "fail", obj{"processor": "p", "fence": first.fence(t), "error": "again"}))
+
+	// Attempt 2, by the same processor: a new fence, and the old one is refused.
+	b.sqlExec(t, `UPDATE tasks SET scheduled_at = now() WHERE id = $1`, first.ID)
+	second := b.claimTask(t, "p")
+	if second.ID != first.ID || second.Attempts != 2 || second.fence(t) <= first.fence(t) {
+		t.Fatalf("claim attempt 2: got %v, want task %d, attempts 2, fence > %d", second, first.ID, first.fence(t))
+	}
+	old := obj{"processor": "p", "fence": first.fence(t)}
+	wantConflict(t, "heartbeat with the stale fence", b.taskOp(t, first.ID, "heartbeat", old))
+	wantConflict(t, "complete with the stale fence", b.taskOp(t, first.ID, "complete", obj{"processor": "p", "fence": first.fence(t), "task_output": 1}))
+	wantConflict(t, "fail with the stale fence", b.taskOp(t, first.ID, "fail", obj{"processor": "p", "fence": first.fence(t), "error": "x"}))
+
+	// Attempt 2 fails too: dead, for good.
+	dead := b.taskOp(t, first.ID, "fail", obj{"processor": "p", "fence": second.fence(t), "error": "boom again"}).
+		want(t, "fail attempt 2", http.StatusAccepted).task(t, "fail attempt 2")
+	if dead.State != "dead" || dead.Attempts != 2 || dead.ProcessedAt == nil || *dead.LastError != "boom again" {
+		t.Errorf("fail of the last attempt: got %v, want dead after 2 attempts, processed_at, last_error", dead)
+	}
+	b.sqlExec(t, `UPDATE tasks SET scheduled_at = now() - interval '1 hour' WHERE id = $1`, first.ID)
+	b.do(t, "POST", "/api/tasks/next", `{"processor":"p"}`).want(t, "claim with the task dead", http.StatusNoContent)
+	wantConflict(t, "fail after dead", b.taskOp(t, first.ID, "fail", obj{"processor": "p", "fence": second.fence(t), "error": "x"}))
+	wantConflict(t, "complete after dead", b.taskOp(t, first.ID, "complete", obj{"processor": "p", "task_output": 1}))
+	if got := b.getTask(t, first.ID); got.State != "dead" || got.ProcessedAt == nil || *got.ProcessedAt != *dead.ProcessedAt {
+		t.Errorf("GET after dead: got %v, want dead as failed", got)
+	}
+}
+
+func TestTaskLeaseLapse(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, withTaskTTL(45*time.Second))
+	b.createTask(t, `{"task_data": {"n": 1}}`)
+	a := b.claimTask(t, "a")
+	// TaskTTL, not DefaultTTL, is the lease of a claim, and of its heartbeats.
+	if got := parseTime(t, "must_heartbeat_before", *a.MustHeartbeatBefore).Sub(parseTime(t, "last_heartbeat_at", *a.LastHeartbeatAt)); got != 45*time.Second {
+		t.Errorf("claim: must_heartbeat_before - last_heartbeat_at = %v, want TaskTTL 45s", got)
+	}
+	beat := b.taskOp(t, a.ID, "heartbeat", obj{"processor": "a"}).want(t, "heartbeat", http.StatusAccepted).task(t, "heartbeat")
+	if got := parseTime(t, "must_heartbeat_before", *beat.MustHeartbeatBefore).Sub(parseTime(t, "last_heartbeat_at", *beat.LastHeartbeatAt)); got != 45*time.Second {
+		t.Errorf("heartbeat: must_heartbeat_before - last_heartbeat_at = %v, want TaskTTL 45s", got)
+	}
+
+	// a stalls past its lease: everything it sends is refused, and b takes
+	// the task over under a new fence.
+	b.expireTaskLease(t, a.ID)
+	wantConflict(t, "heartbeat after the lease lapsed", b.taskOp(t, a.ID, "heartbeat", obj{"processor": "a", "fence": a.fence(t)}))
+	wantConflict(t, "complete after the lease lapsed", b.taskOp(t, a.ID, "complete", obj{"processor": "a", "fence": a.fence(t), "task_output": "late"}))
+	taken := b.claimTask(t, "b")
+	if taken.ID != a.ID || *taken.Processor != "b" || taken.Attempts != 2 || taken.fence(t) <= a.fence(t) {
+		t.Fatalf("claim after the lapse: got %v, want task %d for b, attempt 2, fence > %d", taken, a.ID, a.fence(t))
+	}
+	wantConflict(t, "complete by the stalled processor", b.taskOp(t, a.ID, "complete", obj{"processor": "a", "task_output": "late"}))
+	done := b.taskOp(t, a.ID, "complete", obj{"processor": "b", "fence": taken.fence(t), "task_output": "on time"}).
+		want(t, "complete by the new processor", http.StatusAccepted).task(t, "complete by the new processor")
+	if done.State != "done" || string(done.TaskOutput) != `"on time"` {
+		t.Errorf("complete: got %v, want done with output \"on time\"", done)
+	}
+}
+
+func TestTaskCreateBatch(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+
+	// Defaults, a schedule in the future (any offset, answered in UTC with
+	// milliseconds), max_attempts at both bounds.
+	r := b.do(t, "POST", "/api/tasks", `[
+		{"task_data": {"i": 0}},
+		{"task_data": {"i": 1}, "scheduled_at": "2999-01-02T03:04:05.678+01:00", "max_attempts": 1},
+		{"task_data": {"i": 2}, "scheduled_at": null, "max_attempts": 100}
+	]`).want(t, "POST /api/tasks with an array", http.StatusCreated)
+	ts := r.tasks(t, "POST /api/tasks with an array")
+	if len(ts) != 3 {
+		t.Fatalf("POST /api/tasks with 3 tasks: got %d back", len(ts))
+	}
+	for i, tk := range ts {
+		if !jsonEqual(t, tk.TaskData, fmt.Appendf(nil, `{"i": %d}`, i)) || tk.State != "pending" || (i > 0 && tk.ID <= ts[i-1].ID) {
+			t.Errorf("task %d of the batch: got %v, want task_data {\"i\": %d}, pending, ids ascending", i, tk, i)
+		}
+	}
+	if ts[0].MaxAttempts != 5 || ts[1].MaxAttempts != 1 || ts[2].MaxAttempts != 100 {
+		t.Errorf("batch max_attempts: got %d, %d, %d, want 5, 1, 100", ts[0].MaxAttempts, ts[1].MaxAttempts, ts[2].MaxAttempts)
+	}
+	if ts[1].ScheduledAt != "2999-01-02T02:04:05.678Z" {
+		t.Errorf("scheduled_at 2999-01-02T03:04:05.678+01:00: got %s, want 2999-01-02T02:04:05.678Z", ts[1].ScheduledAt)
+	}
+
+	// The one scheduled in the future is not claimed.
+	got := []int64{b.claimTask(t, "p").ID, b.claimTask(t, "p").ID}
+	if want := []int64{ts[0].ID, ts[2].ID}; !slices.Equal(got, want) {
+		t.Errorf("claims: got tasks %v, want %v", got, want)
+	}
+	b.do(t, "POST", "/api/tasks/next", `{"processor":"p"}`).want(t, "claim with only a future task", http.StatusNoContent)
+
+	// A single object gets an object back; a one-item array an array.
+	one := b.do(t, "POST", "/api/tasks", `[{"task_data": {"one": true}}]`).want(t, "one-item array", http.StatusCreated).tasks(t, "one-item array")
+	if len(one) != 1 {
+		t.Errorf("one-item array: got %d tasks", len(one))
+	}
+
+	// The largest batch, in one request, in order.
+	var sb strings.Builder
+	sb.WriteString("[")
+	for i := range 10000 {
+		if i > 0 {
+			sb.WriteString(",")
+		}
+		fmt.Fprintf(&sb, `{"task_data":{"i":%d}}`, i)
+	}
+	sb.WriteString("]")
+	big := b.do(t, "POST", "/api/tasks", sb.String()).want(t, "10000 tasks", http.StatusCreated).tasks(t, "10000 tasks")
+	if len(big) != 10000 {
+		t.Fatalf("10000 tasks: got %d", len(big))
+	}
+	for i, tk := range big {
+		if !bytes.Equal(tk.TaskData, fmt.Appendf(nil, `{"i":%d}`, i)) || (i > 0 && tk.ID != big[i-1].ID+1) {
+			t.Fatalf("10000 tasks: item %d is %v, want task_data {\"i\": %d} and consecutive ids", i, tk, i)
+		}
+	}
+}
+
+func TestTaskListsAndStats(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	stats := func() obj {
+		t.Helper()
+		r := b.do(t, "GET", "/api/tasks/stats", "").want(t, "stats", http.StatusOK)
+		return decodeStrict[obj](t, "stats", r)
+	}
+	if got, want := stats(), (obj{"pending": 0.0, "running": 0.0, "done": 0.0, "dead": 0.0, "done_last_minute": 0.0}); !reflect.DeepEqual(got, want) {
+		t.Errorf("stats of an empty queue: got %v, want %v", got, want)
+	}
+
+	// 1 done, 2 dead, 3 running, 4 and 5 pending.
+	var ids []int64
+	for i := range 5 {
+		attempts := 5
+		if i == 1 {
+			attempts = 1
+		}
+		ids = append(ids, b.createTask(t, jsonBody(t, obj{"task_data": obj{"i": i}, "max_attempts": attempts})).ID)
+	}
+	one, two, three := b.claimTask(t, "p1"), b.claimTask(t, "p2"), b.claimTask(t, "p3")
+	b.taskOp(t, one.ID, "complete", obj{"processor": "p1", "task_output": "ok"}).want(t, "complete 1", http.StatusAccepted)
+	b.taskOp(t, two.ID, "fail", obj{"processor": "p2", "error": "no"}).want(t, "fail 2", http.StatusAccepted)
+	if got, want := stats(), (obj{"pending": 2.0, "running": 1.0, "done": 1.0, "dead": 1.0, "done_last_minute": 1.0}); !reflect.DeepEqual(got, want) {
+		t.Errorf("stats: got %v, want %v", got, want)
+	}
+
+	listIDs := func(path string) []int64 {
+		t.Helper()
+		var got []int64
+		for _, tk := range b.do(t, "GET", path, "").want(t, path, http.StatusOK).tasks(t, path) {
+			got = append(got, tk.ID)
+		}
+		return got
+	}
+	for _, tc := range []struct {
+		path string
+		want []int64
+	}{
+		{"/api/tasks", ids},
+		{"/api/tasks/processed", []int64{one.ID, two.ID}},
+		{"/api/tasks/started", []int64{one.ID, two.ID, three.ID}},
+		{"/api/tasks?limit=2", ids[:2]},
+		{fmt.Sprintf("/api/tasks?limit=2&after_id=%d", ids[1]), ids[2:4]},
+		{fmt.Sprintf("/api/tasks?after_id=%d", ids[4]), nil},
+		{fmt.Sprintf("/api/tasks/processed?after_id=%d", one.ID), []int64{two.ID}},
+		{"/api/tasks/started?limit=1", []int64{one.ID}},
+		{fmt.Sprintf("/api/tasks/started?limit=1000&after_id=%d", two.ID), []int64{three.ID}},
+	} {
+		if got := listIDs(tc.path); !slices.Equal(got, tc.want) {
+			t.Errorf("GET %s: got ids %v, want %v", tc.path, got, tc.want)
+		}
+	}
+	// A listed task is the one GET /api/tasks/{id} shows.
+	for _, tk := range b.do(t, "GET", "/api/tasks", "").want(t, "list", http.StatusOK).tasks(t, "list") {
+		if got := b.getTask(t, tk.ID); got.String() != tk.String() {
+			t.Errorf("GET /api/tasks/%d: got %v, want %v as listed", tk.ID, got, tk)
+		}
+	}
+
+	// Paging to the end; the default limit is 100, the largest 1000.
+	b.do(t, "POST", "/api/tasks", "["+strings.Repeat(`{"task_data":{}},`, 199)+`{"task_data":{}}]`).want(t, "200 more", http.StatusCreated)
+	if got := len(listIDs("/api/tasks")); got != 100 {
+		t.Errorf("GET /api/tasks: got %d tasks, want the default limit 100", got)
+	}
+	if got := len(listIDs("/api/tasks?limit=1000")); got != 205 {
+		t.Errorf("GET /api/tasks?limit=1000: got %d tasks, want all 205", got)
+	}
+	var paged []int64
+	for after := int64(0); ; {
+		page := listIDs(fmt.Sprintf("/api/tasks?limit=64&after_id=%d", after))
+		if len(page) == 0 {
+			break
+		}
+		paged = append(paged, page...)
+		after = page[len(page)-1]
+	}
+	if len(paged) != 205 || !slices.IsSorted(paged) || len(slices.Compact(slices.Clone(paged))) != 205 {
+		t.Errorf("paging by 64: got %d ids (%v…), want 205 ascending without repeats", len(paged), paged[:min(len(paged), 5)])
+	}
+}
+
+// TestTaskJSONRange stores the values at the edge of what PostgreSQL's
+// jsonb holds; one step further is a 400 (see the rejected-requests test).
+func TestTaskJSONRange(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	for _, v := range []string{
+		"1e131071", "12e131070", "0.1e131072", "-1e131071", "1e-16383", "0.0e-16382", "0e1073741822", "0E+5",
+		"123456789012345678901234567890.5", `"\ud83d\ude00 paired surrogates"`, `"\u00e9t\u00e9"`, `"\\u0000 is text here"`,
+		`{"nested": [1, {"deep": [null, true, false, "x"]}]}`,
+	} {
+		created := b.createTask(t, `{"task_data": {"v": `+v+`}}`)
+		var got struct{ V json.RawMessage }
+		if err := json.Unmarshal(created.TaskData, &got); err != nil || len(got.V) == 0 {
+			t.Errorf("task_data {\"v\": %.40s}: got %.80s (%v)", v, created.TaskData, err)
+		}
+	}
+	if got := b.createTask(t, `{"task_data": {"s": "\ud83d\ude00"}}`); string(got.TaskData) != `{"s":"😀"}` {
+		t.Errorf("a surrogate pair: task_data %s, want {\"s\":\"😀\"}", got.TaskData)
+	}
+	for _, out := range []string{"1e-16383", `"\ud83d\ude00"`, "[]", "0"} {
+		b.createTask(t, `{"task_data": {}}`)
+		c := b.claimTask(t, "p")
+		b.taskOp(t, c.ID, "complete", obj{"processor": "p", "task_output": json.RawMessage(out)}).want(t, "complete with task_output "+out, http.StatusAccepted)
+	}
+}
