@@ -51,16 +51,28 @@ WITH buried AS (
             FOR UPDATE SKIP LOCKED)
     RETURNING b.id
 ),
+-- Two index-driven picks (an OR of the two would scan every claimable row):
+-- due pending tasks by schedule, and lapsed running ones. Each locks at
+-- most one row per processor; rows not used stay locked only until this
+-- statement commits.
+due AS (
+    SELECT c.id, c.scheduled_at FROM tasks AS c
+    WHERE c.state = 'pending' AND c.scheduled_at <= now()
+    ORDER BY c.scheduled_at, c.id
+    LIMIT cardinality(@processors::text[])
+    FOR UPDATE SKIP LOCKED
+),
+lapsed AS (
+    SELECT r.id, r.scheduled_at FROM tasks AS r
+    WHERE r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
+    LIMIT cardinality(@processors::text[])
+    FOR UPDATE SKIP LOCKED
+),
 picked AS (
     SELECT p.id, row_number() OVER (ORDER BY p.scheduled_at, p.id) AS n
-    FROM (
-        SELECT c.id, c.scheduled_at FROM tasks AS c
-        WHERE (c.state = 'pending' AND c.scheduled_at <= now())
-           OR (c.state = 'running' AND c.must_heartbeat_before <= now() AND c.attempts < c.max_attempts)
-        ORDER BY c.scheduled_at, c.id
-        LIMIT cardinality(@processors::text[])
-        FOR UPDATE SKIP LOCKED
-    ) AS p
+    FROM (SELECT due.id, due.scheduled_at FROM due
+          UNION ALL
+          SELECT lapsed.id, lapsed.scheduled_at FROM lapsed) AS p
 ),
 assigned AS (
     SELECT picked.id, w.processor
@@ -82,7 +94,7 @@ leased AS (
         expired_at  = NULL,
         expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
     WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
-    RETURNING l.resource, l.holder, l.fence, l.expires_at
+    RETURNING substr(l.resource, 6)::bigint AS task_id, l.holder, l.fence, l.expires_at
 )
 UPDATE tasks AS t
 SET state = 'running',
@@ -93,7 +105,7 @@ SET state = 'running',
     last_heartbeat_at = now(),
     must_heartbeat_before = leased.expires_at
 FROM leased
-WHERE leased.resource = 'task:' || t.id
+WHERE t.id = leased.task_id
 RETURNING t.*;
 
 -- name: TaskHeartbeat :one

@@ -24,16 +24,24 @@ WITH buried AS (
             FOR UPDATE SKIP LOCKED)
     RETURNING b.id
 ),
+due AS (
+    SELECT c.id, c.scheduled_at FROM tasks AS c
+    WHERE c.state = 'pending' AND c.scheduled_at <= now()
+    ORDER BY c.scheduled_at, c.id
+    LIMIT cardinality($1::text[])
+    FOR UPDATE SKIP LOCKED
+),
+lapsed AS (
+    SELECT r.id, r.scheduled_at FROM tasks AS r
+    WHERE r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
+    LIMIT cardinality($1::text[])
+    FOR UPDATE SKIP LOCKED
+),
 picked AS (
     SELECT p.id, row_number() OVER (ORDER BY p.scheduled_at, p.id) AS n
-    FROM (
-        SELECT c.id, c.scheduled_at FROM tasks AS c
-        WHERE (c.state = 'pending' AND c.scheduled_at <= now())
-           OR (c.state = 'running' AND c.must_heartbeat_before <= now() AND c.attempts < c.max_attempts)
-        ORDER BY c.scheduled_at, c.id
-        LIMIT cardinality($1::text[])
-        FOR UPDATE SKIP LOCKED
-    ) AS p
+    FROM (SELECT due.id, due.scheduled_at FROM due
+          UNION ALL
+          SELECT lapsed.id, lapsed.scheduled_at FROM lapsed) AS p
 ),
 assigned AS (
     SELECT picked.id, w.processor
@@ -55,7 +63,7 @@ leased AS (
         expired_at  = NULL,
         expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
     WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
-    RETURNING l.resource, l.holder, l.fence, l.expires_at
+    RETURNING substr(l.resource, 6)::bigint AS task_id, l.holder, l.fence, l.expires_at
 )
 UPDATE tasks AS t
 SET state = 'running',
@@ -66,7 +74,7 @@ SET state = 'running',
     last_heartbeat_at = now(),
     must_heartbeat_before = leased.expires_at
 FROM leased
-WHERE leased.resource = 'task:' || t.id
+WHERE t.id = leased.task_id
 RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence
 `
 
@@ -80,6 +88,10 @@ type TaskClaimParams struct {
 // taken in the same statement: pending tasks that are due, and running
 // tasks whose lease lapsed (the claim counts an attempt either way). Lapsed
 // tasks that have used all their attempts are declared dead instead.
+// Two index-driven picks (an OR of the two would scan every claimable row):
+// due pending tasks by schedule, and lapsed running ones. Each locks at
+// most one row per processor; rows not used stay locked only until this
+// statement commits.
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, error) {
 	rows, err := q.db.Query(ctx, taskClaim, arg.Processors, arg.TTLSeconds)
 	if err != nil {

@@ -106,18 +106,24 @@ func TestFailBackoffAndDead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, _ := s.Claim(ctx, []string{"a"}, 30*time.Second)
+	c, err := s.Claim(ctx, []string{"a"}, 30*time.Second)
+	if err != nil || len(c) != 1 {
+		t.Fatalf("claim: %v, %v", c, err)
+	}
 	failed, err := s.Fail(ctx, c[0].ID, "a", *c[0].Fence, "boom")
 	if err != nil || failed.State != task.StatePending || !failed.ScheduledAt.After(ins[0].ScheduledAt) || *failed.LastError != "boom" {
 		t.Fatalf("fail: %+v %v", failed, err)
 	}
-	if again, _ := s.Claim(ctx, []string{"a"}, 30*time.Second); len(again) != 0 {
-		t.Fatalf("claimed during its backoff: %+v", again)
+	if again, err := s.Claim(ctx, []string{"a"}, 30*time.Second); err != nil || len(again) != 0 {
+		t.Fatalf("claimed during its backoff: %+v, %v", again, err)
 	}
 	if _, err := tdb.Pool.Exec(ctx, `UPDATE tasks SET scheduled_at = now() WHERE id = $1`, c[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	c2, _ := s.Claim(ctx, []string{"a"}, 30*time.Second)
+	c2, err := s.Claim(ctx, []string{"a"}, 30*time.Second)
+	if err != nil || len(c2) != 1 {
+		t.Fatalf("second claim: %v, %v", c2, err)
+	}
 	dead, err := s.Fail(ctx, c2[0].ID, "a", *c2[0].Fence, "boom again")
 	if err != nil || dead.State != task.StateDead || dead.ProcessedAt == nil {
 		t.Fatalf("last fail: %+v %v", dead, err)

@@ -1,0 +1,36 @@
+// Package worker runs a replica's task workers.
+//
+// A Pool has one dispatcher and Workers workers. Only the dispatcher talks
+// to the queue to find work: when something may have changed it claims, in
+// one statement, up to one task for each idle worker, and hands each task
+// to the worker it was claimed for. Workers never poll, so a notification
+// costs one claim per replica, however many workers wait.
+//
+//	leasehold_task "inserted" ──────────┐
+//	task:<id> expired or released ──────┤
+//	the listener (re)connected ─────────┼──▶ dispatcher ──▶ Claim(names of the idle workers)
+//	the next scheduled_at is due ───────┤        │              got all it asked for: claim again
+//	a worker idle, work waiting ────────┤        │              got fewer: sleep until woken
+//	safety poll (30s, last resort) ─────┘        │ one task each
+//	                        ┌────────────────────┼────────────────────┐
+//	                        ▼                    ▼                    ▼
+//	                    worker w1            worker w2     …      worker wN
+//	                 run + heartbeat      run + heartbeat
+//
+// The wake-ups are coalesced: whatever arrives while the dispatcher is busy
+// is one more claim, not one per notification.
+//
+// A worker runs its task while a heartbeat goroutine renews the task's lease
+// every TTL/3. The worker counts the lease lost when a heartbeat is refused,
+// or when none succeeded before its own deadline (the time the claim or the
+// last successful heartbeat was sent + TTL − margin, on this process's
+// monotonic clock, so that it steps down before the database can give the
+// task to another worker). Either way the task's context is cancelled at
+// once and the worker leaves the task alone: it neither completes nor fails
+// it, and another worker claims it once its lease has lapsed.
+//
+// When Run's context ends the dispatcher stops claiming at once; running
+// tasks get ShutdownGrace to finish, then are cancelled and handed back with
+// task.Store.Requeue (no attempt counted), so that another replica takes
+// them at once instead of after the TTL.
+package worker

@@ -1,0 +1,95 @@
+package worker
+
+import (
+	"strings"
+	"sync/atomic"
+)
+
+// Wake says why the dispatcher ran a round of claims: a set of reasons,
+// since wake-ups that arrive while it is busy are coalesced into one.
+type Wake uint32
+
+// The reasons the dispatcher claims.
+const (
+	WakeStart      Wake = 1 << iota // Run started: catch up with what is already waiting
+	WakeInsert                      // a leasehold_task notification: tasks were inserted
+	WakeLeaseFreed                  // a task lease expired or was released: its task may be claimable
+	WakeResync                      // the listener (re)connected or dropped notifications: catch up
+	WakeDue                         // the next pending task's scheduled_at came (a retry's backoff)
+	WakeSafetyPoll                  // nothing else woke the dispatcher for SafetyPoll
+	WakeWorkerIdle                  // a worker finished while more work may be waiting
+	WakeBacklog                     // the last claim got all it asked for: more may be waiting
+	WakeRetry                       // a claim failed: trying again
+)
+
+var wakeNames = []string{"start", "insert", "lease-freed", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry"}
+
+// String lists the reasons, e.g. "insert|lease-freed".
+func (w Wake) String() string {
+	var names []string
+	for i, name := range wakeNames {
+		if w&(1<<i) != 0 {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, "|")
+}
+
+// EventKind is what happened in an Event.
+type EventKind string
+
+// The kinds of Event.
+const (
+	EventClaimed   EventKind = "claimed"    // the dispatcher claimed a task for a worker
+	EventCompleted EventKind = "completed"  // a worker completed its task
+	EventFailed    EventKind = "failed"     // a worker recorded a failed attempt (retry or dead)
+	EventRequeued  EventKind = "requeued"   // a task was handed back at shutdown
+	EventLeaseLost EventKind = "lease-lost" // a worker lost its task's lease and abandoned the task
+	EventCrashed   EventKind = "crashed"    // a simulated crash: the worker abandoned its task silently
+	EventAsleep    EventKind = "asleep"     // the dispatcher finished a round of claims and waits to be woken
+)
+
+// Event is something a Pool did, reported to OnEvent (tests, metrics).
+type Event struct {
+	Kind      EventKind
+	Processor string // the worker, "<Instance>/w<N>"; empty for EventAsleep
+	TaskID    int64
+	Fence     int64
+	Attempts  int32 // the task's attempts, this one included
+	// Wake is why the dispatcher claimed (EventClaimed) or what the round
+	// that just ended answered (EventAsleep).
+	Wake Wake
+	// Err is the run's error (EventFailed) or why the lease counts as lost
+	// (EventLeaseLost: task.ErrLeaseLost or lease.ErrDeadline, wrapped).
+	Err error
+	// Interrupted is set on EventLeaseLost when the task's context was
+	// cancelled before the task ran to its end.
+	Interrupted bool
+}
+
+// Counters are a Pool's running totals, for metrics.
+type Counters struct {
+	Claims    int64 // claim statements sent
+	Empty     int64 // claim statements that found nothing: wake-ups that were futile
+	Claimed   int64 // tasks claimed
+	Completed int64
+	Failed    int64
+	Requeued  int64
+	LeaseLost int64
+	Crashed   int64
+}
+
+type counters struct {
+	claims, empty, claimed, completed, failed, requeued, leaseLost, crashed atomic.Int64
+}
+
+func (c *counters) snapshot() Counters {
+	return Counters{
+		Claims: c.claims.Load(), Empty: c.empty.Load(), Claimed: c.claimed.Load(),
+		Completed: c.completed.Load(), Failed: c.failed.Load(), Requeued: c.requeued.Load(),
+		LeaseLost: c.leaseLost.Load(), Crashed: c.crashed.Load(),
+	}
+}

@@ -1,0 +1,465 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/internal/task"
+)
+
+// Defaults of a Pool's optional settings.
+const (
+	DefaultSafetyPoll    = 30 * time.Second
+	DefaultShutdownGrace = 10 * time.Second
+)
+
+// Pool runs a replica's task workers. Set its fields, then call Run once.
+type Pool struct {
+	Tasks *task.Store
+	// Listener is the process's LISTEN connection; it must listen on
+	// notify.ChannelTask and notify.ChannelLease.
+	Listener *notify.Listener
+	Instance string // processors are named "<Instance>/w<N>", N = 1..Workers
+	Workers  int    // 0: Run does nothing until its context ends
+	// TTL is the task lease's time to live, a whole number of seconds
+	// (1s to 1h); workers heartbeat every TTL/3.
+	TTL time.Duration
+	// SimCrashRate is, per task, the chance that the process "crashes"
+	// midway through it: Crash is called. 0 in serve.
+	SimCrashRate float64
+	// SimSpikeRate is, per heartbeat, the chance of a pause longer than the
+	// TTL before the heartbeat is sent: the lease lapses and the worker must
+	// notice and abandon its task. 0 in serve.
+	SimSpikeRate float64
+	// Crash is the simulated crash. The default exits the process at once
+	// (status 3) with no cleanup. When Crash returns (a test's hook), the
+	// worker abandons its task as a dead process would: it stops
+	// heartbeating and neither completes nor fails the task.
+	Crash func()
+	// SafetyPoll is the last-resort poll interval (default 30s); negative
+	// disables it (tests that prove nobody needs it).
+	SafetyPoll time.Duration
+	// ShutdownGrace is how long running tasks may go on after Run's context
+	// ends before they are cancelled and requeued (default 10s; negative: no
+	// grace).
+	ShutdownGrace time.Duration
+	Log           zerolog.Logger
+	// OnEvent, if set, is called with every Event, synchronously from the
+	// pool's goroutines: it must be quick and safe for concurrent use.
+	OnEvent func(Event)
+
+	log     zerolog.Logger
+	workers []*worker
+	byName  map[string]*worker
+	idle    chan finished // workers that finished a task; room for all, so sending never blocks
+	wakeC   chan struct{} // capacity 1: wake-ups coalesce
+	reasons atomic.Uint32 // the Wake reasons behind wakeC
+	// completing holds the fences of the tasks this pool is completing: the
+	// release of their leases frees nothing to claim, so its notification
+	// need not wake the dispatcher.
+	completing sync.Map // fence (int64) → struct{}
+	counters   counters
+}
+
+// finished is a worker done with its task.
+type finished struct {
+	w *worker
+	// failed: the task went back to the queue with a backoff, so the
+	// dispatcher must look again when it falls due.
+	failed bool
+}
+
+// worker is one of the pool's workers: it runs the tasks the dispatcher
+// sends it, one at a time.
+type worker struct {
+	name  string
+	tasks chan claim // capacity 1; the dispatcher sends only to idle workers, and closes it when it stops
+}
+
+// claim is a task the dispatcher claimed for a worker.
+type claim struct {
+	task task.Task
+	sent time.Time // when the claim statement was sent: the lease's local deadline counts from here
+	wake Wake
+}
+
+// Counters returns the pool's running totals.
+func (p *Pool) Counters() Counters { return p.counters.snapshot() }
+
+// margin is taken off a lease's local deadline to cover clock rate
+// differences and the time a request takes to arrive (as lease.KeepConfig).
+func (p *Pool) margin() time.Duration { return p.TTL / 10 }
+
+// init checks the settings and fills the defaults.
+func (p *Pool) init() error {
+	switch {
+	case p.Tasks == nil:
+		return errors.New("worker pool: Tasks is nil")
+	case p.Listener == nil:
+		return errors.New("worker pool: Listener is nil")
+	case p.Instance == "":
+		return errors.New("worker pool: Instance is empty")
+	case p.Workers < 0:
+		return fmt.Errorf("worker pool: %d workers: want 0 or more", p.Workers)
+	case p.TTL < time.Second || p.TTL > time.Hour || p.TTL%time.Second != 0:
+		return fmt.Errorf("worker pool: task lease TTL %s must be a whole number of seconds from 1s to 1h", p.TTL)
+	case p.SimCrashRate < 0 || p.SimCrashRate > 1 || p.SimSpikeRate < 0 || p.SimSpikeRate > 1:
+		return fmt.Errorf("worker pool: simulated fault rates (crash %v, spike %v) must be between 0 and 1", p.SimCrashRate, p.SimSpikeRate)
+	}
+	if p.Crash == nil {
+		p.Crash = func() { os.Exit(3) }
+	}
+	if p.SafetyPoll == 0 {
+		p.SafetyPoll = DefaultSafetyPoll
+	}
+	if p.ShutdownGrace == 0 {
+		p.ShutdownGrace = DefaultShutdownGrace
+	}
+	p.log = p.Log.With().Str("component", "worker").Logger()
+	p.workers = make([]*worker, p.Workers)
+	p.byName = make(map[string]*worker, p.Workers)
+	for i := range p.workers {
+		w := &worker{name: fmt.Sprintf("%s/w%d", p.Instance, i+1), tasks: make(chan claim, 1)}
+		p.workers[i] = w
+		p.byName[w.name] = w
+	}
+	p.idle = make(chan finished, p.Workers)
+	p.wakeC = make(chan struct{}, 1)
+	return nil
+}
+
+// errShutdown is why running tasks are cancelled once the grace is over.
+var errShutdown = errors.New("worker pool shutting down")
+
+// Run claims and runs tasks until ctx ends, then shuts down gracefully (see
+// the package comment). It returns when every goroutine it started has
+// exited; the error is only ever about the settings.
+func (p *Pool) Run(ctx context.Context) error {
+	if err := p.init(); err != nil {
+		return err
+	}
+	if p.Workers == 0 {
+		<-ctx.Done()
+		return nil
+	}
+	// Subscribe before the first claim, so that nothing inserted after it
+	// goes unnoticed.
+	taskSub := p.Listener.Subscribe(notify.ChannelTask, 64)
+	defer taskSub.Close()
+	leaseSub := p.Listener.Subscribe(notify.ChannelLease, 1024)
+	defer leaseSub.Close()
+
+	// Tasks run under workCtx, which outlives ctx by the shutdown grace.
+	workCtx, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopWork(nil)
+	var workers, watcher sync.WaitGroup
+	for _, w := range p.workers {
+		workers.Go(func() {
+			for c := range w.tasks {
+				outcome := p.work(workCtx, w, c)
+				p.idle <- finished{w: w, failed: outcome == EventFailed}
+			}
+		})
+	}
+	watcher.Go(func() { p.watch(ctx, taskSub, leaseSub) })
+	p.log.Info().Int("workers", p.Workers).Dur("ttl", p.TTL).Msg("worker pool started")
+
+	p.dispatch(ctx) // until ctx ends; then no more claims, and the workers' channels are closed
+
+	p.log.Info().Dur("grace", max(p.ShutdownGrace, 0)).Msg("worker pool stopping: running tasks get the grace period")
+	grace := time.AfterFunc(max(p.ShutdownGrace, 0), func() { stopWork(errShutdown) })
+	workers.Wait()
+	grace.Stop()
+	watcher.Wait()
+	p.log.Info().Msg("worker pool stopped")
+	return nil
+}
+
+// poke wakes the dispatcher for reason r without ever blocking: a wake-up
+// already pending absorbs this one.
+func (p *Pool) poke(r Wake) {
+	p.reasons.Or(uint32(r))
+	select {
+	case p.wakeC <- struct{}{}:
+	default:
+	}
+}
+
+// watch turns the listener's notifications into wake-ups until ctx ends.
+func (p *Pool) watch(ctx context.Context, tasks, leases *notify.Subscription) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tasks.C():
+			p.poke(WakeInsert)
+		case n := <-leases.C():
+			if p.taskLeaseFreed(n.Payload) {
+				p.poke(WakeLeaseFreed)
+			}
+		case <-tasks.Resync():
+			p.completing.Clear() // notifications were lost: forget what we waited for
+			p.poke(WakeResync)
+		case <-leases.Resync():
+			p.completing.Clear()
+			p.poke(WakeResync)
+		}
+	}
+}
+
+// taskLeaseFreed reports whether a lease notification says that a task may
+// have become claimable: its lease expired (the worker crashed or stalled)
+// or was released by another replica (the task completed, or failed or
+// requeued: pending again, perhaps after a backoff that only a fresh look
+// can tell). The release of a task this pool completed frees nothing.
+func (p *Pool) taskLeaseFreed(payload string) bool {
+	if !strings.Contains(payload, `"task:`) { // most lease notifications are about other leases, or renewals
+		return false
+	}
+	c, err := lease.ParseChange(payload)
+	if err != nil || !strings.HasPrefix(c.Resource, "task:") {
+		return false
+	}
+	switch c.Kind {
+	case "expired":
+		return true
+	case "released":
+		_, ours := p.completing.LoadAndDelete(c.Fence)
+		return !ours
+	}
+	return false
+}
+
+// dispatcher is the state of the dispatch loop, owned by its goroutine.
+type dispatcher struct {
+	p    *Pool
+	idle []*worker
+	// backlog: work may be waiting that no idle worker could take (the last
+	// claim got all it asked for, or a wake-up came while every worker was
+	// busy). A worker that becomes idle then wakes the dispatcher.
+	backlog     bool
+	timer       *time.Timer // the next due task, or a retry after an error
+	timerReason Wake
+	safety      *time.Timer // nil when the safety poll is disabled
+	failures    int         // consecutive failed statements
+	recheck     time.Duration
+}
+
+// dispatch claims tasks for idle workers whenever woken, until ctx ends.
+func (p *Pool) dispatch(ctx context.Context) {
+	d := &dispatcher{p: p, idle: append([]*worker(nil), p.workers...), timer: time.NewTimer(time.Hour)}
+	d.timer.Stop()
+	defer d.timer.Stop()
+	var safetyC <-chan time.Time
+	if p.SafetyPoll > 0 {
+		// The last resort, not the mechanism: every way work appears is
+		// announced (NOTIFY on insert, on a released or expired task lease,
+		// a resync after a reconnect) or known in advance (the due timer).
+		// This poll only bounds how long a lost hint — a notification
+		// dropped by a bug, or an expiry while no reaper runs — can leave a
+		// task waiting. It is reset by every round, so it never fires while
+		// the queue is busy.
+		d.safety = time.NewTimer(p.SafetyPoll)
+		defer d.safety.Stop()
+		safetyC = d.safety.C
+	}
+	defer func() {
+		for _, w := range p.workers {
+			close(w.tasks)
+		}
+	}()
+	wake := WakeStart
+	for {
+		if wake != 0 {
+			d.round(ctx, wake)
+			wake = 0
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wakeC:
+			wake |= Wake(p.reasons.Swap(0))
+		case f := <-p.idle:
+			d.idle = append(d.idle, f.w)
+			if d.backlog || f.failed {
+				wake |= WakeWorkerIdle
+			}
+		case <-d.timer.C:
+			wake |= d.timerReason
+		case <-safetyC:
+			wake |= WakeSafetyPoll
+		}
+	}
+}
+
+// round claims for the idle workers until a claim comes back short (nothing
+// more is due) or no worker is idle, then sets the timer for the next task
+// that falls due.
+func (d *dispatcher) round(ctx context.Context, wake Wake) {
+	p := d.p
+	defer func() { p.emit(Event{Kind: EventAsleep, Wake: wake}) }()
+	if d.safety != nil {
+		d.safety.Reset(p.SafetyPoll)
+	}
+	for {
+		if ctx.Err() != nil {
+			return // shutting down: stop claiming at once
+		}
+		d.collectIdle()
+		if len(d.idle) == 0 {
+			d.backlog = true
+			return
+		}
+		names := make([]string, len(d.idle))
+		for i, w := range d.idle {
+			names[i] = w.name
+		}
+		// The claim is not cut short by ctx: had it committed, its tasks
+		// would be stranded until their leases lapse. Its answer is useless
+		// after TTL − margin, when the workers would count the leases lost.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.TTL-p.margin())
+		sent := time.Now()
+		tasks, err := p.Tasks.Claim(cctx, names, p.TTL)
+		cancel()
+		p.counters.claims.Add(1)
+		if err != nil {
+			d.retryLater(ctx, err, "claim")
+			return
+		}
+		d.failures = 0
+		p.counters.claimed.Add(int64(len(tasks)))
+		if len(tasks) == 0 {
+			p.counters.empty.Add(1)
+		}
+		if ctx.Err() != nil {
+			p.handBack(ctx, tasks) // claimed as shutdown began
+			return
+		}
+		for _, t := range tasks {
+			d.assign(t, sent, wake)
+		}
+		if len(tasks) < len(names) {
+			d.backlog = false
+			break
+		}
+		wake = WakeBacklog
+	}
+	d.scheduleNextDue(ctx)
+}
+
+// collectIdle takes in every worker that has finished meanwhile, so that
+// one claim serves them all.
+func (d *dispatcher) collectIdle() {
+	for {
+		select {
+		case f := <-d.p.idle:
+			d.idle = append(d.idle, f.w)
+		default:
+			return
+		}
+	}
+}
+
+// assign hands a claimed task to the worker it was claimed for.
+func (d *dispatcher) assign(t task.Task, sent time.Time, wake Wake) {
+	p := d.p
+	var name string
+	if t.Processor != nil {
+		name = *t.Processor
+	}
+	w := p.byName[name]
+	if w == nil {
+		// Cannot happen: Claim pairs each task with one of the names given.
+		p.log.Error().Int64("task", t.ID).Str("processor", name).Msg("claimed a task for an unknown worker; its lease will lapse")
+		return
+	}
+	for i, iw := range d.idle {
+		if iw == w {
+			d.idle = append(d.idle[:i], d.idle[i+1:]...)
+			break
+		}
+	}
+	p.log.Debug().Int64("task", t.ID).Str("processor", name).Int64("fence", deref(t.Fence)).
+		Int32("attempt", t.Attempts).Stringer("wake", wake).Msg("claimed task")
+	p.emit(Event{Kind: EventClaimed, Processor: name, TaskID: t.ID, Fence: deref(t.Fence), Attempts: t.Attempts, Wake: wake})
+	w.tasks <- claim{task: t, sent: sent, wake: wake}
+}
+
+// scheduleNextDue sets the timer for when the next pending task falls due:
+// a retry's backoff ends without anyone notifying.
+func (d *dispatcher) scheduleNextDue(ctx context.Context) {
+	asked := time.Now()
+	due, dbNow, err := d.p.Tasks.NextDue(ctx)
+	if err != nil {
+		d.retryLater(ctx, err, "next due")
+		return
+	}
+	// The database clock decides when a task is due: convert through the
+	// offset between its clock and ours, as the reaper does, and wake a
+	// little after, so that now() in the database has passed it.
+	offset := dbNow.Sub(asked)
+	wait := time.Until(due.Add(-offset)) + 5*time.Millisecond
+	if wait <= 0 {
+		// A task is due that the claim did not get: rows locked by another
+		// replica's claim at that moment (SKIP LOCKED), or due just after
+		// the claim. Look again soon, backing off while that goes on.
+		d.recheck = min(max(2*d.recheck, 10*time.Millisecond), time.Second)
+		wait = d.recheck
+	} else {
+		d.recheck = 0
+	}
+	d.timer.Reset(wait)
+	d.timerReason = WakeDue
+}
+
+// retryLater logs a failed statement and sets the timer to try again with
+// backoff (100ms doubling to 5s).
+func (d *dispatcher) retryLater(ctx context.Context, err error, what string) {
+	if ctx.Err() != nil {
+		return
+	}
+	d.failures++
+	wait := min(100*time.Millisecond<<min(d.failures-1, 6), 5*time.Second)
+	d.p.log.Warn().Err(err).Dur("retry_in", wait).Msgf("%s failed; retrying", what)
+	d.timer.Reset(wait)
+	d.timerReason = WakeRetry
+}
+
+// handBack requeues tasks claimed as the pool began to shut down.
+func (p *Pool) handBack(ctx context.Context, tasks []task.Task) {
+	for _, t := range tasks {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.TTL-p.margin())
+		_, err := p.Tasks.Requeue(rctx, t.ID, deref(t.Processor), deref(t.Fence), "the worker pool shut down")
+		cancel()
+		if err != nil {
+			p.log.Warn().Err(err).Int64("task", t.ID).Msg("could not hand back a task claimed at shutdown; it will be claimed again when its lease lapses")
+			continue
+		}
+		p.counters.requeued.Add(1)
+		p.emit(Event{Kind: EventRequeued, Processor: deref(t.Processor), TaskID: t.ID, Fence: deref(t.Fence), Attempts: t.Attempts})
+	}
+}
+
+func (p *Pool) emit(e Event) {
+	if p.OnEvent != nil {
+		p.OnEvent(e)
+	}
+}
+
+func deref[T any](v *T) T {
+	var zero T
+	if v == nil {
+		return zero
+	}
+	return *v
+}

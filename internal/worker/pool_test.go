@@ -1,0 +1,478 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/task"
+	"github.com/leasehold/leasehold/internal/worker"
+)
+
+// TestExactlyOnce drains thousands of tasks, inserted in batches before and
+// while they are processed, with three replicas of four workers each: every
+// task is done exactly once, on its first attempt, and none is lost. The
+// safety poll is off: notifications alone keep the replicas busy.
+func TestExactlyOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const batches, perBatch = 30, 100
+	const n = batches * perBatch
+	batch := make([]string, perBatch)
+	for i := range batch {
+		batch[i] = sleepTask(0)
+	}
+	for range batches / 5 { // some wait before any replica runs: the start's catch-up claims them
+		e.insert(0, batch...)
+	}
+	e.startReaper() // should a lease lapse after all, the task is redone and the assertions below say so
+	var replicas []*replica
+	for i := range 3 {
+		replicas = append(replicas, e.startPool(fmt.Sprintf("replica-%d", i), 4, 30*time.Second, nil))
+	}
+	for range batches - batches/5 {
+		e.insert(0, batch...)
+	}
+	waitUntil(t, "every task is done", 3*giveUp, func() bool {
+		st, err := e.tasks.Stats(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Dead > 0 {
+			t.Fatalf("%d tasks dead in a fault-free run", st.Dead)
+		}
+		return st.Done == n
+	})
+	for _, r := range replicas {
+		r.stop(t)
+	}
+
+	var total, doneOnce, byItsProcessor int
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(*),
+		count(*) FILTER (WHERE state = 'done' AND attempts = 1 AND processed_at IS NOT NULL),
+		count(*) FILTER (WHERE task_output->>'processor' = processor AND (task_output->>'slept_seconds')::float8 = 0)
+		FROM tasks`).Scan(&total, &doneOnce, &byItsProcessor); err != nil {
+		t.Fatal(err)
+	}
+	if total != n || doneOnce != n || byItsProcessor != n {
+		t.Fatalf("%d tasks, %d done on their first attempt, %d with their processor's output; want %d each", total, doneOnce, byItsProcessor, n)
+	}
+	// The lease history: one acquisition and one release per task, nothing else.
+	var resources, exact int
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(*), count(*) FILTER (WHERE acquired = 1 AND released = 1 AND other = 0)
+		FROM (SELECT resource,
+		             count(*) FILTER (WHERE kind = 'acquired') AS acquired,
+		             count(*) FILTER (WHERE kind = 'released') AS released,
+		             count(*) FILTER (WHERE kind NOT IN ('acquired', 'released', 'renewed')) AS other
+		      FROM lease_events WHERE resource LIKE 'task:%' GROUP BY resource) AS per_task`).Scan(&resources, &exact); err != nil {
+		t.Fatal(err)
+	}
+	if resources != n || exact != n {
+		t.Fatalf("lease history: %d task leases, %d with exactly one acquired and one released; want %d", resources, exact, n)
+	}
+	// And from the workers' side: each task completed once, nothing else went wrong.
+	completed := map[int64]int{}
+	for _, r := range replicas {
+		for _, ev := range r.events.all(func(worker.Event) bool { return true }) {
+			switch ev.Kind {
+			case worker.EventCompleted:
+				completed[ev.TaskID]++
+			case worker.EventFailed, worker.EventLeaseLost, worker.EventCrashed, worker.EventRequeued:
+				t.Errorf("%s: unexpected %+v", ev.Processor, ev)
+			}
+		}
+		c := r.Counters()
+		t.Logf("%s: %d claim statements (%d found nothing), %d tasks claimed, %d completed",
+			r.Instance, c.Claims, c.Empty, c.Claimed, c.Completed)
+	}
+	for id, k := range completed {
+		if k != 1 {
+			t.Errorf("task %d completed %d times by the workers", id, k)
+		}
+	}
+	if len(completed) != n {
+		t.Errorf("workers completed %d tasks, want %d", len(completed), n)
+	}
+}
+
+// TestLeaseLostDuringWork pauses a worker past its lease (a simulated spike
+// before its first heartbeat): it stops the task at once and leaves it
+// alone; another replica takes the task once the lease lapsed and completes
+// it; the first worker's late complete is refused.
+func TestLeaseLostDuringWork(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startReaper()
+	a := e.startPool("a", 1, 2*time.Second, func(p *worker.Pool, r *replica) {
+		p.SimSpikeRate = 1
+		record := p.OnEvent
+		p.OnEvent = func(ev worker.Event) {
+			record(ev)
+			if ev.Kind == worker.EventLeaseLost {
+				r.cancel() // "a" plays no further part: it must not take the task again
+			}
+		}
+	})
+	tk := e.insert(0, sleepTask(3))[0] // longer than the TTL
+	claimed, _ := a.events.waitFor(t, "a's claim", 0, isTask(worker.EventClaimed, tk.ID))
+	lost, _ := a.events.waitFor(t, "a's lease loss", 0, isTask(worker.EventLeaseLost, tk.ID))
+	if !lost.Interrupted || !errors.Is(lost.Err, lease.ErrDeadline) || lost.Fence != claimed.Fence {
+		t.Fatalf("lease lost: %+v; want the run interrupted at the local deadline (%v) of fence %d", lost, lease.ErrDeadline, claimed.Fence)
+	}
+	a.wait(t)
+
+	b := e.startPool("b", 1, 30*time.Second, nil)
+	reclaimed, _ := b.events.waitFor(t, "b's claim", 0, isTask(worker.EventClaimed, tk.ID))
+	b.events.waitFor(t, "b's completion", 0, isTask(worker.EventCompleted, tk.ID))
+	t.Logf("b claimed the task woken by %s", reclaimed.Wake)
+
+	if evs := a.events.all(func(ev worker.Event) bool {
+		return ev.Kind == worker.EventCompleted || ev.Kind == worker.EventFailed || ev.Kind == worker.EventRequeued
+	}); len(evs) > 0 {
+		t.Fatalf("a finished the task it had lost: %+v", evs)
+	}
+	if _, err := e.tasks.Complete(e.ctx, tk.ID, "a/w1", claimed.Fence, json.RawMessage(`{}`)); !errors.Is(err, task.ErrLeaseLost) {
+		t.Fatalf("a's stale complete: %v, want task.ErrLeaseLost", err)
+	}
+	got := e.get(tk.ID)
+	if got.State != task.StateDone || got.Attempts != 2 || deref(got.Processor) != "b/w1" || deref(got.Fence) != reclaimed.Fence {
+		t.Fatalf("task: %+v; want done by b/w1 on attempt 2 with fence %d", got, reclaimed.Fence)
+	}
+	h := e.leaseHistory(tk.ID)
+	if contains(h[claimed.Fence], "released") || !contains(h[reclaimed.Fence], "released") {
+		t.Fatalf("lease history by fence: %v; want a's fence %d never released, b's %d released", h, claimed.Fence, reclaimed.Fence)
+	}
+	b.stop(t)
+}
+
+// TestPoisonTaskEndsDead: tasks whose task_data no worker can run fail on
+// every attempt, are retried after their backoff (the dispatcher's due
+// timer wakes it: nobody notifies), and end dead after max_attempts.
+func TestPoisonTaskEndsDead(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := e.startPool("p", 2, 5*time.Second, nil)
+	poison := []struct{ data, says string }{ // task_data, and what the error must say
+		{`{"sleep_duration_seconds": "soon"}`, "not valid"},
+		{`{"sleep_duration_seconds": 99999}`, "out of range"},
+		{`{"nap": 1}`, "no sleep_duration_seconds"},
+		{`[1, 2]`, "not valid"},
+	}
+	ids := make([]int64, len(poison))
+	for i, c := range poison {
+		ids[i] = e.insert(3, c.data)[0].ID
+	}
+	for i, c := range poison {
+		id := ids[i]
+		p.events.waitFor(t, fmt.Sprintf("task %d's third failure", id), 0, func(ev worker.Event) bool {
+			return ev.Kind == worker.EventFailed && ev.TaskID == id && ev.Attempts == 3
+		})
+		got := e.get(id)
+		if got.Attempts != 3 || got.LastError == nil || !strings.Contains(*got.LastError, c.says) || got.ProcessedAt == nil {
+			t.Errorf("task %s: %+v (last error %q); want dead after 3 attempts, the error saying %q", c.data, got, deref(got.LastError), c.says)
+		}
+		if fails := p.events.all(isTask(worker.EventFailed, id)); len(fails) != 3 {
+			t.Errorf("task %s: %d failed attempts recorded by the workers, want 3", c.data, len(fails))
+		}
+	}
+	if evs := p.events.all(isKind(worker.EventCompleted)); len(evs) > 0 {
+		t.Errorf("completed a poison task: %+v", evs)
+	}
+	retries := p.events.all(func(ev worker.Event) bool { return ev.Kind == worker.EventClaimed && ev.Attempts > 1 })
+	for _, ev := range retries {
+		t.Logf("retry of task %d (attempt %d) woken by %s", ev.TaskID, ev.Attempts, ev.Wake)
+	}
+	p.stop(t)
+}
+
+// TestCrashedWorkerTaskIsRedone: a worker "crashes" mid-task (it abandons
+// the task silently, as a killed process would); with a reaper running, the
+// lapsed lease's expiry wakes an idle replica, which takes the task and
+// completes it; the crashed worker's late complete would be refused.
+func TestCrashedWorkerTaskIsRedone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startReaper()
+	crashed := make(chan struct{}, 1)
+	proceed := make(chan struct{})
+	a := e.startPool("a", 1, 4*time.Second, func(p *worker.Pool, _ *replica) {
+		p.SimCrashRate = 1
+		p.Crash = func() {
+			crashed <- struct{}{}
+			<-proceed // meanwhile a's heartbeats go on: the task stays a's until the "crash" completes
+		}
+	})
+	tk := e.insert(0, sleepTask(0.2))[0]
+	select {
+	case <-crashed:
+	case <-time.After(giveUp):
+		t.Fatal("a never crashed")
+	}
+	claimed, _ := a.events.waitFor(t, "a's claim", 0, isTask(worker.EventClaimed, tk.ID))
+
+	// b is idle and listening while the task is still leased to a.
+	b := e.startPool("b", 1, 30*time.Second, nil)
+	a.cancel() // a's dispatcher stops claiming before the lease can lapse
+	close(proceed)
+	a.wait(t)
+	if evs := a.events.all(isTask(worker.EventCrashed, tk.ID)); len(evs) != 1 {
+		t.Fatalf("a's events for the crash: %+v; want one EventCrashed", evs)
+	}
+
+	reclaimed, _ := b.events.waitFor(t, "b's claim", 0, isTask(worker.EventClaimed, tk.ID))
+	if reclaimed.Wake&worker.WakeLeaseFreed == 0 {
+		t.Errorf("b claimed the task woken by %s, want by the lease's expiry", reclaimed.Wake)
+	}
+	b.events.waitFor(t, "b's completion", 0, isTask(worker.EventCompleted, tk.ID))
+	if _, err := e.tasks.Complete(e.ctx, tk.ID, "a/w1", claimed.Fence, json.RawMessage(`{}`)); !errors.Is(err, task.ErrLeaseLost) {
+		t.Fatalf("the crashed worker's late complete: %v, want task.ErrLeaseLost", err)
+	}
+	got := e.get(tk.ID)
+	if got.State != task.StateDone || got.Attempts != 2 || deref(got.Processor) != "b/w1" {
+		t.Fatalf("task: %+v; want done by b/w1 on attempt 2", got)
+	}
+	h := e.leaseHistory(tk.ID)
+	if !contains(h[claimed.Fence], "expired") || contains(h[claimed.Fence], "released") || !contains(h[reclaimed.Fence], "released") {
+		t.Fatalf("lease history by fence: %v; want a's fence %d expired, never released, b's %d released", h, claimed.Fence, reclaimed.Fence)
+	}
+	b.stop(t)
+}
+
+// TestIdlePoolWakesOnInsert: with the safety poll off and nothing due, an
+// idle replica picks up a newly inserted task, woken by its NOTIFY, with
+// one claim statement for its four idle workers.
+func TestIdlePoolWakesOnInsert(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := e.startPool("p", 4, 5*time.Second, nil)
+	before := p.Counters()
+	tk := e.insert(0, sleepTask(0))[0]
+	claimed, _ := p.events.waitFor(t, "the claim", 0, isTask(worker.EventClaimed, tk.ID))
+	if claimed.Wake&worker.WakeInsert == 0 {
+		t.Errorf("claimed the task woken by %s, want by the insert's notification", claimed.Wake)
+	}
+	p.events.waitFor(t, "the completion", 0, isTask(worker.EventCompleted, tk.ID))
+	p.stop(t)
+	if got := e.get(tk.ID); got.State != task.StateDone || got.Attempts != 1 {
+		t.Fatalf("task: %+v; want done on attempt 1", got)
+	}
+	after := p.Counters()
+	if after.Claimed-before.Claimed != 1 {
+		t.Errorf("claimed %d tasks, want 1", after.Claimed-before.Claimed)
+	}
+	t.Logf("claim statements for one inserted task: %d (%d found nothing)", after.Claims-before.Claims, after.Empty-before.Empty)
+}
+
+// TestCatchUpAfterReconnect: a task inserted while the replica's LISTEN
+// connection is down is never notified to it; the claim that follows the
+// reconnect picks it up.
+func TestCatchUpAfterReconnect(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg, err := pgx.ParseConfig(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "worker-test-listener"
+	var connects atomic.Int32
+	reconnecting := make(chan struct{}, 1)
+	gate := make(chan struct{})
+	p := e.startPool("p", 2, 5*time.Second, func(p *worker.Pool, r *replica) {
+		p.Listener = e.listenerWith(r.ctx, func(ctx context.Context) (*pgx.Conn, error) {
+			if connects.Add(1) > 1 { // held back until the test has inserted
+				select {
+				case reconnecting <- struct{}{}:
+				default:
+				}
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return pgx.ConnectConfig(ctx, cfg)
+		})
+	})
+	var killed int
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = 'worker-test-listener' AND datname = current_database()`).Scan(&killed); err != nil || killed != 1 {
+		t.Fatalf("terminated %d listener backends, %v; want 1", killed, err)
+	}
+	select {
+	case <-reconnecting:
+	case <-time.After(giveUp):
+		t.Fatal("the listener never tried to reconnect")
+	}
+	tk := e.insert(0, sleepTask(0))[0] // nobody listens: its notification is lost
+	close(gate)
+	claimed, _ := p.events.waitFor(t, "the claim", 0, isTask(worker.EventClaimed, tk.ID))
+	if claimed.Wake&worker.WakeResync == 0 {
+		t.Errorf("claimed the task woken by %s, want by the resync after reconnecting", claimed.Wake)
+	}
+	p.events.waitFor(t, "the completion", 0, isTask(worker.EventCompleted, tk.ID))
+	p.stop(t)
+}
+
+// TestExpiredTaskLeaseWakesIdlePool: with the safety poll off, a task whose
+// processor died (claimed under a name no pool uses, never heartbeated) is
+// picked up by an idle replica after its lease lapses, woken by the
+// reaper's expiry notification.
+func TestExpiredTaskLeaseWakesIdlePool(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startReaper()
+	p := e.startPool("p", 2, 5*time.Second, nil)
+
+	// Inserted not yet due, so that p, woken by the insert, leaves it to the
+	// dead processor; then made due behind p's back (no notification, and
+	// p's due timer is an hour away).
+	from := p.events.len()
+	tk, err := e.tasks.Insert(e.ctx, []task.NewTask{{TaskData: json.RawMessage(sleepTask(0)), ScheduledAt: time.Now().Add(time.Hour)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := tk[0].ID
+	p.events.waitFor(t, "p's round after the insert", from, func(ev worker.Event) bool {
+		return ev.Kind == worker.EventAsleep && ev.Wake&worker.WakeInsert != 0
+	})
+	if _, err := e.db.Pool.Exec(e.ctx, `UPDATE tasks SET scheduled_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	dead, err := e.tasks.Claim(e.ctx, []string{"dead/w1"}, time.Second)
+	if err != nil || len(dead) != 1 || dead[0].ID != id {
+		t.Fatalf("the dead processor's claim: %+v, %v", dead, err)
+	}
+
+	reclaimed, _ := p.events.waitFor(t, "p's claim", from, isTask(worker.EventClaimed, id))
+	if reclaimed.Wake&worker.WakeLeaseFreed == 0 {
+		t.Errorf("p claimed the task woken by %s, want by the lease's expiry", reclaimed.Wake)
+	}
+	p.events.waitFor(t, "p's completion", from, isTask(worker.EventCompleted, id))
+	p.stop(t)
+	got := e.get(id)
+	if got.State != task.StateDone || got.Attempts != 2 {
+		t.Fatalf("task: %+v; want done on attempt 2", got)
+	}
+	if _, err := e.tasks.Complete(e.ctx, id, "dead/w1", deref(dead[0].Fence), nil); !errors.Is(err, task.ErrLeaseLost) {
+		t.Fatalf("the dead processor's late complete: %v, want task.ErrLeaseLost", err)
+	}
+	if h := e.leaseHistory(id); !contains(h[deref(dead[0].Fence)], "expired") {
+		t.Fatalf("lease history by fence: %v; want the dead processor's lease expired", h)
+	}
+}
+
+// TestShutdownLetsTasksFinish: when a replica stops, it claims nothing more
+// at once, and tasks running within the grace period finish and complete.
+func TestShutdownLetsTasksFinish(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := e.startPool("p", 2, 5*time.Second, func(p *worker.Pool, _ *replica) { p.ShutdownGrace = giveUp })
+	ts := e.insert(0, sleepTask(1), sleepTask(1))
+	for _, tk := range ts {
+		p.events.waitFor(t, "the claims", 0, isTask(worker.EventClaimed, tk.ID))
+	}
+	p.cancel()
+	late := e.insert(0, sleepTask(0))[0]
+	p.wait(t)
+	for _, tk := range ts {
+		if got := e.get(tk.ID); got.State != task.StateDone || got.Attempts != 1 {
+			t.Errorf("task running at shutdown: %+v; want done within the grace", got)
+		}
+	}
+	if got := e.get(late.ID); got.State != task.StatePending || got.Attempts != 0 {
+		t.Errorf("task inserted after the shutdown began: %+v; want pending, never attempted", got)
+	}
+	if evs := p.events.all(isKind(worker.EventRequeued)); len(evs) > 0 {
+		t.Errorf("requeued %+v; want none", evs)
+	}
+}
+
+// TestShutdownRequeuesUnfinishedTasks: tasks still running when the grace
+// period is over are cancelled and handed back, pending with their attempt
+// uncounted and their leases released, so that another replica can claim
+// them at once.
+func TestShutdownRequeuesUnfinishedTasks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := e.startPool("p", 2, 5*time.Second, func(p *worker.Pool, _ *replica) { p.ShutdownGrace = 200 * time.Millisecond })
+	ts := e.insert(0, sleepTask(3600), sleepTask(3600))
+	fences := map[int64]int64{}
+	for _, tk := range ts {
+		ev, _ := p.events.waitFor(t, "the claims", 0, isTask(worker.EventClaimed, tk.ID))
+		fences[tk.ID] = ev.Fence
+	}
+	p.stop(t)
+	for _, tk := range ts {
+		got := e.get(tk.ID)
+		if got.State != task.StatePending || got.Attempts != tk.Attempts {
+			t.Errorf("task after shutdown: %+v; want pending with attempts %d as before its claim", got, tk.Attempts)
+		}
+		if evs := p.events.all(isTask(worker.EventRequeued, tk.ID)); len(evs) != 1 {
+			t.Errorf("task %d: requeue events %+v, want one", tk.ID, evs)
+		}
+		if h := e.leaseHistory(tk.ID); !contains(h[fences[tk.ID]], "released") {
+			t.Errorf("task %d: lease history %v; want fence %d released", tk.ID, h, fences[tk.ID])
+		}
+	}
+	again, err := e.tasks.Claim(e.ctx, []string{"other/w1", "other/w2", "other/w3"}, time.Second)
+	if err != nil || len(again) != 2 {
+		t.Fatalf("another replica's claim right after the shutdown: %d tasks, %v; want the 2 handed back", len(again), err)
+	}
+}
+
+// TestRunChecksSettings: a pool that cannot work refuses to start.
+func TestRunChecksSettings(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	l := e.listener(e.ctx)
+	valid := func() *worker.Pool {
+		return &worker.Pool{Tasks: e.tasks, Listener: l, Instance: "x", Workers: 1, TTL: time.Second}
+	}
+	cases := map[string]func(p *worker.Pool){
+		"no store":        func(p *worker.Pool) { p.Tasks = nil },
+		"no listener":     func(p *worker.Pool) { p.Listener = nil },
+		"no instance":     func(p *worker.Pool) { p.Instance = "" },
+		"negative":        func(p *worker.Pool) { p.Workers = -1 },
+		"ttl fraction":    func(p *worker.Pool) { p.TTL = 1500 * time.Millisecond },
+		"ttl zero":        func(p *worker.Pool) { p.TTL = 0 },
+		"crash rate > 1":  func(p *worker.Pool) { p.SimCrashRate = 2 },
+		"spike rate < 0":  func(p *worker.Pool) { p.SimSpikeRate = -0.1 },
+		"ttl over a hour": func(p *worker.Pool) { p.TTL = 2 * time.Hour },
+	}
+	for name, breakIt := range cases {
+		p := valid()
+		breakIt(p)
+		if err := p.Run(e.ctx); err == nil {
+			t.Errorf("%s: Run started", name)
+		}
+	}
+	// No workers: Run idles until its context ends.
+	ctx, cancel := context.WithCancel(e.ctx)
+	var wg sync.WaitGroup
+	p := valid()
+	p.Workers = 0
+	wg.Go(func() {
+		if err := p.Run(ctx); err != nil {
+			t.Errorf("no workers: %v", err)
+		}
+	})
+	cancel()
+	wg.Wait()
+}
+
+func deref[T any](v *T) T {
+	var zero T
+	if v == nil {
+		return zero
+	}
+	return *v
+}
