@@ -57,16 +57,29 @@ RETURNING *;
 
 -- name: LeaseRelease :one
 -- LeaseRelease ends the holder's live lease now; with an id, only that lease.
-UPDATE leases
-SET released_at = now(),
-    expires_at  = now()
-WHERE resource = @resource
-  AND holder = @holder
-  AND (sqlc.narg(fence)::bigint IS NULL OR fence = sqlc.narg(fence)::bigint)
-  AND (sqlc.narg(id)::bigint IS NULL OR id = sqlc.narg(id)::bigint)
-  AND released_at IS NULL
-  AND expires_at > now()
-RETURNING *;
+-- The row is locked before the time is taken: a statement holding it (a
+-- fenced insert under this lease) commits first, and released_at must not
+-- read earlier than that commit.
+WITH locked AS (
+    SELECT c.id FROM leases AS c
+    WHERE c.resource = @resource
+      AND c.holder = @holder
+      AND (sqlc.narg(fence)::bigint IS NULL OR c.fence = sqlc.narg(fence)::bigint)
+      AND (sqlc.narg(id)::bigint IS NULL OR c.id = sqlc.narg(id)::bigint)
+      AND c.released_at IS NULL
+      AND c.expires_at > now()
+    FOR UPDATE
+),
+stamped AS (
+    -- One reading of the clock per row, taken as the locked row comes out.
+    SELECT locked.id, clock_timestamp() AS at FROM locked
+)
+UPDATE leases AS l
+SET released_at = least(stamped.at, l.expires_at),
+    expires_at  = least(stamped.at, l.expires_at)
+FROM stamped
+WHERE l.id = stamped.id
+RETURNING l.*;
 
 -- name: LeaseGet :one
 -- LeaseGet returns one lease with its state by the database clock.

@@ -113,8 +113,8 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 		lo, hi, ok := strings.Cut(genSleep, "-")
 		minSleep, err1 := time.ParseDuration(lo)
 		maxSleep, err2 := time.ParseDuration(hi)
-		if !ok || err1 != nil || err2 != nil || minSleep < 0 || minSleep > maxSleep || maxSleep > time.Hour {
-			errs = append(errs, fmt.Errorf("--generator-sleep %q must be a range MIN-MAX of durations within 0..1h, e.g. 1s-5s", genSleep))
+		if !ok || err1 != nil || err2 != nil || minSleep < 0 || minSleep > maxSleep || maxSleep <= 0 || maxSleep > time.Hour {
+			errs = append(errs, fmt.Errorf("--generator-sleep %q must be a range MIN-MAX of durations within 0..1h with MAX above 0, e.g. 1s-5s", genSleep))
 		} else {
 			c.GeneratorSleepMin, c.GeneratorSleepMax = minSleep, maxSleep
 		}

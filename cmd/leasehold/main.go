@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/rs/zerolog"
 )
 
 const usage = `leasehold: leases and a task queue on PostgreSQL
@@ -17,12 +19,17 @@ const usage = `leasehold: leases and a task queue on PostgreSQL
 usage:
   leasehold serve    [flags]   run one replica (REST API, reaper, ...)
   leasehold migrate  [flags]   apply the database migrations and exit
-  leasehold demo     [flags]   a local PostgreSQL (unless DATABASE_URL is set) and a replica on :8080
+  leasehold demo     [flags]   a local PostgreSQL (unless DATABASE_URL is set), 3 replicas and a round-robin front door on :8080
   leasehold localdb            start or reuse the local development PostgreSQL; print its URL
   leasehold version            print the version
 
 Run "leasehold <command> -h" for the flags of a command.
 `
+
+func init() {
+	// Log times with milliseconds: failovers and expiries are read off the logs.
+	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
+}
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"

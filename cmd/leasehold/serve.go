@@ -15,11 +15,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/localpg"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/server"
+	"github.com/leasehold/leasehold/internal/task"
+	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/schema"
 )
 
@@ -35,30 +39,6 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if c.DatabaseURL == "" {
 		return usagef("no database: set DATABASE_URL or pass --database-url postgres://user:pass@host:5432/db")
-	}
-	return serve(ctx, c, stderr, nil)
-}
-
-// runDemo runs a replica against DATABASE_URL or, when it is unset, the
-// local development PostgreSQL, which it brings up first. (Several replicas
-// behind a front door come with the task queue.)
-func runDemo(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("leasehold demo", flag.ContinueOnError)
-	finish := configFlags(fs, getenv, 0.05, 0.10)
-	if err := parse(fs, args, stderr); err != nil {
-		return err
-	}
-	c, err := finish()
-	if err != nil {
-		return err
-	}
-	if c.DatabaseURL == "" {
-		if c.DatabaseURL, err = localpg.Ensure(ctx, stderr); err != nil {
-			return err
-		}
-	}
-	if c.LogFormat == "json" && getenv("LEASEHOLD_LOG_FORMAT") == "" {
-		c.LogFormat = "console"
 	}
 	return serve(ctx, c, stderr, nil)
 }
@@ -107,6 +87,11 @@ func newLogger(c config, w io.Writer) (zerolog.Logger, error) {
 
 // serve runs one replica until ctx ends. ready, if not nil, receives the
 // address the server listens on once it accepts connections.
+//
+// On shutdown (ctx ends: SIGTERM or Ctrl-C) the replica stops claiming
+// tasks, gives running tasks ShutdownGrace to finish and hands the rest
+// back, then releases every lease it holds (generator, reaper, instance) so
+// that other replicas take over at once; the API answers until then.
 func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string) error {
 	log, err := newLogger(c, stderr)
 	if err != nil {
@@ -117,6 +102,9 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		return fmt.Errorf("database URL: %w", err)
 	}
 	poolCfg.ConnConfig.RuntimeParams["application_name"] = "leasehold " + c.Instance
+	// Workers each hold a connection only for a statement; the API and the
+	// background loops need a few more.
+	poolCfg.MaxConns = max(poolCfg.MaxConns, int32(c.Workers+8))
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
@@ -139,13 +127,19 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	listenCfg.RuntimeParams["application_name"] = "leasehold " + c.Instance + " listener"
 	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, listenCfg)
-	}, log, notify.ChannelLease)
+	}, log, notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
 
-	store := lease.NewStore(pool)
+	leases := lease.NewStore(pool)
+	tasks := task.NewStore(pool)
+	genState := generator.NewState(pool)
+	instances := instance.NewStore(pool)
 	metrics := server.NewMetrics(listener.Connected, listener.Reconnects)
 	startedAt := time.Now().UTC()
 	handler := server.NewServer(server.Deps{
-		Leases:     store,
+		Leases:     leases,
+		Tasks:      tasks,
+		Generator:  genState,
+		Instances:  instances,
 		Instance:   server.Instance{ID: c.Instance, StartedAt: startedAt, Roles: c.Roles, Version: version},
 		DefaultTTL: c.LeaseTTL,
 		APIToken:   c.APIToken,
@@ -180,29 +174,57 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       120 * time.Second,
 	}
+	if err := instances.Register(ctx, instance.Instance{
+		ID: c.Instance, Addr: ln.Addr().String(), Roles: c.Roles, Version: version,
+	}); err != nil {
+		ln.Close()
+		return err
+	}
 
+	// Background work runs until shutdown, not until ctx: the API goes on
+	// answering while the workers drain and the leases are released.
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := listener.Run(bgCtx); err != nil {
-			log.Error().Err(err).Msg("listener stopped")
-		}
-	})
-	if c.hasRole("reaper") {
-		r := &reaper.Reaper{
-			Store: store, Listener: listener, Instance: c.Instance, Log: log,
-			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Marked: metrics.ExpiryAnnounced,
-		}
+	background := func(name string, run func(ctx context.Context) error) {
 		wg.Go(func() {
-			if err := r.Run(bgCtx); err != nil {
-				log.Error().Err(err).Msg("reaper stopped")
+			if err := run(bgCtx); err != nil {
+				log.Error().Err(err).Msgf("%s stopped", name)
 			}
 		})
+	}
+	background("listener", listener.Run)
+	// The replica is live while it holds its instance lease.
+	background("instance lease", (&lease.Elector{
+		Store: leases, Listener: listener, Resource: instance.LeaseResource(c.Instance),
+		Holder: c.Instance, Keep: lease.KeepConfig{TTL: 10 * time.Second}, Log: log,
+	}).RunUntilDone)
+	if c.hasRole("reaper") {
+		background("reaper", (&reaper.Reaper{
+			Store: leases, Listener: listener, Instance: c.Instance, Log: log,
+			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Marked: metrics.ExpiryAnnounced,
+		}).Run)
+	}
+	if c.hasRole("generator") {
+		background("generator", (&generator.Generator{
+			State: genState, Tasks: tasks, Leases: leases, Listener: listener, Instance: c.Instance,
+			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Rate: c.GeneratorRate,
+			MinSleep: c.GeneratorSleepMin, MaxSleep: c.GeneratorSleepMax, Log: log,
+		}).Run)
+	}
+	if c.hasRole("worker") && c.Workers > 0 {
+		grace := c.ShutdownGrace
+		if grace == 0 {
+			grace = -1 // the pool's "no grace"
+		}
+		background("workers", (&worker.Pool{
+			Tasks: tasks, Listener: listener, Instance: c.Instance, Workers: c.Workers, TTL: c.LeaseTTL,
+			SimCrashRate: c.SimCrashRate, SimSpikeRate: c.SimSpikeRate, ShutdownGrace: grace, Log: log,
+		}).Run)
 	}
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info().Str("addr", ln.Addr().String()).Strs("roles", c.Roles).Msg("serving")
+	log.Info().Str("addr", ln.Addr().String()).Strs("roles", c.Roles).Int("workers", c.Workers).Msg("serving")
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -212,8 +234,6 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	case err = <-serveErr:
 	}
 	log.Info().Msg("shutting down")
-	// Background work first: its leases are released while the database
-	// is still reachable through the pool.
 	stopBackground()
 	wg.Wait()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

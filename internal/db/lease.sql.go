@@ -338,16 +338,26 @@ func (q *Queries) LeaseNextExpiry(ctx context.Context) (LeaseNextExpiryRow, erro
 }
 
 const leaseRelease = `-- name: LeaseRelease :one
-UPDATE leases
-SET released_at = now(),
-    expires_at  = now()
-WHERE resource = $1
-  AND holder = $2
-  AND ($3::bigint IS NULL OR fence = $3::bigint)
-  AND ($4::bigint IS NULL OR id = $4::bigint)
-  AND released_at IS NULL
-  AND expires_at > now()
-RETURNING id, resource, holder, fence, ttl_seconds, created_at, renewed_at, released_at, expires_at, expired_at
+WITH locked AS (
+    SELECT c.id FROM leases AS c
+    WHERE c.resource = $1
+      AND c.holder = $2
+      AND ($3::bigint IS NULL OR c.fence = $3::bigint)
+      AND ($4::bigint IS NULL OR c.id = $4::bigint)
+      AND c.released_at IS NULL
+      AND c.expires_at > now()
+    FOR UPDATE
+),
+stamped AS (
+    -- One reading of the clock per row, taken as the locked row comes out.
+    SELECT locked.id, clock_timestamp() AS at FROM locked
+)
+UPDATE leases AS l
+SET released_at = least(stamped.at, l.expires_at),
+    expires_at  = least(stamped.at, l.expires_at)
+FROM stamped
+WHERE l.id = stamped.id
+RETURNING l.id, l.resource, l.holder, l.fence, l.ttl_seconds, l.created_at, l.renewed_at, l.released_at, l.expires_at, l.expired_at
 `
 
 type LeaseReleaseParams struct {
@@ -358,6 +368,9 @@ type LeaseReleaseParams struct {
 }
 
 // LeaseRelease ends the holder's live lease now; with an id, only that lease.
+// The row is locked before the time is taken: a statement holding it (a
+// fenced insert under this lease) commits first, and released_at must not
+// read earlier than that commit.
 func (q *Queries) LeaseRelease(ctx context.Context, arg LeaseReleaseParams) (Lease, error) {
 	row := q.db.QueryRow(ctx, leaseRelease,
 		arg.Resource,

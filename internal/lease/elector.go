@@ -30,21 +30,27 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Leas
 	if err := e.Keep.Validate(); err != nil {
 		return err
 	}
-	sub := e.Listener.Subscribe(notify.ChannelLease, 64)
-	defer sub.Close()
 	log := e.Log.With().Str("resource", e.Resource).Logger()
 	for {
+		// Subscribed before each attempt, so that a release right after a
+		// refused Acquire is not missed; closed while leading, when nobody
+		// reads it.
+		sub := e.Listener.Subscribe(notify.ChannelLease, 64)
 		sent := time.Now()
 		acq, err := e.Store.Acquire(ctx, AcquireParams{Resource: e.Resource, Holder: e.Holder, TTL: e.Keep.TTL})
 		wait := e.Keep.withDefaults().RetryInterval
 		var held *HeldError
 		switch {
 		case err == nil:
+			sub.Close()
 			log.Info().Int64("fence", acq.Lease.Fence).Msg("won the lease")
 			e.hold(ctx, acq.Lease, sent, lead)
+			sub = e.Listener.Subscribe(notify.ChannelLease, 64)
 			log.Info().Int64("fence", acq.Lease.Fence).Msg("gave up the lease")
-			// wait stays at the retry interval: having just stepped down,
-			// let the followers, woken by the release, go first.
+			// Having just stepped down, let the followers, woken by the
+			// release within milliseconds, go first; then campaign again,
+			// since the lease may be free with nobody else to take it.
+			wait = min(wait, stepDownPause)
 		case errors.As(err, &held):
 			// The holder's lease runs out at its expires_at by the database
 			// clock; a little after that, try again even if nobody says so.
@@ -52,16 +58,30 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Leas
 		case ctx.Err() != nil:
 			// Stopped mid-campaign: the acquisition may have committed
 			// although its answer was lost. Give up whatever we may hold.
+			sub.Close()
 			e.release(ctx, ReleaseParams{Resource: e.Resource, Holder: e.Holder})
 			return nil
 		default:
 			log.Warn().Err(err).Msg("campaign failed; retrying")
 		}
-		if !waitForTurn(ctx, sub, e.Resource, wait) {
+		turn := waitForTurn(ctx, sub, e.Resource, wait)
+		sub.Close()
+		if !turn {
 			return nil
 		}
 	}
 }
+
+// RunUntilDone holds the lease for as long as ctx lasts (campaigning again
+// whenever it is lost): how a replica keeps a lease that only says it is
+// alive, such as instance:<id>.
+func (e *Elector) RunUntilDone(ctx context.Context) error {
+	return e.Run(ctx, func(ctx context.Context, _ Lease) { <-ctx.Done() })
+}
+
+// stepDownPause is how long an elector that gave up its lease waits before
+// campaigning again, unless told the lease is free.
+const stepDownPause = 250 * time.Millisecond
 
 // hold runs lead while keeping the lease, then releases it.
 func (e *Elector) hold(ctx context.Context, l Lease, sent time.Time, lead func(ctx context.Context, l Lease)) {

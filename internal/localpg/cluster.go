@@ -59,6 +59,11 @@ func newCluster(ctx context.Context, base string, port int, logw io.Writer) (*cl
 	if err != nil {
 		return nil, err
 	}
+	return clusterOf(bin, base, port, logw)
+}
+
+// clusterOf is the cluster of the server programs bin under base.
+func clusterOf(bin binaries, base string, port int, logw io.Writer) (*cluster, error) {
 	c := &cluster{
 		bin:     bin,
 		base:    base,
@@ -68,6 +73,7 @@ func newCluster(ctx context.Context, base string, port int, logw io.Writer) (*cl
 	}
 	c.logFile = filepath.Join(c.dataDir, "server.log")
 	if os.Geteuid() == 0 {
+		var err error
 		if c.owner, err = lookupOwner(User); err != nil {
 			return nil, err
 		}
@@ -76,21 +82,45 @@ func newCluster(ctx context.Context, base string, port int, logw io.Writer) (*cl
 }
 
 // ensure initialises the data directory when it holds no cluster, starts the server unless it
-// answers, and creates the database unless it exists. The caller holds the lock.
-func (c *cluster) ensure(ctx context.Context) error {
+// answers, and creates the database unless it exists; started says whether it started the
+// server. The caller holds the lock.
+func (c *cluster) ensure(ctx context.Context) (started bool, err error) {
 	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
 		if err := c.initdb(ctx); err != nil {
-			return err
+			return false, err
 		}
 	} else if err != nil {
-		return fmt.Errorf("look for the local PostgreSQL cluster: %w", err)
+		return false, fmt.Errorf("look for the local PostgreSQL cluster: %w", err)
 	}
 	if err := probe(ctx, URL(c.port, "postgres")); err != nil {
 		if err := c.start(ctx, err); err != nil {
-			return err
+			return false, err
 		}
+		started = true
 	}
-	return c.createDatabase(ctx)
+	return started, c.createDatabase(ctx)
+}
+
+// stop stops the server when it runs, waiting until it is down. The caller holds the lock.
+func (c *cluster) stop(ctx context.Context) error {
+	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
+		return nil // no cluster, so no server
+	}
+	// pg_ctl status: 0 running, 3 not running, 4 no data directory.
+	if _, err := c.run(ctx, c.bin.pgCtl, "status", "--pgdata="+c.dataDir); err != nil {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) && (exitErr.ExitCode() == 3 || exitErr.ExitCode() == 4) {
+			return nil
+		}
+		return fmt.Errorf("pg_ctl status in %s: %w", c.dataDir, err)
+	}
+	c.logf("stopping PostgreSQL %s on 127.0.0.1:%d", c.bin.major, c.port)
+	// Fast: open sessions are cut off (their transactions roll back) rather than waited for.
+	out, err := c.run(ctx, c.bin.pgCtl, "stop", "--wait", "--timeout=60", "--mode=fast", "--pgdata="+c.dataDir)
+	if err != nil {
+		return fmt.Errorf("pg_ctl stop in %s failed: %w\n%s", c.dataDir, err, lastLines(out, 10))
+	}
+	return nil
 }
 
 // initdb creates the cluster in a scratch directory and renames it into place, so that a data

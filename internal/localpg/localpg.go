@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -65,47 +66,105 @@ func URL(port int, db string) string {
 //
 // Ensure does not look at DATABASE_URL: callers that honour it check it first.
 func Ensure(ctx context.Context, logw io.Writer) (string, error) {
+	url, _, err := EnsureStarted(ctx, logw)
+	return url, err
+}
+
+// EnsureStarted is Ensure that also reports whether this call started the server (false when
+// it was running already), so that a caller that started it can Stop it when it is done and
+// one that found it running leaves it to whoever started it.
+func EnsureStarted(ctx context.Context, logw io.Writer) (url string, started bool, err error) {
+	port, err := portFromEnv(os.Getenv(PortEnv))
+	if err != nil {
+		return "", false, err
+	}
+	return ensure(ctx, baseDir, port, logw)
+}
+
+// ensure is EnsureStarted on the cluster under the directory base returns, at port.
+func ensure(ctx context.Context, base func() (string, error), port int, logw io.Writer) (string, bool, error) {
 	if logw == nil {
 		logw = io.Discard
 	}
-	port, err := portFromEnv(os.Getenv(PortEnv))
-	if err != nil {
-		return "", err
-	}
 	url := URL(port, Database)
 	if probe(ctx, url) == nil {
-		return url, nil
+		return url, false, nil
 	}
 
-	base, err := baseDir()
+	dir, err := base()
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	if err := os.MkdirAll(base, 0o755); err != nil {
-		return "", fmt.Errorf("create the local PostgreSQL directory: %w", err)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", false, fmt.Errorf("create the local PostgreSQL directory: %w", err)
 	}
-	unlock, err := lockFile(ctx, filepath.Join(base, "lock"))
+	unlock, err := lockFile(ctx, filepath.Join(dir, "lock"))
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	defer unlock()
 	// Whoever held the lock before us may have brought the cluster up.
 	if probe(ctx, url) == nil {
-		return url, nil
+		return url, false, nil
 	}
 
-	c, err := newCluster(ctx, base, port, logw)
+	c, err := newCluster(ctx, dir, port, logw)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	if err := c.ensure(ctx); err != nil {
-		return "", err
+	started, err := c.ensure(ctx)
+	if err != nil {
+		return "", started, err
 	}
 	if err := probe(ctx, url); err != nil {
-		return "", fmt.Errorf("local PostgreSQL in %s was started but does not answer at %s: %w",
+		return "", started, fmt.Errorf("local PostgreSQL in %s was started but does not answer at %s: %w",
 			c.dataDir, url, err)
 	}
-	return url, nil
+	return url, started, nil
+}
+
+// Stop stops leasehold's local PostgreSQL cluster (pg_ctl stop, fast mode: open sessions are
+// cut off) and waits until it is down; it does nothing when the server does not run. Call it
+// only after EnsureStarted said it started the server: others may be using a server they
+// found running. It logs one line to logw (nil discards) when it stops the server.
+func Stop(ctx context.Context, logw io.Writer) error {
+	port, err := portFromEnv(os.Getenv(PortEnv))
+	if err != nil {
+		return err
+	}
+	dir, err := baseDir()
+	if err != nil {
+		return err
+	}
+	return stop(ctx, dir, port, logw)
+}
+
+// stop is Stop on the cluster under base.
+func stop(ctx context.Context, base string, port int, logw io.Writer) error {
+	if logw == nil {
+		logw = io.Discard
+	}
+	if _, err := os.Stat(base); errors.Is(err, os.ErrNotExist) {
+		return nil // never brought up here
+	}
+	bin, err := findBinaries(debianRoot, exec.LookPath)
+	if errors.Is(err, ErrNotInstalled) {
+		return nil // nothing could have started it
+	}
+	if err != nil {
+		return err
+	}
+	c, err := clusterOf(bin, base, port, logw)
+	if err != nil {
+		return err
+	}
+	// Under the lock, so that an Ensure running meanwhile waits and then starts it afresh.
+	unlock, err := lockFile(ctx, filepath.Join(base, "lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return c.stop(ctx)
 }
 
 // portFromEnv parses the value of PortEnv; empty means DefaultPort.
