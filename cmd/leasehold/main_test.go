@@ -582,3 +582,67 @@ func TestMigrateConcurrently(t *testing.T) {
 		t.Errorf("%d of %d concurrent migrations applied the schema, want exactly 1", applied, n)
 	}
 }
+
+// TestShutdownReleasesEveryLease: a replica with every role, generating
+// and running a long task, is stopped with no grace: its task goes back to
+// the queue at once (no attempt counted) and no lease of its own — task,
+// generator, reaper, instance — is left for others to wait out.
+func TestShutdownReleasesEveryLease(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	c := serveConfig(t, []string{"--addr", "127.0.0.1:0", "--instance", "drain-replica", "--workers", "1",
+		"--shutdown-grace", "0s", "--generator-rate", "1", "--generator-sleep", "10m-10m"},
+		env("DATABASE_URL", db.URL))
+	r := startReplica(t, c)
+	if status, body := r.request(t, "POST", "/api/generator/start", "", ""); status != http.StatusAccepted {
+		t.Fatalf("start the generator: %d %s", status, body)
+	}
+	// Wait until the replica holds every kind of lease: its one worker runs
+	// a ten-minute task, and it is the generator, the reaper and itself.
+	deadline := time.Now().Add(time.Minute) // keeps a broken test from hanging
+	for {
+		var held int
+		if err := db.Pool.QueryRow(t.Context(), `SELECT count(DISTINCT CASE WHEN resource LIKE 'leasehold:%' THEN resource ELSE split_part(resource, ':', 1) END)
+			FROM leases WHERE released_at IS NULL AND expires_at > now()
+			  AND (holder = 'drain-replica' OR holder LIKE 'drain-replica/%')`).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		var running int
+		if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM tasks WHERE state = 'running'`).Scan(&running); err != nil {
+			t.Fatal(err)
+		}
+		if held == 4 && running == 1 { // task:, instance:, leasehold:generator, leasehold:reaper
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica never held its task, generator, reaper and instance leases (held kinds %d, running %d)\n%s", held, running, r.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatalf("serve after cancel: %v\n%s", err, r.logs)
+	}
+	var live []string
+	rows, err := db.Pool.Query(t.Context(), `SELECT resource FROM leases WHERE released_at IS NULL AND expires_at > now()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var res string
+		if err := rows.Scan(&res); err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, res)
+	}
+	if len(live) > 0 {
+		t.Errorf("leases still live after a clean shutdown: %q", live)
+	}
+	var state string
+	var attempts int
+	if err := db.Pool.QueryRow(t.Context(), `SELECT state, attempts FROM tasks WHERE started_at IS NOT NULL ORDER BY id LIMIT 1`).Scan(&state, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if state != "pending" || attempts != 0 {
+		t.Errorf("the interrupted task: state %s, attempts %d; want pending with the attempt not counted", state, attempts)
+	}
+}
