@@ -123,6 +123,17 @@ func jsonKind(goKind string) string {
 	}
 }
 
+// firstError returns the first of a request's check results that is an
+// error, the fields checked in the order a user reads them.
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkName validates a resource, holder or processor name.
 func checkName(field, value string) error {
 	switch {

@@ -14,13 +14,7 @@ type acquireRequest struct {
 }
 
 func (q acquireRequest) validate() error {
-	if err := checkName("resource", q.Resource); err != nil {
-		return err
-	}
-	if err := checkName("holder", q.Holder); err != nil {
-		return err
-	}
-	return checkTTL(q.TTLSeconds)
+	return firstError(checkName("resource", q.Resource), checkName("holder", q.Holder), checkTTL(q.TTLSeconds))
 }
 
 func handleLeaseAcquire(d Deps) http.Handler {
@@ -56,16 +50,8 @@ type renewRequest struct {
 }
 
 func (q renewRequest) validate() error {
-	if err := checkName("resource", q.Resource); err != nil {
-		return err
-	}
-	if err := checkName("holder", q.Holder); err != nil {
-		return err
-	}
-	if err := checkTTL(q.TTLSeconds); err != nil {
-		return err
-	}
-	return checkFence(q.Fence)
+	return firstError(checkName("resource", q.Resource), checkName("holder", q.Holder),
+		checkTTL(q.TTLSeconds), checkFence(q.Fence))
 }
 
 func handleLeaseRenew(d Deps) http.Handler {
@@ -96,13 +82,7 @@ type releaseRequest struct {
 }
 
 func (q releaseRequest) validate() error {
-	if err := checkName("resource", q.Resource); err != nil {
-		return err
-	}
-	if err := checkName("holder", q.Holder); err != nil {
-		return err
-	}
-	return checkFence(q.Fence)
+	return firstError(checkName("resource", q.Resource), checkName("holder", q.Holder), checkFence(q.Fence))
 }
 
 // handleLeaseRelease serves DELETE /api/leases/release and, withID, DELETE
