@@ -150,3 +150,27 @@ SELECT coalesce(min(expires_at), now() + interval '1 hour')::timestamptz AS next
 FROM leases
 WHERE released_at IS NULL
   AND expired_at IS NULL;
+
+-- name: LeaseGetMany :many
+-- LeaseGetMany returns the leases with the given ids, with their states.
+SELECT id, resource, holder, fence, ttl_seconds, created_at, renewed_at,
+       released_at, expires_at, expired_at,
+       (CASE WHEN released_at IS NOT NULL THEN 'released'
+             WHEN expires_at > now() THEN 'active'
+             ELSE 'expired' END)::text AS state
+FROM leases
+WHERE id = ANY(@ids::bigint[])
+ORDER BY id;
+
+-- name: LeaseListNewest :many
+-- LeaseListNewest returns the newest leases other than task leases (the
+-- tasks show those), newest first: what a dashboard starts from.
+SELECT id, resource, holder, fence, ttl_seconds, created_at, renewed_at,
+       released_at, expires_at, expired_at,
+       (CASE WHEN released_at IS NOT NULL THEN 'released'
+             WHEN expires_at > now() THEN 'active'
+             ELSE 'expired' END)::text AS state
+FROM leases
+WHERE NOT starts_with(resource, 'task:')
+ORDER BY id DESC
+LIMIT @row_limit;

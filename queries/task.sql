@@ -231,3 +231,17 @@ SELECT coalesce(min(scheduled_at), now() + interval '1 hour')::timestamptz AS ne
        now()::timestamptz AS db_now
 FROM tasks
 WHERE state = 'pending';
+
+-- name: TaskListRunning :many
+-- TaskListRunning returns running tasks, oldest claim first.
+SELECT * FROM tasks
+WHERE state = 'running'
+ORDER BY id
+LIMIT @row_limit;
+
+-- name: TaskListDead :many
+-- TaskListDead returns the most recently dead tasks first.
+SELECT * FROM tasks
+WHERE state = 'dead'
+ORDER BY processed_at DESC, id DESC
+LIMIT @row_limit;

@@ -182,6 +182,64 @@ func (q *Queries) LeaseGet(ctx context.Context, id int64) (LeaseGetRow, error) {
 	return i, err
 }
 
+const leaseGetMany = `-- name: LeaseGetMany :many
+SELECT id, resource, holder, fence, ttl_seconds, created_at, renewed_at,
+       released_at, expires_at, expired_at,
+       (CASE WHEN released_at IS NOT NULL THEN 'released'
+             WHEN expires_at > now() THEN 'active'
+             ELSE 'expired' END)::text AS state
+FROM leases
+WHERE id = ANY($1::bigint[])
+ORDER BY id
+`
+
+type LeaseGetManyRow struct {
+	ID         int64
+	Resource   string
+	Holder     string
+	Fence      int64
+	TTLSeconds int32
+	CreatedAt  time.Time
+	RenewedAt  *time.Time
+	ReleasedAt *time.Time
+	ExpiresAt  time.Time
+	ExpiredAt  *time.Time
+	State      string
+}
+
+// LeaseGetMany returns the leases with the given ids, with their states.
+func (q *Queries) LeaseGetMany(ctx context.Context, ids []int64) ([]LeaseGetManyRow, error) {
+	rows, err := q.db.Query(ctx, leaseGetMany, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []LeaseGetManyRow{}
+	for rows.Next() {
+		var i LeaseGetManyRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Resource,
+			&i.Holder,
+			&i.Fence,
+			&i.TTLSeconds,
+			&i.CreatedAt,
+			&i.RenewedAt,
+			&i.ReleasedAt,
+			&i.ExpiresAt,
+			&i.ExpiredAt,
+			&i.State,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const leaseList = `-- name: LeaseList :many
 SELECT id, resource, holder, fence, ttl_seconds, created_at, renewed_at,
        released_at, expires_at, expired_at,
@@ -240,6 +298,66 @@ func (q *Queries) LeaseList(ctx context.Context, arg LeaseListParams) ([]LeaseLi
 	items := []LeaseListRow{}
 	for rows.Next() {
 		var i LeaseListRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Resource,
+			&i.Holder,
+			&i.Fence,
+			&i.TTLSeconds,
+			&i.CreatedAt,
+			&i.RenewedAt,
+			&i.ReleasedAt,
+			&i.ExpiresAt,
+			&i.ExpiredAt,
+			&i.State,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const leaseListNewest = `-- name: LeaseListNewest :many
+SELECT id, resource, holder, fence, ttl_seconds, created_at, renewed_at,
+       released_at, expires_at, expired_at,
+       (CASE WHEN released_at IS NOT NULL THEN 'released'
+             WHEN expires_at > now() THEN 'active'
+             ELSE 'expired' END)::text AS state
+FROM leases
+WHERE NOT starts_with(resource, 'task:')
+ORDER BY id DESC
+LIMIT $1
+`
+
+type LeaseListNewestRow struct {
+	ID         int64
+	Resource   string
+	Holder     string
+	Fence      int64
+	TTLSeconds int32
+	CreatedAt  time.Time
+	RenewedAt  *time.Time
+	ReleasedAt *time.Time
+	ExpiresAt  time.Time
+	ExpiredAt  *time.Time
+	State      string
+}
+
+// LeaseListNewest returns the newest leases other than task leases (the
+// tasks show those), newest first: what a dashboard starts from.
+func (q *Queries) LeaseListNewest(ctx context.Context, rowLimit int32) ([]LeaseListNewestRow, error) {
+	rows, err := q.db.Query(ctx, leaseListNewest, rowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []LeaseListNewestRow{}
+	for rows.Next() {
+		var i LeaseListNewestRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.Resource,

@@ -537,6 +537,96 @@ func (q *Queries) TaskList(ctx context.Context, arg TaskListParams) ([]Task, err
 	return items, nil
 }
 
+const taskListDead = `-- name: TaskListDead :many
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence FROM tasks
+WHERE state = 'dead'
+ORDER BY processed_at DESC, id DESC
+LIMIT $1
+`
+
+// TaskListDead returns the most recently dead tasks first.
+func (q *Queries) TaskListDead(ctx context.Context, rowLimit int32) ([]Task, error) {
+	rows, err := q.db.Query(ctx, taskListDead, rowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Task{}
+	for rows.Next() {
+		var i Task
+		if err := rows.Scan(
+			&i.ID,
+			&i.TaskData,
+			&i.State,
+			&i.ScheduledAt,
+			&i.Processor,
+			&i.Fence,
+			&i.Attempts,
+			&i.MaxAttempts,
+			&i.LastHeartbeatAt,
+			&i.MustHeartbeatBefore,
+			&i.StartedAt,
+			&i.ProcessedAt,
+			&i.TaskOutput,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.GeneratorFence,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const taskListRunning = `-- name: TaskListRunning :many
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence FROM tasks
+WHERE state = 'running'
+ORDER BY id
+LIMIT $1
+`
+
+// TaskListRunning returns running tasks, oldest claim first.
+func (q *Queries) TaskListRunning(ctx context.Context, rowLimit int32) ([]Task, error) {
+	rows, err := q.db.Query(ctx, taskListRunning, rowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Task{}
+	for rows.Next() {
+		var i Task
+		if err := rows.Scan(
+			&i.ID,
+			&i.TaskData,
+			&i.State,
+			&i.ScheduledAt,
+			&i.Processor,
+			&i.Fence,
+			&i.Attempts,
+			&i.MaxAttempts,
+			&i.LastHeartbeatAt,
+			&i.MustHeartbeatBefore,
+			&i.StartedAt,
+			&i.ProcessedAt,
+			&i.TaskOutput,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.GeneratorFence,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const taskNextDue = `-- name: TaskNextDue :one
 SELECT coalesce(min(scheduled_at), now() + interval '1 hour')::timestamptz AS next_due,
        now()::timestamptz AS db_now

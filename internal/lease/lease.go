@@ -264,6 +264,34 @@ func fromListRow(r db.LeaseListRow) Lease {
 	}
 }
 
+// GetMany returns the leases with the given ids (those that exist), in id
+// order, with their states by the database clock.
+func (s *Store) GetMany(ctx context.Context, ids []int64) ([]Lease, error) {
+	rows, err := s.q.LeaseGetMany(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("get leases: %w", err)
+	}
+	leases := make([]Lease, len(rows))
+	for i, r := range rows {
+		leases[i] = fromListRow(db.LeaseListRow(r))
+	}
+	return leases, nil
+}
+
+// Newest returns up to limit of the newest leases other than task leases,
+// newest first.
+func (s *Store) Newest(ctx context.Context, limit int32) ([]Lease, error) {
+	rows, err := s.q.LeaseListNewest(ctx, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list newest leases: %w", err)
+	}
+	leases := make([]Lease, len(rows))
+	for i, r := range rows {
+		leases[i] = fromListRow(db.LeaseListRow(r))
+	}
+	return leases, nil
+}
+
 // ListParams selects a page of leases.
 type ListParams struct {
 	Filter  string // FilterAll, FilterRenewed, or a State

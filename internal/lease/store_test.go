@@ -380,3 +380,29 @@ func TestListAndEvents(t *testing.T) {
 		t.Errorf("events: %d in all, %d after the third; want 8 and 5", len(all), len(rest))
 	}
 }
+
+func TestGetManyAndNewest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := pgtest.New(t)
+	store := lease.NewStore(tdb.Pool)
+	var ids []int64
+	for _, r := range []string{"a", "task:1", "b", "c"} {
+		acq, err := store.Acquire(ctx, lease.AcquireParams{Resource: r, Holder: "h", TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, acq.Lease.ID)
+	}
+	if _, err := store.Release(ctx, lease.ReleaseParams{Resource: "b", Holder: "h"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.GetMany(ctx, []int64{ids[2], ids[0], 999999})
+	if err != nil || len(got) != 2 || got[0].Resource != "a" || got[1].Resource != "b" || got[1].State != lease.StateReleased {
+		t.Fatalf("GetMany = %+v, %v; want a (active) then b (released)", got, err)
+	}
+	newest, err := store.Newest(ctx, 2)
+	if err != nil || len(newest) != 2 || newest[0].Resource != "c" || newest[1].Resource != "b" {
+		t.Fatalf("Newest(2) = %+v, %v; want c, b (task leases left out)", newest, err)
+	}
+}

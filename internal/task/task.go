@@ -277,6 +277,24 @@ func (s *Store) List(ctx context.Context, filter string, afterID int64, limit in
 	return fromRows(rows), nil
 }
 
+// Running returns up to limit running tasks, oldest claim first.
+func (s *Store) Running(ctx context.Context, limit int32) ([]Task, error) {
+	rows, err := s.q.TaskListRunning(ctx, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list running tasks: %w", err)
+	}
+	return fromRows(rows), nil
+}
+
+// Dead returns up to limit dead tasks, the most recent first.
+func (s *Store) Dead(ctx context.Context, limit int32) ([]Task, error) {
+	rows, err := s.q.TaskListDead(ctx, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list dead tasks: %w", err)
+	}
+	return fromRows(rows), nil
+}
+
 // Stats counts tasks by state.
 type Stats struct {
 	Pending        int64 `json:"pending"`

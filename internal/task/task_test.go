@@ -129,3 +129,28 @@ func TestFailBackoffAndDead(t *testing.T) {
 		t.Fatalf("last fail: %+v %v", dead, err)
 	}
 }
+
+func TestRunningAndDead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := pgtest.New(t)
+	s := task.NewStore(tdb.Pool)
+	if _, err := s.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 1}, {TaskData: json.RawMessage(`{}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := s.Claim(ctx, []string{"a", "b"}, 30*time.Second)
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %v, %v", claimed, err)
+	}
+	if _, err := s.Fail(ctx, claimed[0].ID, *claimed[0].Processor, *claimed[0].Fence, "poison"); err != nil {
+		t.Fatal(err)
+	}
+	running, err := s.Running(ctx, 10)
+	if err != nil || len(running) != 1 || running[0].ID != claimed[1].ID {
+		t.Fatalf("Running = %+v, %v; want task %d", running, err, claimed[1].ID)
+	}
+	dead, err := s.Dead(ctx, 10)
+	if err != nil || len(dead) != 1 || dead[0].ID != claimed[0].ID || *dead[0].LastError != "poison" {
+		t.Fatalf("Dead = %+v, %v; want task %d with its error", dead, err, claimed[0].ID)
+	}
+}
