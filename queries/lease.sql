@@ -11,7 +11,10 @@ WITH taken AS (
             now() + make_interval(secs => @ttl_seconds::integer))
     ON CONFLICT (resource) DO UPDATE
     SET holder      = excluded.holder,
-        fence       = excluded.fence,
+        -- A fence drawn now, under the row lock: one drawn when the
+        -- statement began could be older than a fence another acquirer
+        -- took while this one waited for the lock.
+        fence       = nextval('lease_fence_seq'),
         ttl_seconds = excluded.ttl_seconds,
         -- clock_timestamp(), not now(): now() is when the statement began,
         -- which may be before the previous holder's release committed while
@@ -172,5 +175,28 @@ SELECT id, resource, holder, fence, ttl_seconds, created_at, renewed_at,
              ELSE 'expired' END)::text AS state
 FROM leases
 WHERE NOT starts_with(resource, 'task:')
+ORDER BY id DESC
+LIMIT @row_limit;
+
+-- name: LeaseEventsByIDs :many
+-- LeaseEventsByIDs returns the events with the given ids, in id order.
+SELECT * FROM lease_events
+WHERE id = ANY(@ids::bigint[])
+ORDER BY id;
+
+-- name: LeaseEventsNonTask :many
+-- LeaseEventsNonTask pages through the history of all but task leases
+-- after an event id, oldest first.
+SELECT * FROM lease_events
+WHERE resource NOT LIKE 'task:%'
+  AND id > @after_id
+ORDER BY id
+LIMIT @row_limit;
+
+-- name: LeaseEventsNonTaskNewest :many
+-- LeaseEventsNonTaskNewest returns the newest events of all but task
+-- leases, newest first.
+SELECT * FROM lease_events
+WHERE resource NOT LIKE 'task:%'
 ORDER BY id DESC
 LIMIT @row_limit;

@@ -34,6 +34,8 @@ type config struct {
 	// ShutdownGrace is how long running tasks may finish after SIGTERM
 	// before they are handed back to the queue.
 	ShutdownGrace time.Duration
+	// AllowedOrigins may open /ws besides the server's own origin.
+	AllowedOrigins []string
 }
 
 var allRoles = []string{"api", "worker", "generator", "reaper"}
@@ -56,6 +58,7 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 		c                              config
 		workers, ttl, roles, crash, sp string
 		genRate, genSleep, grace       string
+		origins                        string
 	)
 	fs.StringVar(&c.DatabaseURL, "database-url", getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
 	fs.StringVar(&c.Addr, "addr", env("LEASEHOLD_ADDR", ":8080"), "listen address (env LEASEHOLD_ADDR)")
@@ -64,6 +67,7 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 	fs.StringVar(&ttl, "lease-ttl", env("LEASEHOLD_LEASE_TTL", "30s"), "default lease TTL (env LEASEHOLD_LEASE_TTL)")
 	fs.StringVar(&roles, "roles", env("LEASEHOLD_ROLES", strings.Join(allRoles, ",")), "roles of this replica (env LEASEHOLD_ROLES)")
 	fs.StringVar(&c.APIToken, "api-token", getenv("LEASEHOLD_API_TOKEN"), "require this Bearer token on /api/* and /ws (env LEASEHOLD_API_TOKEN)")
+	fs.StringVar(&origins, "allowed-origins", getenv("LEASEHOLD_ALLOWED_ORIGINS"), "origins besides the server's own allowed to open /ws, comma-separated, e.g. https://dash.example.com (env LEASEHOLD_ALLOWED_ORIGINS)")
 	fs.StringVar(&crash, "sim-crash-rate", env("LEASEHOLD_SIM_CRASH_RATE", strconv.FormatFloat(simCrash, 'g', -1, 64)), "per task, the chance of a simulated crash (env LEASEHOLD_SIM_CRASH_RATE)")
 	fs.StringVar(&sp, "sim-spike-rate", env("LEASEHOLD_SIM_SPIKE_RATE", strconv.FormatFloat(simSpike, 'g', -1, 64)), "per heartbeat, the chance of a simulated latency spike (env LEASEHOLD_SIM_SPIKE_RATE)")
 	fs.StringVar(&genRate, "generator-rate", env("LEASEHOLD_GENERATOR_RATE", "2"), "tasks per second the generator creates while started (env LEASEHOLD_GENERATOR_RATE)")
@@ -93,6 +97,11 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 				errs = append(errs, fmt.Errorf("--roles: unknown role %q; use some of %s", r, strings.Join(allRoles, ",")))
 			}
 			c.Roles = append(c.Roles, r)
+		}
+		for _, o := range strings.Split(origins, ",") {
+			if o = strings.TrimSpace(o); o != "" {
+				c.AllowedOrigins = append(c.AllowedOrigins, o)
+			}
 		}
 		for name, raw := range map[string]string{"--sim-crash-rate": crash, "--sim-spike-rate": sp} {
 			v, err := strconv.ParseFloat(raw, 64)

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/localpg"
@@ -135,6 +136,11 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	instances := instance.NewStore(pool)
 	metrics := server.NewMetrics(listener.Connected, listener.Reconnects)
 	startedAt := time.Now().UTC()
+	wsHub := hub.New(hub.Deps{
+		Leases: leases, Tasks: tasks, Generator: genState, Instances: instances, Listener: listener,
+		Instance: c.Instance, AllowedOrigins: c.AllowedOrigins, Log: log,
+	})
+	metrics.WatchClients(wsHub.Clients)
 	handler := server.NewServer(server.Deps{
 		Leases:     leases,
 		Tasks:      tasks,
@@ -143,6 +149,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		Instance:   server.Instance{ID: c.Instance, StartedAt: startedAt, Roles: c.Roles, Version: version},
 		DefaultTTL: c.LeaseTTL,
 		APIToken:   c.APIToken,
+		Hub:        wsHub,
 		Log:        log,
 		Metrics:    metrics,
 		Ready: func(ctx context.Context) error {
@@ -193,6 +200,9 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		})
 	}
 	background("listener", listener.Run)
+	// The dashboards' websockets are closed when background work stops:
+	// srv.Shutdown does not wait for hijacked connections.
+	background("hub", wsHub.Run)
 	// The replica is live while it holds its instance lease.
 	background("instance lease", (&lease.Elector{
 		Store: leases, Listener: listener, Resource: instance.LeaseResource(c.Instance),

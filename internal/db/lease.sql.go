@@ -17,7 +17,10 @@ WITH taken AS (
             now() + make_interval(secs => $3::integer))
     ON CONFLICT (resource) DO UPDATE
     SET holder      = excluded.holder,
-        fence       = excluded.fence,
+        -- A fence drawn now, under the row lock: one drawn when the
+        -- statement began could be older than a fence another acquirer
+        -- took while this one waited for the lock.
+        fence       = nextval('lease_fence_seq'),
         ttl_seconds = excluded.ttl_seconds,
         -- clock_timestamp(), not now(): now() is when the statement began,
         -- which may be before the previous holder's release committed while
@@ -111,6 +114,124 @@ type LeaseEventsParams struct {
 // or of all when resource is empty.
 func (q *Queries) LeaseEvents(ctx context.Context, arg LeaseEventsParams) ([]LeaseEvent, error) {
 	rows, err := q.db.Query(ctx, leaseEvents, arg.AfterID, arg.Resource, arg.RowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []LeaseEvent{}
+	for rows.Next() {
+		var i LeaseEvent
+		if err := rows.Scan(
+			&i.ID,
+			&i.At,
+			&i.LeaseID,
+			&i.Resource,
+			&i.Holder,
+			&i.Fence,
+			&i.Kind,
+			&i.ExpiresAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const leaseEventsByIDs = `-- name: LeaseEventsByIDs :many
+SELECT id, at, lease_id, resource, holder, fence, kind, expires_at FROM lease_events
+WHERE id = ANY($1::bigint[])
+ORDER BY id
+`
+
+// LeaseEventsByIDs returns the events with the given ids, in id order.
+func (q *Queries) LeaseEventsByIDs(ctx context.Context, ids []int64) ([]LeaseEvent, error) {
+	rows, err := q.db.Query(ctx, leaseEventsByIDs, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []LeaseEvent{}
+	for rows.Next() {
+		var i LeaseEvent
+		if err := rows.Scan(
+			&i.ID,
+			&i.At,
+			&i.LeaseID,
+			&i.Resource,
+			&i.Holder,
+			&i.Fence,
+			&i.Kind,
+			&i.ExpiresAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const leaseEventsNonTask = `-- name: LeaseEventsNonTask :many
+SELECT id, at, lease_id, resource, holder, fence, kind, expires_at FROM lease_events
+WHERE resource NOT LIKE 'task:%'
+  AND id > $1
+ORDER BY id
+LIMIT $2
+`
+
+type LeaseEventsNonTaskParams struct {
+	AfterID  int64
+	RowLimit int32
+}
+
+// LeaseEventsNonTask pages through the history of all but task leases
+// after an event id, oldest first.
+func (q *Queries) LeaseEventsNonTask(ctx context.Context, arg LeaseEventsNonTaskParams) ([]LeaseEvent, error) {
+	rows, err := q.db.Query(ctx, leaseEventsNonTask, arg.AfterID, arg.RowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []LeaseEvent{}
+	for rows.Next() {
+		var i LeaseEvent
+		if err := rows.Scan(
+			&i.ID,
+			&i.At,
+			&i.LeaseID,
+			&i.Resource,
+			&i.Holder,
+			&i.Fence,
+			&i.Kind,
+			&i.ExpiresAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const leaseEventsNonTaskNewest = `-- name: LeaseEventsNonTaskNewest :many
+SELECT id, at, lease_id, resource, holder, fence, kind, expires_at FROM lease_events
+WHERE resource NOT LIKE 'task:%'
+ORDER BY id DESC
+LIMIT $1
+`
+
+// LeaseEventsNonTaskNewest returns the newest events of all but task
+// leases, newest first.
+func (q *Queries) LeaseEventsNonTaskNewest(ctx context.Context, rowLimit int32) ([]LeaseEvent, error) {
+	rows, err := q.db.Query(ctx, leaseEventsNonTaskNewest, rowLimit)
 	if err != nil {
 		return nil, err
 	}

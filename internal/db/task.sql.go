@@ -55,7 +55,10 @@ leased AS (
     FROM assigned AS a
     ON CONFLICT (resource) DO UPDATE
     SET holder      = excluded.holder,
-        fence       = excluded.fence,
+        -- A fence drawn now, under the row lock: one drawn when the
+        -- statement began could be older than a fence another acquirer
+        -- took while this one waited for the lock.
+        fence       = nextval('lease_fence_seq'),
         ttl_seconds = excluded.ttl_seconds,
         created_at  = clock_timestamp(),
         renewed_at  = NULL,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -325,20 +326,46 @@ type EventsParams struct {
 // Events returns a page of the audit history in id order.
 func (s *Store) Events(ctx context.Context, p EventsParams) ([]Event, error) {
 	rows, err := s.q.LeaseEvents(ctx, db.LeaseEventsParams{AfterID: p.AfterID, Resource: p.Resource, RowLimit: p.Limit})
-	if err != nil {
-		return nil, fmt.Errorf("list lease events: %w", err)
-	}
-	events := make([]Event, len(rows))
-	for i, r := range rows {
-		events[i] = Event(r)
-	}
-	return events, nil
+	return events(rows, err)
 }
 
 // Expiry is an expired lease the reaper announced, Lag after its expires_at.
 type Expiry struct {
 	Lease Lease
 	Lag   time.Duration
+}
+
+// EventsByID returns the events with the given ids, in id order.
+func (s *Store) EventsByID(ctx context.Context, ids []int64) ([]Event, error) {
+	rows, err := s.q.LeaseEventsByIDs(ctx, ids)
+	return events(rows, err)
+}
+
+// NonTaskEvents returns up to limit events of all but task leases after
+// the event afterID, oldest first.
+func (s *Store) NonTaskEvents(ctx context.Context, afterID int64, limit int32) ([]Event, error) {
+	rows, err := s.q.LeaseEventsNonTask(ctx, db.LeaseEventsNonTaskParams{AfterID: afterID, RowLimit: limit})
+	return events(rows, err)
+}
+
+// NewestNonTaskEvents returns the newest limit events of all but task
+// leases, oldest first.
+func (s *Store) NewestNonTaskEvents(ctx context.Context, limit int32) ([]Event, error) {
+	rows, err := s.q.LeaseEventsNonTaskNewest(ctx, limit)
+	evs, err := events(rows, err)
+	slices.Reverse(evs)
+	return evs, err
+}
+
+func events(rows []db.LeaseEvent, err error) ([]Event, error) {
+	if err != nil {
+		return nil, fmt.Errorf("list lease events: %w", err)
+	}
+	evs := make([]Event, len(rows))
+	for i, r := range rows {
+		evs[i] = Event(r)
+	}
+	return evs, nil
 }
 
 // MarkExpired announces up to batch expiries that are due: each gets an

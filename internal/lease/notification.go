@@ -10,6 +10,7 @@ import (
 // channel: a hint that a lease changed, not the lease itself.
 type Change struct {
 	ID        int64
+	EventID   int64 // the lease_events row that records this change
 	Resource  string
 	Fence     int64
 	Kind      string // acquired, renewed, released or expired
@@ -20,6 +21,7 @@ type Change struct {
 func ParseChange(payload string) (Change, error) {
 	var p struct {
 		ID          int64  `json:"id"`
+		EventID     int64  `json:"event_id"`
 		Resource    string `json:"resource"`
 		Fence       int64  `json:"fence"`
 		Kind        string `json:"kind"`
@@ -28,5 +30,5 @@ func ParseChange(payload string) (Change, error) {
 	if err := json.Unmarshal([]byte(payload), &p); err != nil {
 		return Change{}, fmt.Errorf("lease notification %q: %w", payload, err)
 	}
-	return Change{ID: p.ID, Resource: p.Resource, Fence: p.Fence, Kind: p.Kind, ExpiresAt: time.UnixMilli(p.ExpiresAtMS)}, nil
+	return Change{ID: p.ID, EventID: p.EventID, Resource: p.Resource, Fence: p.Fence, Kind: p.Kind, ExpiresAt: time.UnixMilli(p.ExpiresAtMS)}, nil
 }

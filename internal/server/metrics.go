@@ -70,6 +70,14 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 	return m
 }
 
+// WatchClients exports clients, read at scrape time, as the gauge of
+// connected websocket clients.
+func (m *Metrics) WatchClients(clients func() int) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "leasehold_ws_clients", Help: "Websocket clients connected to /ws.",
+	}, func() float64 { return float64(clients()) }))
+}
+
 // Handler serves the metrics in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})

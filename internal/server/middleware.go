@@ -1,12 +1,16 @@
 package server
 
 import (
+	"bufio"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -35,6 +39,17 @@ func (s *statusRecorder) Write(b []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the connection (websockets).
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// Hijack hands the connection over, as gorilla/websocket's upgrader needs
+// (it asserts http.Hijacker rather than unwrapping); the request is logged
+// as 101 Switching Protocols.
+func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(s.ResponseWriter).Hijack()
+	if err == nil && s.status == 0 {
+		s.status = http.StatusSwitchingProtocols
+	}
+	return conn, rw, err
+}
 
 // logRequests logs one line per request (request id, method, path, route,
 // status, duration) and feeds the HTTP metrics.
@@ -88,29 +103,73 @@ func recoverPanics(next http.Handler, log zerolog.Logger) http.Handler {
 }
 
 // requireToken demands "Authorization: Bearer <token>" on /api/* and /ws
-// when a token is configured. The comparison takes the same time whatever
-// the guess; the token itself is never logged.
+// when a token is configured; /ws also takes it from the sessionCookie,
+// since a browser cannot set headers on a websocket. POST /api/session,
+// which checks the token itself to set that cookie, is let through. The
+// comparison takes the same time whatever the guess; the token itself is
+// never logged.
 func requireToken(next http.Handler, token string) http.Handler {
 	if token == "" {
 		return next
 	}
-	want := sha256.Sum256([]byte(token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasPrefix(r.URL.Path, "/api/") && r.URL.Path != "/ws" {
+		ws := r.URL.Path == "/ws"
+		if (!strings.HasPrefix(r.URL.Path, "/api/") && !ws) || r.URL.Path == sessionPath {
 			next.ServeHTTP(w, r)
 			return
 		}
 		// The scheme name is case-insensitive (RFC 9110 §11.1).
 		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 		ok = ok && strings.EqualFold(scheme, "Bearer")
-		gotSum := sha256.Sum256([]byte(got))
-		if !ok || subtle.ConstantTimeCompare(gotSum[:], want[:]) != 1 {
+		// The dashboard's sign-in cookie (browsers cannot set headers on a
+		// websocket, and the page's buttons call the API).
+		byCookie := false
+		if !ok {
+			if c, err := r.Cookie(sessionCookie); err == nil {
+				b, err := base64.RawURLEncoding.DecodeString(c.Value)
+				got, ok, byCookie = string(b), err == nil, true
+			}
+		}
+		if !ok || !tokenEqual(got, token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="leasehold"`)
-			encode(w, http.StatusUnauthorized, errorBody{Error: "missing or wrong API token; send the header Authorization: Bearer <token>"})
+			msg := "missing or wrong API token; send the header Authorization: Bearer <token>"
+			if ws {
+				msg = "missing or wrong API token; sign in with POST /api/session {\"token\": ...} or send the header Authorization: Bearer <token>"
+			}
+			encode(w, http.StatusUnauthorized, errorBody{Error: msg})
+			return
+		}
+		// A cookie rides along on requests other sites make; SameSite=Strict
+		// stops that in browsers, and a changing request must also come
+		// from this origin. (The websocket's origin is checked at upgrade.)
+		if byCookie && !ws && !safeMethod(r.Method) && !sameOrigin(r) {
+			encode(w, http.StatusForbidden, errorBody{Error: "cross-origin request refused; call the API with the header Authorization: Bearer <token>"})
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
+}
+
+// sameOrigin reports whether the request's Origin, when it has one, is the
+// host it was sent to.
+func sameOrigin(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	return err == nil && strings.EqualFold(u.Host, r.Host)
+}
+
+// tokenEqual compares in constant time: hashing first makes the time
+// independent of the lengths too.
+func tokenEqual(got, want string) bool {
+	g, w := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
 }
 
 // discardWriter keeps the headers and status a handler wrote and drops its body.

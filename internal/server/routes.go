@@ -13,6 +13,11 @@ func addRoutes(mux *http.ServeMux, d Deps) {
 	mux.Handle("GET /readyz", handleReadyz(d.Ready))
 	mux.Handle("GET /metrics", d.Metrics.Handler())
 	mux.Handle("GET /{$}", web.Handler())
+	mux.Handle("GET /static/", web.Handler())
+	if d.Hub != nil {
+		mux.Handle("GET /ws", http.HandlerFunc(d.Hub.ServeWS))
+	}
+	mux.Handle("POST /api/session", handleSession(d))
 
 	mux.Handle("POST /api/leases", handleLeaseAcquire(d))
 	mux.Handle("GET /api/leases", handleLeaseListAll(d))

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/task"
@@ -48,8 +49,11 @@ type Deps struct {
 	// TaskTTL is the lease TTL of a task claimed with POST /api/tasks/next
 	// (whole seconds); zero means DefaultTTL.
 	TaskTTL time.Duration
-	// APIToken, when not empty, is required as a Bearer token on /api/* and /ws.
+	// APIToken, when not empty, is required as a Bearer token on /api/* and
+	// /ws; /ws also takes it from the cookie POST /api/session sets.
 	APIToken string
+	// Hub serves GET /ws; nil leaves the route out.
+	Hub *hub.Hub
 	// Ready reports why the replica cannot serve (nil when it can).
 	Ready   func(ctx context.Context) error
 	Log     zerolog.Logger

@@ -1,0 +1,411 @@
+package hub
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/instance"
+	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/internal/task"
+)
+
+// Coalescing windows (the /ws protocol).
+const (
+	// leaseBatch gathers the lease changes fetched in one query.
+	leaseBatch = 50 * time.Millisecond
+	// tasksEvery is the least time between two "tasks" messages.
+	tasksEvery = 250 * time.Millisecond
+	// statsEvery is the least time between two counts of the tasks table.
+	statsEvery = time.Second
+	// queryTimeout bounds each round of database reads.
+	queryTimeout = 10 * time.Second
+)
+
+// Snapshot sizes (the /ws protocol).
+const (
+	snapshotLeases = 1000
+	snapshotEvents = 200
+	// maxMissedEvents bounds the events looked up after a resync.
+	maxMissedEvents = 1000
+	runningTasks    = 100
+	deadTasks       = 20
+)
+
+// The messages of the /ws protocol.
+type (
+	snapshotMsg struct {
+		Type         string              `json:"type"`
+		ThisInstance string              `json:"this_instance"`
+		Leases       []lease.Lease       `json:"leases"`
+		Events       []lease.Event       `json:"events"`
+		Tasks        tasksBody           `json:"tasks"`
+		Generator    generatorBody       `json:"generator"`
+		Instances    []instance.Instance `json:"instances"`
+		DBNow        string              `json:"db_now"`
+	}
+	leaseMsg struct {
+		Type  string       `json:"type"`
+		Kind  string       `json:"kind"`
+		Lease lease.Lease  `json:"lease"`
+		Event *lease.Event `json:"event"`
+	}
+	tasksBody struct {
+		task.Stats
+		RunningTasks []task.Task `json:"running_tasks"`
+		DeadTasks    []task.Task `json:"dead_tasks"`
+	}
+	tasksMsg struct {
+		Type string `json:"type"`
+		tasksBody
+	}
+	generatorBody struct {
+		Status string  `json:"status"`
+		Holder *string `json:"holder"`
+		Fence  *int64  `json:"fence"`
+	}
+	generatorMsg struct {
+		Type string `json:"type"`
+		generatorBody
+	}
+	instancesMsg struct {
+		Type      string              `json:"type"`
+		Instances []instance.Instance `json:"instances"`
+	}
+)
+
+// feed turns notifications into messages. Its state belongs to its one
+// goroutine.
+type feed struct {
+	h *Hub
+	// lastEvent is the newest lease event sent; after a resync the events
+	// past it are the ones whose notifications may have been lost.
+	lastEvent int64
+	// sent remembers the recently sent events (a notification and the
+	// look-up after a resync may both bring one), oldest first in sentOrder.
+	sent      map[int64]struct{}
+	sentOrder []int64
+
+	changes   []lease.Change // non-task lease changes waiting for leaseBatch
+	generator bool           // a generator message is due with the batch
+	instances bool           // an instances message is due with the batch
+	resynced  bool           // the listener resynced: catch up on missed events
+
+	tasksDirty bool
+	tasksSent  time.Time
+	stats      task.Stats
+	statsAt    time.Time
+	statsOwed  bool // the last tasks message reused stale counts
+}
+
+func newFeed(h *Hub) *feed {
+	return &feed{h: h, sent: make(map[int64]struct{})}
+}
+
+// run is the feed goroutine; it returns when ctx ends.
+func (f *feed) run(ctx context.Context) {
+	leaseSub := f.h.d.Listener.Subscribe(notify.ChannelLease, 4096)
+	defer leaseSub.Close()
+	taskSub := f.h.d.Listener.Subscribe(notify.ChannelTask, 64)
+	defer taskSub.Close()
+	genSub := f.h.d.Listener.Subscribe(notify.ChannelGenerator, 16)
+	defer genSub.Close()
+
+	// Where the event history ends now: what is missed from here on is
+	// looked for after a resync.
+	if newest, err := f.h.d.Leases.NewestNonTaskEvents(ctx, 1); err == nil && len(newest) == 1 {
+		f.lastEvent = newest[0].ID
+	} else if err != nil && ctx.Err() == nil {
+		f.h.d.Log.Warn().Err(err).Msg("reading the lease event history")
+	}
+
+	var leaseTimer, tasksTimer <-chan time.Time
+	armLease := func() {
+		if leaseTimer == nil {
+			leaseTimer = time.After(leaseBatch)
+		}
+	}
+	armTasks := func() {
+		if tasksTimer != nil || !f.tasksDirty {
+			return
+		}
+		tasksTimer = time.After(time.Until(f.tasksSent.Add(tasksEvery)))
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case n := <-leaseSub.C():
+			ch, err := lease.ParseChange(n.Payload)
+			if err != nil {
+				f.h.d.Log.Warn().Err(err).Msg("ignoring lease notification")
+				continue
+			}
+			switch {
+			case strings.HasPrefix(ch.Resource, "task:"):
+				f.tasksDirty = true
+				armTasks()
+				continue
+			case ch.Resource == generator.Resource:
+				f.generator = true
+			case strings.HasPrefix(ch.Resource, instance.LeaseResource("")):
+				f.instances = true
+			}
+			f.changes = append(f.changes, ch)
+			armLease()
+		case <-taskSub.C():
+			f.tasksDirty = true
+			armTasks()
+		case <-genSub.C():
+			f.generator = true
+			armLease()
+		case <-leaseSub.Resync():
+			f.resync(armLease, armTasks)
+		case <-taskSub.Resync():
+			f.resync(armLease, armTasks)
+		case <-genSub.Resync():
+			f.resync(armLease, armTasks)
+		case <-leaseTimer:
+			leaseTimer = nil
+			f.flushLeases(ctx)
+		case <-tasksTimer:
+			tasksTimer = nil
+			f.flushTasks(ctx)
+			armTasks()
+		case <-f.h.snapshotMe:
+			f.sendSnapshot(ctx)
+		}
+	}
+}
+
+// resync marks everything due after the listener may have lost
+// notifications: fresh tasks, generator and instances messages, and the
+// lease events that were missed.
+func (f *feed) resync(armLease, armTasks func()) {
+	f.resynced, f.generator, f.instances, f.tasksDirty = true, true, true, true
+	armLease()
+	armTasks()
+}
+
+// remember records an event as sent, forgetting the oldest beyond
+// maxMissedEvents: a resync looks up no more than that.
+func (f *feed) remember(id int64) {
+	f.lastEvent = max(f.lastEvent, id)
+	f.sent[id] = struct{}{}
+	f.sentOrder = append(f.sentOrder, id)
+	if len(f.sentOrder) > 2*maxMissedEvents {
+		for _, old := range f.sentOrder[:maxMissedEvents] {
+			delete(f.sent, old)
+		}
+		f.sentOrder = slices.Delete(f.sentOrder, 0, maxMissedEvents)
+	}
+}
+
+// flushLeases sends the gathered lease changes, in order, with the leases
+// fetched in one query; then the generator and instances messages they
+// imply.
+func (f *feed) flushLeases(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	changes, resynced := f.changes, f.resynced
+	f.changes, f.resynced = nil, false
+
+	// The events the notifications announce, and after a resync those
+	// whose notifications may have been lost.
+	eventIDs := make([]int64, 0, len(changes))
+	for _, c := range changes {
+		eventIDs = append(eventIDs, c.EventID)
+	}
+	evs, err := f.h.d.Leases.EventsByID(ctx, eventIDs)
+	if err != nil {
+		f.h.d.Log.Warn().Err(err).Msg("reading lease events")
+	}
+	if resynced {
+		missed, err := f.h.d.Leases.NonTaskEvents(ctx, f.lastEvent, maxMissedEvents)
+		if err != nil {
+			f.h.d.Log.Warn().Err(err).Msg("reading missed lease events")
+		}
+		evs = append(evs, missed...)
+	}
+	// Each event once, in id order, and none twice.
+	slices.SortFunc(evs, func(a, b lease.Event) int { return cmp.Compare(a.ID, b.ID) })
+	evs = slices.CompactFunc(evs, func(a, b lease.Event) bool { return a.ID == b.ID })
+	evs = slices.DeleteFunc(evs, func(e lease.Event) bool { _, done := f.sent[e.ID]; return done })
+	if len(evs) > 0 {
+		ids := make([]int64, len(evs))
+		for i, e := range evs {
+			ids[i] = e.LeaseID
+		}
+		leases, err := f.h.d.Leases.GetMany(ctx, ids)
+		if err != nil {
+			f.h.d.Log.Warn().Err(err).Int("changes", len(ids)).Msg("fetching changed leases; their messages are lost until the next snapshot")
+		}
+		byID := make(map[int64]lease.Lease, len(leases))
+		for _, l := range leases {
+			byID[l.ID] = l
+		}
+		for _, e := range evs {
+			f.remember(e.ID)
+			if l, ok := byID[e.LeaseID]; ok {
+				e := e
+				f.send(ctx, leaseMsg{Type: "lease", Kind: e.Kind, Lease: l, Event: &e})
+			}
+		}
+	}
+	if f.generator {
+		f.generator = false
+		if g, err := f.generatorBody(ctx); err != nil {
+			f.h.d.Log.Warn().Err(err).Msg("reading the generator status")
+		} else {
+			f.send(ctx, generatorMsg{Type: "generator", generatorBody: g})
+		}
+	}
+	if f.instances {
+		f.instances = false
+		if is, err := f.h.d.Instances.Live(ctx); err != nil {
+			f.h.d.Log.Warn().Err(err).Msg("listing instances")
+		} else {
+			f.send(ctx, instancesMsg{Type: "instances", Instances: nonNil(is)})
+		}
+	}
+}
+
+// flushTasks sends one tasks message. The counts are taken at most once
+// per statsEvery; a message that had to reuse older counts leaves the next
+// one due, so the last word always carries fresh counts.
+func (f *feed) flushTasks(ctx context.Context) {
+	if !f.tasksDirty {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	body, err := f.tasksBody(ctx, false)
+	if err != nil {
+		f.h.d.Log.Warn().Err(err).Msg("reading task state")
+		return // stays dirty; the next round tries again
+	}
+	f.tasksDirty = f.statsOwed
+	f.tasksSent = time.Now()
+	f.send(ctx, tasksMsg{Type: "tasks", tasksBody: body})
+}
+
+func (f *feed) tasksBody(ctx context.Context, fresh bool) (tasksBody, error) {
+	var b tasksBody
+	f.statsOwed = false
+	if fresh || time.Since(f.statsAt) >= statsEvery {
+		s, err := f.h.d.Tasks.Stats(ctx)
+		if err != nil {
+			return b, err
+		}
+		f.stats, f.statsAt = s, time.Now()
+	} else {
+		f.statsOwed = true
+	}
+	b.Stats = f.stats
+	running, err := f.h.d.Tasks.Running(ctx, runningTasks)
+	if err != nil {
+		return b, err
+	}
+	dead, err := f.h.d.Tasks.Dead(ctx, deadTasks)
+	if err != nil {
+		return b, err
+	}
+	b.RunningTasks, b.DeadTasks = nonNil(running), nonNil(dead)
+	return b, nil
+}
+
+func (f *feed) generatorBody(ctx context.Context) (generatorBody, error) {
+	s, err := f.h.d.Generator.Get(ctx)
+	if err != nil {
+		return generatorBody{}, err
+	}
+	g := generatorBody{Status: "STOPPED", Holder: s.Holder, Fence: s.Fence}
+	if s.Started {
+		g.Status = "STARTED"
+	}
+	return g, nil
+}
+
+// sendSnapshot builds one snapshot for every client waiting for one.
+func (f *feed) sendSnapshot(ctx context.Context) {
+	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	msg, err := f.snapshot(qctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			f.h.d.Log.Warn().Err(err).Msg("building a snapshot; closing the waiting clients")
+		}
+		f.h.broadcast(ctx, frame{snapshot: true})
+		return
+	}
+	pm, err := prepare(msg)
+	if err != nil {
+		f.h.d.Log.Error().Err(err).Msg("encoding a snapshot")
+		f.h.broadcast(ctx, frame{snapshot: true})
+		return
+	}
+	f.h.broadcast(ctx, frame{msg: pm, snapshot: true})
+}
+
+func (f *feed) snapshot(ctx context.Context) (snapshotMsg, error) {
+	m := snapshotMsg{Type: "snapshot", ThisInstance: f.h.d.Instance}
+	_, dbNow, err := f.h.d.Leases.NextExpiry(ctx)
+	if err != nil {
+		return m, err
+	}
+	m.DBNow = lease.FormatTime(dbNow)
+	leases, err := f.h.d.Leases.Newest(ctx, snapshotLeases)
+	if err != nil {
+		return m, err
+	}
+	m.Leases = nonNil(leases)
+	if m.Events, err = f.h.d.Leases.NewestNonTaskEvents(ctx, snapshotEvents); err != nil {
+		return m, err
+	}
+	m.Events = nonNil(m.Events)
+	if m.Tasks, err = f.tasksBody(ctx, true); err != nil {
+		return m, err
+	}
+	if m.Generator, err = f.generatorBody(ctx); err != nil {
+		return m, err
+	}
+	is, err := f.h.d.Instances.Live(ctx)
+	if err != nil {
+		return m, err
+	}
+	m.Instances = nonNil(is)
+	return m, nil
+}
+
+// send encodes v once and broadcasts it.
+func (f *feed) send(ctx context.Context, v any) {
+	pm, err := prepare(v)
+	if err != nil {
+		f.h.d.Log.Error().Err(err).Msg("encoding a message")
+		return
+	}
+	f.h.broadcast(ctx, frame{msg: pm})
+}
+
+func prepare(v any) (*websocket.PreparedMessage, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return websocket.NewPreparedMessage(websocket.TextMessage, b)
+}
+
+// nonNil makes an empty list encode as [] rather than null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
