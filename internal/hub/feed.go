@@ -19,8 +19,10 @@ import (
 
 // Coalescing windows (the /ws protocol).
 const (
-	// leaseBatch gathers the lease changes fetched in one query.
-	leaseBatch = 50 * time.Millisecond
+	// leaseBatch gathers the lease changes fetched in one query: short,
+	// since it is most of the delay from a change to the page, yet long
+	// enough that a burst costs one query, not one per change.
+	leaseBatch = 10 * time.Millisecond
 	// tasksEvery is the least time between two "tasks" messages.
 	tasksEvery = 250 * time.Millisecond
 	// statsEvery is the least time between two counts of the tasks table.
