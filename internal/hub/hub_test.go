@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,13 +47,18 @@ type options struct {
 	token      string
 	origins    []string
 	sendBuffer int
+	// connect, if set, opens the LISTEN connection instead of pgx.Connect.
+	connect func(ctx context.Context) (*pgx.Conn, error)
 }
 
 // startReplica runs a listener, a hub and a server on db until the test ends.
 func startReplica(t testing.TB, db pgtest.DB, name string, o options) *replica {
 	t.Helper()
-	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, db.URL) },
-		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
+	connectListener := o.connect
+	if connectListener == nil {
+		connectListener = func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, db.URL) }
+	}
+	listener := notify.New(connectListener, zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
 	h := hub.New(hub.Deps{
 		Leases: lease.NewStore(db.Pool), Tasks: task.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: name,
@@ -512,6 +518,51 @@ func TestOriginAndToken(t *testing.T) {
 	}
 	if got := apiStatus(http.MethodPost, locked.srv.URL); got != http.StatusAccepted {
 		t.Errorf("cookie on a same-origin POST: %d, want 202", got)
+	}
+}
+
+// TestMissedEventsAfterReconnect: a lease changes while the hub's LISTEN
+// connection is down, so its notification is lost; after the reconnect the
+// hub finds the event in the history and streams it all the same.
+func TestMissedEventsAfterReconnect(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	var connects atomic.Int32
+	reconnect := make(chan struct{})
+	r := startReplica(t, db, "replica-a", options{connect: func(ctx context.Context) (*pgx.Conn, error) {
+		if connects.Add(1) > 1 {
+			select { // held down until the test has made its change
+			case <-reconnect:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		cfg, err := pgx.ParseConfig(db.URL)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RuntimeParams["application_name"] = "hub-resync-listener"
+		return pgx.ConnectConfig(ctx, cfg)
+	}})
+	conn, _ := connect(t, r)
+	var killed int
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = 'hub-resync-listener' AND datname = current_database()`).Scan(&killed); err != nil || killed != 1 {
+		t.Fatalf("terminated %d listener backends, %v; want 1", killed, err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); r.listener.Connected(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the listener never noticed its connection was cut")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := lease.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "missed", Holder: "h", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	close(reconnect)
+	m := waitFor(t, conn, "the missed acquisition", leaseMsg("missed", "acquired"))
+	if m.Event == nil || m.Event.Resource != "missed" {
+		t.Errorf("missed acquisition's event %+v, want the event of %q", m.Event, "missed")
 	}
 }
 
