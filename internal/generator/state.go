@@ -23,6 +23,15 @@ type Status struct {
 	Fence     *int64
 }
 
+// Switch names the switch as the API and the live stream do: "STARTED" or
+// "STOPPED" (the words the NOTIFY on leasehold_generator carries too).
+func (s Status) Switch() string {
+	if s.Started {
+		return "STARTED"
+	}
+	return "STOPPED"
+}
+
 // State reads and sets the generator's started/stopped switch, which lives
 // in the database so that every replica answers the same.
 type State struct {

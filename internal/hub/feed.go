@@ -328,11 +328,7 @@ func (f *feed) generatorBody(ctx context.Context) (generatorBody, error) {
 	if err != nil {
 		return generatorBody{}, err
 	}
-	g := generatorBody{Status: "STOPPED", Holder: s.Holder, Fence: s.Fence}
-	if s.Started {
-		g.Status = "STARTED"
-	}
-	return g, nil
+	return generatorBody{Status: s.Switch(), Holder: s.Holder, Fence: s.Fence}, nil
 }
 
 // sendSnapshot builds one snapshot for every client waiting for one.

@@ -77,8 +77,8 @@ func (l Lease) MarshalJSON() ([]byte, error) {
 	}{
 		plain:      plain(l),
 		CreatedAt:  FormatTime(l.CreatedAt),
-		RenewedAt:  formatTimePtr(l.RenewedAt),
-		ReleasedAt: formatTimePtr(l.ReleasedAt),
+		RenewedAt:  FormatTimePtr(l.RenewedAt),
+		ReleasedAt: FormatTimePtr(l.ReleasedAt),
 		ExpiresAt:  FormatTime(l.ExpiresAt),
 	})
 }
@@ -108,7 +108,8 @@ func (e Event) MarshalJSON() ([]byte, error) {
 // FormatTime formats t as the API does: RFC 3339, UTC, milliseconds.
 func FormatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z07:00") }
 
-func formatTimePtr(t *time.Time) *string {
+// FormatTimePtr is FormatTime of an optional time: nil stays nil.
+func FormatTimePtr(t *time.Time) *string {
 	if t == nil {
 		return nil
 	}
@@ -257,6 +258,20 @@ func (s *Store) Get(ctx context.Context, id int64) (Lease, error) {
 	return fromListRow(db.LeaseListRow(row)), nil
 }
 
+// listRow is every query result that is a lease with its state: sqlc
+// makes a type per query, all of the same shape.
+type listRow interface {
+	db.LeaseListRow | db.LeaseGetManyRow | db.LeaseListNewestRow
+}
+
+func fromListRows[R listRow](rows []R) []Lease {
+	leases := make([]Lease, len(rows))
+	for i, r := range rows {
+		leases[i] = fromListRow(db.LeaseListRow(r))
+	}
+	return leases
+}
+
 func fromListRow(r db.LeaseListRow) Lease {
 	return Lease{
 		ID: r.ID, Resource: r.Resource, Holder: r.Holder, Fence: r.Fence, State: State(r.State),
@@ -272,11 +287,7 @@ func (s *Store) GetMany(ctx context.Context, ids []int64) ([]Lease, error) {
 	if err != nil {
 		return nil, fmt.Errorf("get leases: %w", err)
 	}
-	leases := make([]Lease, len(rows))
-	for i, r := range rows {
-		leases[i] = fromListRow(db.LeaseListRow(r))
-	}
-	return leases, nil
+	return fromListRows(rows), nil
 }
 
 // Newest returns up to limit of the newest leases other than task leases,
@@ -286,11 +297,7 @@ func (s *Store) Newest(ctx context.Context, limit int32) ([]Lease, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list newest leases: %w", err)
 	}
-	leases := make([]Lease, len(rows))
-	for i, r := range rows {
-		leases[i] = fromListRow(db.LeaseListRow(r))
-	}
-	return leases, nil
+	return fromListRows(rows), nil
 }
 
 // ListParams selects a page of leases.
@@ -309,11 +316,7 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Lease, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list leases: %w", err)
 	}
-	leases := make([]Lease, len(rows))
-	for i, r := range rows {
-		leases[i] = fromListRow(r)
-	}
-	return leases, nil
+	return fromListRows(rows), nil
 }
 
 // EventsParams selects a page of the audit history.

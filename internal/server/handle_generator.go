@@ -22,11 +22,7 @@ func readGeneratorStatus(ctx context.Context, d Deps) (generatorStatus, error) {
 	if err != nil {
 		return generatorStatus{}, err
 	}
-	g := generatorStatus{Status: "STOPPED", Holder: s.Holder, Fence: s.Fence, ThisInstance: d.Instance.ID}
-	if s.Started {
-		g.Status = "STARTED"
-	}
-	return g, nil
+	return generatorStatus{Status: s.Switch(), Holder: s.Holder, Fence: s.Fence, ThisInstance: d.Instance.ID}, nil
 }
 
 func handleGeneratorGet(d Deps) http.Handler {

@@ -74,20 +74,12 @@ func (t Task) MarshalJSON() ([]byte, error) {
 		plain:               plain(t),
 		TaskOutput:          out,
 		ScheduledAt:         lease.FormatTime(t.ScheduledAt),
-		LastHeartbeatAt:     formatTimePtr(t.LastHeartbeatAt),
-		MustHeartbeatBefore: formatTimePtr(t.MustHeartbeatBefore),
-		StartedAt:           formatTimePtr(t.StartedAt),
-		ProcessedAt:         formatTimePtr(t.ProcessedAt),
+		LastHeartbeatAt:     lease.FormatTimePtr(t.LastHeartbeatAt),
+		MustHeartbeatBefore: lease.FormatTimePtr(t.MustHeartbeatBefore),
+		StartedAt:           lease.FormatTimePtr(t.StartedAt),
+		ProcessedAt:         lease.FormatTimePtr(t.ProcessedAt),
 		CreatedAt:           lease.FormatTime(t.CreatedAt),
 	})
-}
-
-func formatTimePtr(t *time.Time) *string {
-	if t == nil {
-		return nil
-	}
-	s := lease.FormatTime(*t)
-	return &s
 }
 
 func fromRow(r db.Task) Task {
