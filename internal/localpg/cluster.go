@@ -102,7 +102,9 @@ func (c *cluster) ensure(ctx context.Context) (started bool, err error) {
 }
 
 // stop stops the server when it runs, waiting until it is down. The caller holds the lock.
-func (c *cluster) stop(ctx context.Context) error {
+// mode is pg_ctl's: "fast" cuts open sessions off and shuts down cleanly; "immediate" kills
+// the server without a checkpoint, as a crash would, and the next start recovers from the WAL.
+func (c *cluster) stop(ctx context.Context, mode string) error {
 	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
 		return nil // no cluster, so no server
 	}
@@ -114,9 +116,8 @@ func (c *cluster) stop(ctx context.Context) error {
 		}
 		return fmt.Errorf("pg_ctl status in %s: %w", c.dataDir, err)
 	}
-	c.logf("stopping PostgreSQL %s on 127.0.0.1:%d", c.bin.major, c.port)
-	// Fast: open sessions are cut off (their transactions roll back) rather than waited for.
-	out, err := c.run(ctx, c.bin.pgCtl, "stop", "--wait", "--timeout=60", "--mode=fast", "--pgdata="+c.dataDir)
+	c.logf("stopping PostgreSQL %s on 127.0.0.1:%d (%s)", c.bin.major, c.port, mode)
+	out, err := c.run(ctx, c.bin.pgCtl, "stop", "--wait", "--timeout=60", "--mode="+mode, "--pgdata="+c.dataDir)
 	if err != nil {
 		return fmt.Errorf("pg_ctl stop in %s failed: %w\n%s", c.dataDir, err, lastLines(out, 10))
 	}

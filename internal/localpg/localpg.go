@@ -164,7 +164,8 @@ func stop(ctx context.Context, base string, port int, logw io.Writer) error {
 		return err
 	}
 	defer unlock()
-	return c.stop(ctx)
+	// Fast: open sessions are cut off (their transactions roll back) rather than waited for.
+	return c.stop(ctx, "fast")
 }
 
 // portFromEnv parses the value of PortEnv; empty means DefaultPort.

@@ -3,7 +3,6 @@ package localpg
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -25,7 +24,10 @@ func TestEnsureStartedAndStop(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	port := freePort(t)
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	baseOf := func() (string, error) { return base, nil }
 	log := testLog{t}
 
@@ -72,15 +74,4 @@ func TestEnsureStartedAndStop(t *testing.T) {
 	if _, started, err := ensure(ctx, baseOf, port, log); err != nil || !started {
 		t.Errorf("ensure after stop: started %v, err %v; want true, nil", started, err)
 	}
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

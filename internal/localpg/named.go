@@ -1,0 +1,95 @@
+package localpg
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+)
+
+// Cluster is a cluster of its own beside the development one, for the tests and the chaos
+// soak that stop, crash and restart their server, which they must not do to the cluster
+// every other test shares. Its data directory is named/<name>/<major> under the development
+// cluster's directory and is kept between runs, so only the first Open pays for initdb.
+type Cluster struct {
+	name string
+	base string
+	port int
+	logw io.Writer
+}
+
+var clusterName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,39}$`)
+
+// Open brings up the cluster called name on a free port of 127.0.0.1 (initialising it on
+// first use, installing the server as Ensure does) with database Database created, and
+// returns it. It logs its steps to logw (nil discards). Stop it when done with it.
+func Open(ctx context.Context, name string, logw io.Writer) (*Cluster, error) {
+	if !clusterName.MatchString(name) {
+		return nil, fmt.Errorf("localpg: cluster name %q must be 1 to 40 lower-case letters, digits and dashes", name)
+	}
+	if logw == nil {
+		logw = io.Discard
+	}
+	dir, err := baseDir()
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{name: name, base: filepath.Join(dir, "named", name), port: port, logw: logw}
+	// Left running by a run that was killed: a server of this data directory on another port.
+	if err := c.Stop(ctx); err != nil {
+		return nil, err
+	}
+	return c, c.Start(ctx)
+}
+
+// URL is the URL of database Database on the cluster.
+func (c *Cluster) URL() string { return URL(c.port, Database) }
+
+// Port is the TCP port the cluster listens on.
+func (c *Cluster) Port() int { return c.port }
+
+// Start starts the server unless it answers, and waits until it accepts connections.
+func (c *Cluster) Start(ctx context.Context) error {
+	_, _, err := ensure(ctx, func() (string, error) { return c.base, nil }, c.port, c.logw)
+	return err
+}
+
+// Stop shuts the server down cleanly (open sessions are cut off); nothing when it is down.
+func (c *Cluster) Stop(ctx context.Context) error { return c.halt(ctx, "fast") }
+
+// Crash kills the server as a power cut would (pg_ctl's immediate mode): no checkpoint, and
+// the next Start replays the WAL.
+func (c *Cluster) Crash(ctx context.Context) error { return c.halt(ctx, "immediate") }
+
+func (c *Cluster) halt(ctx context.Context, mode string) error {
+	if err := os.MkdirAll(c.base, 0o755); err != nil {
+		return fmt.Errorf("create the local PostgreSQL directory: %w", err)
+	}
+	cl, err := newCluster(ctx, c.base, c.port, c.logw)
+	if err != nil {
+		return err
+	}
+	unlock, err := lockFile(ctx, filepath.Join(c.base, "lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return cl.stop(ctx, mode)
+}
+
+// freePort asks the kernel for a TCP port of 127.0.0.1 that nothing listens on now.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("localpg: find a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
