@@ -20,6 +20,7 @@ usage:
   leasehold serve    [flags]   run one replica (REST API, reaper, ...)
   leasehold migrate  [flags]   apply the database migrations and exit
   leasehold demo     [flags]   a local PostgreSQL (unless DATABASE_URL is set), 3 replicas and a round-robin front door on :8080
+  leasehold bench    [flags]   measure the hot paths (see docs/performance.md)
   leasehold localdb            start or reuse the local development PostgreSQL; print its URL
   leasehold version            print the version
 
@@ -78,6 +79,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runMigrate(ctx, rest, getenv, stdout, stderr)
 	case "demo":
 		return runDemo(ctx, rest, getenv, stderr)
+	case "bench":
+		return runBench(ctx, rest, getenv, stdout, stderr)
 	case "localdb":
 		return runLocalDB(ctx, stdout, stderr)
 	case "version":

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/bench"
+	"github.com/leasehold/leasehold/internal/localpg"
+)
+
+// runBench runs `leasehold bench`: the benchmark scenarios, each on a fresh database of its
+// own beside DATABASE_URL's (or on the local PostgreSQL), printed as a table or as JSON.
+func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("leasehold bench", flag.ContinueOnError)
+	var (
+		dbURL     = fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL; scenarios create databases beside its (env DATABASE_URL; default: the local PostgreSQL)")
+		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated")
+		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
+		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
+		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts")
+		replicas  = fs.Int("replicas", 3, "in-process replicas of drain, steady and latency")
+		workers   = fs.Int("workers", 4, "workers per replica")
+		samples   = fs.Int("samples", 1000, "tasks latency inserts one at a time")
+		rate      = fs.Int("steady-rate", 1000, "tasks per second steady offers")
+		fanout    = fs.Int("fanout", 200, "websocket clients of fanout")
+		asJSON    = fs.Bool("json", false, "print JSON instead of a table")
+	)
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	cfg := bench.Config{DatabaseURL: *dbURL, Duration: *duration, Tasks: *tasks, Replicas: *replicas,
+		Workers: *workers, Samples: *samples, SteadyRate: *rate, Fanout: *fanout, Log: stderr}
+	for _, s := range strings.Split(*scenarios, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.Scenarios = append(cfg.Scenarios, s)
+		}
+	}
+	for _, s := range strings.Split(*clients, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return usagef("--clients %q must be whole numbers separated by commas, e.g. 1,8,32", *clients)
+		}
+		cfg.Clients = append(cfg.Clients, n)
+	}
+	if *duration <= 0 || *tasks <= 0 || *replicas <= 0 || *workers <= 0 || *samples <= 0 || *rate <= 0 || *fanout <= 0 {
+		return usagef("--duration, --tasks, --replicas, --workers, --samples, --steady-rate and --fanout must be above 0")
+	}
+	if err := cfg.Validate(); err != nil {
+		return usageError{err}
+	}
+	if cfg.DatabaseURL == "" {
+		url, err := localpg.Ensure(ctx, stderr)
+		if err != nil {
+			return err
+		}
+		cfg.DatabaseURL = url
+	}
+	rep, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return rep.WriteJSON(stdout)
+	}
+	return rep.WriteTable(stdout)
+}

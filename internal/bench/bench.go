@@ -1,0 +1,341 @@
+// Package bench measures leasehold's hot paths against a real PostgreSQL: lease operations,
+// draining and steady task throughput, pickup latency, the cost of the NOTIFY triggers and
+// the dashboard's fan-out, with pgbench's simple-update as the machine's durable-commit
+// ceiling. `leasehold bench` runs it; each scenario gets a fresh, migrated database of its
+// own, dropped afterwards.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/schema"
+)
+
+// Scenarios are the scenario names in the order Run runs them.
+var Scenarios = []string{"baseline", "leases", "drain", "steady", "latency", "notify-cost", "fanout"}
+
+// Config is what to measure and how hard.
+type Config struct {
+	// DatabaseURL names a server and a database on it to connect to; every scenario
+	// creates a database of its own beside it (CREATE DATABASE is needed).
+	DatabaseURL string
+	Scenarios   []string      // nil: all
+	Duration    time.Duration // of each timed measurement (leases, steady, notify-cost, baseline)
+	Clients     []int         // concurrency levels of leases and baseline
+	Tasks       int           // tasks drain pre-inserts
+	Replicas    int           // replicas of drain, steady and latency
+	Workers     int           // workers per replica
+	Samples     int           // tasks latency inserts one at a time
+	SteadyRate  int           // tasks per second steady inserts
+	Fanout      int           // websocket clients of fanout
+	// Log receives progress lines (nil discards).
+	Log io.Writer
+}
+
+// Defaults fills the zero fields of c.
+func (c Config) withDefaults() Config {
+	if len(c.Scenarios) == 0 {
+		c.Scenarios = Scenarios
+	}
+	if c.Duration == 0 {
+		c.Duration = 5 * time.Second
+	}
+	if len(c.Clients) == 0 {
+		c.Clients = []int{1, 8, 32}
+	}
+	if c.Tasks == 0 {
+		c.Tasks = 10000
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 3
+	}
+	if c.Workers == 0 {
+		c.Workers = 4
+	}
+	if c.Samples == 0 {
+		c.Samples = 1000
+	}
+	if c.SteadyRate == 0 {
+		c.SteadyRate = 1000
+	}
+	if c.Fanout == 0 {
+		c.Fanout = 200
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	return c
+}
+
+// Validate says what is wrong with c, if anything.
+func (c Config) Validate() error {
+	var errs []error
+	for _, s := range c.Scenarios {
+		if !slices.Contains(Scenarios, s) {
+			errs = append(errs, fmt.Errorf("unknown scenario %q; choose from %s", s, strings.Join(Scenarios, ", ")))
+		}
+	}
+	for _, n := range c.Clients {
+		if n < 1 || n > 256 {
+			errs = append(errs, fmt.Errorf("clients %d must be between 1 and 256", n))
+		}
+	}
+	if c.Duration < 0 || c.Tasks < 0 || c.Replicas < 0 || c.Workers < 0 || c.Samples < 0 || c.SteadyRate < 0 || c.Fanout < 0 {
+		errs = append(errs, errors.New("durations and counts must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Result is one measured figure.
+type Result struct {
+	Scenario string  `json:"scenario"`
+	Case     string  `json:"case"` // what was measured, e.g. "acquire+release, in-process"
+	Clients  int     `json:"clients,omitempty"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	// VsBaseline is Value over pgbench -N's transactions per second at the same
+	// concurrency, for figures counted in commits per second; 0 when not measured.
+	VsBaseline float64 `json:"vs_baseline,omitempty"`
+	Note       string  `json:"note,omitempty"`
+}
+
+// Report is a whole run.
+type Report struct {
+	Machine Machine  `json:"machine"`
+	Results []Result `json:"results"`
+}
+
+// Machine is where the figures came from.
+type Machine struct {
+	CPUs              int    `json:"cpus"`
+	GoVersion         string `json:"go"`
+	OS                string `json:"os"`
+	PostgreSQL        string `json:"postgresql"`
+	SynchronousCommit string `json:"synchronous_commit"`
+	Fsync             string `json:"fsync"`
+	StartedAt         string `json:"started_at"`
+}
+
+// Run runs the configured scenarios in order and returns their figures. A scenario that
+// cannot run where it is (baseline without pgbench) reports why in a Result note.
+func Run(ctx context.Context, c Config) (*Report, error) {
+	c = c.withDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	rep := &Report{}
+	m, err := machine(ctx, c.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	rep.Machine = m
+	for _, name := range Scenarios {
+		if !slices.Contains(c.Scenarios, name) {
+			continue
+		}
+		fmt.Fprintf(c.Log, "bench: %s\n", name)
+		results, err := scenarios[name](ctx, c, rep.Results)
+		if err != nil {
+			return rep, fmt.Errorf("scenario %s: %w", name, err)
+		}
+		for _, r := range results {
+			fmt.Fprintf(c.Log, "bench:   %s: %s\n", r.label(), r.value())
+		}
+		rep.Results = append(rep.Results, results...)
+	}
+	return rep, nil
+}
+
+// scenarios run one scenario each; earlier holds the figures measured before it (the
+// lease scenario divides by the baseline's).
+var scenarios = map[string]func(ctx context.Context, c Config, earlier []Result) ([]Result, error){
+	"baseline":    runBaseline,
+	"leases":      runLeases,
+	"drain":       runDrain,
+	"steady":      runSteady,
+	"latency":     runLatency,
+	"notify-cost": runNotifyCost,
+	"fanout":      runFanout,
+}
+
+func machine(ctx context.Context, dbURL string) (Machine, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return Machine{}, fmt.Errorf("connect to the database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH,
+		StartedAt: time.Now().UTC().Format(time.RFC3339)}
+	err = conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('synchronous_commit'), current_setting('fsync')").
+		Scan(&m.PostgreSQL, &m.SynchronousCommit, &m.Fsync)
+	return m, err
+}
+
+// freshDB creates a migrated database of its own on base's server and returns its pool and
+// URL; cleanup drops it.
+type freshDB struct {
+	URL  string
+	Pool *pgxpool.Pool
+	drop func()
+}
+
+func newDB(ctx context.Context, base string, maxConns int32) (*freshDB, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "leasehold_bench_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the database: %w", err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return nil, fmt.Errorf("create a database for the scenario (the role needs CREATEDB): %w", err)
+	}
+	u.Path = "/" + name
+	d := &freshDB{URL: u.String()}
+	d.drop = func() {
+		ctx := context.WithoutCancel(ctx)
+		if d.Pool != nil {
+			d.Pool.Close()
+		}
+		if conn, err := pgx.Connect(ctx, base); err == nil {
+			_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_ = conn.Close(ctx)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(d.URL)
+	if err != nil {
+		d.drop()
+		return nil, err
+	}
+	cfg.MaxConns = maxConns
+	if d.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		d.drop()
+		return nil, err
+	}
+	if _, err := schema.Migrate(ctx, d.Pool); err != nil {
+		d.drop()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *freshDB) Close() { d.drop() }
+
+// WriteJSON writes the report as one JSON document.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteTable writes the report as a table for people.
+func (r *Report) WriteTable(w io.Writer) error {
+	m := r.Machine
+	fmt.Fprintf(w, "machine: %d CPUs, %s %s, PostgreSQL %s (synchronous_commit=%s, fsync=%s)\n\n",
+		m.CPUs, m.GoVersion, m.OS, m.PostgreSQL, m.SynchronousCommit, m.Fsync)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCENARIO\tCASE\tCLIENTS\tVALUE\tVS PGBENCH\tNOTE")
+	for _, res := range r.Results {
+		clients, ratio := "", ""
+		if res.Clients > 0 {
+			clients = fmt.Sprint(res.Clients)
+		}
+		if res.VsBaseline > 0 {
+			ratio = fmt.Sprintf("%.2f×", res.VsBaseline)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", res.Scenario, res.Case, clients, res.value(), ratio, res.Note)
+	}
+	return tw.Flush()
+}
+
+func (r Result) label() string {
+	if r.Clients > 0 {
+		return fmt.Sprintf("%s, %d clients", r.Case, r.Clients)
+	}
+	return r.Case
+}
+
+func (r Result) value() string {
+	switch {
+	case r.Unit == "" && r.Value == 0:
+		return "-"
+	case r.Value >= 100:
+		return fmt.Sprintf("%.0f %s", r.Value, r.Unit)
+	default:
+		return fmt.Sprintf("%.2f %s", r.Value, r.Unit)
+	}
+}
+
+// baselineAt returns pgbench's tps at clients from earlier results, 0 when not measured.
+func baselineAt(earlier []Result, clients int) float64 {
+	for _, r := range earlier {
+		if r.Scenario == "baseline" && r.Clients == clients && r.Unit == "tps" {
+			return r.Value
+		}
+	}
+	return 0
+}
+
+// timed runs work on n goroutines until d has passed and returns the operations they
+// counted and the time it took; the first error stops all of them.
+func timed(ctx context.Context, n int, d time.Duration, work func(ctx context.Context, client int) (ops int, err error)) (int, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	type outcome struct {
+		ops int
+		err error
+	}
+	out := make(chan outcome, n)
+	start := time.Now()
+	for i := range n {
+		go func() {
+			ops, err := work(ctx, i)
+			if errors.Is(err, context.DeadlineExceeded) || (err != nil && ctx.Err() != nil) {
+				err = nil // the clock ran out mid-operation
+			}
+			if err != nil {
+				cancel()
+			}
+			out <- outcome{ops, err}
+		}()
+	}
+	var total int
+	var errs []error
+	for range n {
+		o := <-out
+		total += o.ops
+		errs = append(errs, o.err)
+	}
+	return total, time.Since(start), errors.Join(errs...)
+}
+
+// percentile returns the p-th percentile (0..100) of sorted durations.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted)-1) * p / 100)
+	return sorted[i]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,78 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/pgtest"
+)
+
+// TestEveryScenarioRuns runs each scenario small on the test server and checks that every
+// figure it promises is there and plausible; the figures themselves are for people.
+func TestEveryScenarioRuns(t *testing.T) {
+	cfg := Config{
+		DatabaseURL: pgtest.ServerURL(t), Duration: 300 * time.Millisecond, Clients: []int{2},
+		Tasks: 200, Replicas: 2, Workers: 2, Samples: 20, SteadyRate: 200, Fanout: 5,
+	}
+	rep, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	for _, r := range rep.Results {
+		count[r.Scenario]++
+		if r.Note == "" && r.Value <= 0 && !strings.HasPrefix(r.Case, "queue depth") {
+			t.Errorf("%s / %s: value %v, want above 0", r.Scenario, r.Case, r.Value)
+		}
+	}
+	want := map[string]int{"leases": 5, "drain": 1, "steady": 4, "latency": 4, "notify-cost": 3, "fanout": 3}
+	for s, n := range want {
+		if count[s] != n {
+			t.Errorf("scenario %s gave %d figures, want %d", s, count[s], n)
+		}
+	}
+	if count["baseline"] == 0 {
+		t.Error("no baseline figure (nor a note saying why)")
+	}
+	for _, r := range rep.Results {
+		if r.Case == "renewals that were heap-only (HOT) updates" && r.Value != 100 {
+			t.Errorf("renewals: %.1f%% heap-only (%s), want 100%%", r.Value, r.Note)
+		}
+	}
+	var table, js bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "synchronous_commit=on") {
+		t.Errorf("the table does not say the commits were durable:\n%s", table.String())
+	}
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || len(back.Results) != len(rep.Results) {
+		t.Fatalf("JSON round trip: %d results, %v", len(back.Results), err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, c := range []Config{{Scenarios: []string{"nope"}}, {Clients: []int{0}}, {Tasks: -1}} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v: no error", c)
+		}
+	}
+}
+
+func TestParseTPS(t *testing.T) {
+	out := []byte("number of transactions actually processed: 28000\nlatency average = 2.857 ms\n" +
+		"initial connection time = 10.1 ms\ntps = 2799.123456 (without initial connection time)\n")
+	if tps, err := parseTPS(out); err != nil || tps != 2799.123456 {
+		t.Fatalf("parseTPS: %v, %v", tps, err)
+	}
+	if _, err := parseTPS([]byte("pgbench: error: connection refused")); err == nil {
+		t.Fatal("parseTPS found a tps where there is none")
+	}
+}

@@ -1,0 +1,324 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/internal/task"
+	"github.com/leasehold/leasehold/internal/worker"
+)
+
+// zeroWork is a task that completes at once.
+var zeroWork = json.RawMessage(`{"sleep_duration_seconds": 0}`)
+
+// replicas are in-process replicas of the worker role: each has its own LISTEN connection
+// and worker pool, as a process has, and all share the database pool.
+type replicas struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// startReplicas starts n replicas of workers each and returns once every one listens.
+func startReplicas(ctx context.Context, d *freshDB, tasks *task.Store, n, workers int, onEvent func(worker.Event)) (*replicas, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &replicas{cancel: cancel}
+	for i := range n {
+		l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, d.URL) },
+			zerolog.Nop(), notify.ChannelTask, notify.ChannelLease)
+		ready := l.Subscribe(notify.ChannelTask, 1)
+		r.wg.Go(func() { _ = l.Run(ctx) })
+		select {
+		case <-ready.Resync():
+		case <-ctx.Done():
+			r.Stop()
+			return nil, ctx.Err()
+		}
+		ready.Close()
+		p := &worker.Pool{Tasks: tasks, Listener: l, Instance: fmt.Sprintf("bench-%d", i+1), Workers: workers,
+			TTL: 30 * time.Second, Log: zerolog.Nop(), OnEvent: onEvent}
+		r.wg.Go(func() { _ = p.Run(ctx) })
+	}
+	return r, nil
+}
+
+// Stop stops the replicas and waits for them.
+func (r *replicas) Stop() {
+	r.cancel()
+	r.wg.Wait()
+}
+
+// insertMany inserts n zero-work tasks in batches of 1000.
+func insertMany(ctx context.Context, tasks *task.Store, n int) error {
+	for n > 0 {
+		batch := make([]task.NewTask, min(n, 1000))
+		for i := range batch {
+			batch[i] = task.NewTask{TaskData: zeroWork}
+		}
+		if _, err := tasks.Insert(ctx, batch); err != nil {
+			return err
+		}
+		n -= len(batch)
+	}
+	return nil
+}
+
+// runDrain pre-inserts Tasks zero-work tasks, then Replicas × Workers complete them all.
+func runDrain(ctx context.Context, c Config, _ []Result) ([]Result, error) {
+	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8))
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	tasks := task.NewStore(d.Pool)
+	if err := insertMany(ctx, tasks, c.Tasks); err != nil {
+		return nil, err
+	}
+	var completed atomic.Int64
+	done := make(chan struct{})
+	start := time.Now()
+	r, err := startReplicas(ctx, d, tasks, c.Replicas, c.Workers, func(ev worker.Event) {
+		if ev.Kind == worker.EventCompleted && completed.Add(1) == int64(c.Tasks) {
+			close(done)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer r.Stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	elapsed := time.Since(start)
+	stats, err := tasks.Stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if stats.Done != int64(c.Tasks) {
+		return nil, fmt.Errorf("after the drain %d tasks are done, want %d (%+v)", stats.Done, c.Tasks, stats)
+	}
+	return []Result{{
+		Scenario: "drain", Case: fmt.Sprintf("%d tasks, %d replicas × %d workers, in-process", c.Tasks, c.Replicas, c.Workers),
+		Value: float64(c.Tasks) / elapsed.Seconds(), Unit: "tasks/s",
+	}}, nil
+}
+
+// runSteady inserts SteadyRate tasks per second for Duration while the replicas work, and
+// reports the completion rate and the queue depth sampled every 100 ms.
+func runSteady(ctx context.Context, c Config, _ []Result) ([]Result, error) {
+	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8))
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	tasks := task.NewStore(d.Pool)
+	var completed atomic.Int64
+	r, err := startReplicas(ctx, d, tasks, c.Replicas, c.Workers, func(ev worker.Event) {
+		if ev.Kind == worker.EventCompleted {
+			completed.Add(1)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer r.Stop()
+
+	const tick = 10 * time.Millisecond
+	perTick := float64(c.SteadyRate) * tick.Seconds()
+	runCtx, cancel := context.WithTimeout(ctx, c.Duration)
+	defer cancel()
+	var (
+		inserted int
+		owed     float64
+		depths   []int64
+		wg       sync.WaitGroup
+		insErr   error
+	)
+	wg.Go(func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-t.C:
+				var pending int64
+				if err := d.Pool.QueryRow(runCtx, "SELECT count(*) FROM tasks WHERE state = 'pending'").Scan(&pending); err == nil {
+					depths = append(depths, pending)
+				}
+			}
+		}
+	})
+	startDone := completed.Load()
+	start := time.Now()
+	t := time.NewTicker(tick)
+	for runCtx.Err() == nil {
+		select {
+		case <-runCtx.Done():
+		case <-t.C:
+			owed += perTick
+			n := int(owed)
+			if n == 0 {
+				continue
+			}
+			owed -= float64(n)
+			batch := make([]task.NewTask, n)
+			for i := range batch {
+				batch[i] = task.NewTask{TaskData: zeroWork}
+			}
+			if _, err := tasks.Insert(runCtx, batch); err != nil {
+				if runCtx.Err() == nil {
+					insErr = err
+					cancel()
+				}
+				continue
+			}
+			inserted += n
+		}
+	}
+	t.Stop()
+	elapsed := time.Since(start)
+	done := completed.Load() - startDone
+	wg.Wait()
+	if insErr != nil {
+		return nil, insErr
+	}
+	slices.Sort(depths)
+	var depthP50, depthMax int64
+	if len(depths) > 0 {
+		depthP50, depthMax = depths[len(depths)/2], depths[len(depths)-1]
+	}
+	setup := fmt.Sprintf("%d replicas × %d workers, %d tasks/s offered", c.Replicas, c.Workers, c.SteadyRate)
+	return []Result{
+		{Scenario: "steady", Case: "inserted, " + setup, Value: float64(inserted) / elapsed.Seconds(), Unit: "tasks/s"},
+		{Scenario: "steady", Case: "completed, " + setup, Value: float64(done) / elapsed.Seconds(), Unit: "tasks/s"},
+		{Scenario: "steady", Case: "queue depth p50 (pending, every 100 ms)", Value: float64(depthP50), Unit: "tasks"},
+		{Scenario: "steady", Case: "queue depth max", Value: float64(depthMax), Unit: "tasks"},
+	}, nil
+}
+
+// runLatency inserts one task at a time while the workers wait idle, and measures from the
+// insert's commit to the claim statement's return. The insert's commit is taken as the
+// midpoint of its round trip: the client cannot see the moment itself.
+func runLatency(ctx context.Context, c Config, _ []Result) ([]Result, error) {
+	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8))
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	tasks := task.NewStore(d.Pool)
+	claimed := make(chan int64, 16)
+	completed := make(chan int64, 16)
+	r, err := startReplicas(ctx, d, tasks, c.Replicas, c.Workers, func(ev worker.Event) {
+		switch ev.Kind {
+		case worker.EventClaimed:
+			claimed <- ev.TaskID
+		case worker.EventCompleted:
+			completed <- ev.TaskID
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer r.Stop()
+	one := []task.NewTask{{TaskData: zeroWork}}
+	lat := make([]time.Duration, 0, c.Samples)
+	for range c.Samples {
+		sent := time.Now()
+		ts, err := tasks.Insert(ctx, one)
+		if err != nil {
+			return nil, err
+		}
+		from := sent.Add(time.Since(sent) / 2)
+		if err := await(ctx, claimed, ts[0].ID); err != nil {
+			return nil, err
+		}
+		lat = append(lat, time.Since(from))
+		if err := await(ctx, completed, ts[0].ID); err != nil { // idle again before the next insert
+			return nil, err
+		}
+	}
+	slices.Sort(lat)
+	setup := fmt.Sprintf("insert commit → claimed, %d tasks one at a time, %d × %d idle workers", c.Samples, c.Replicas, c.Workers)
+	var out []Result
+	for _, p := range []struct {
+		name string
+		at   float64
+	}{{"p50", 50}, {"p95", 95}, {"p99", 99}, {"max", 100}} {
+		out = append(out, Result{Scenario: "latency", Case: p.name + ", " + setup, Value: ms(percentile(lat, p.at)), Unit: "ms"})
+	}
+	return out, nil
+}
+
+// await waits for id on c; another id first is an error (one task at a time).
+func await(ctx context.Context, c <-chan int64, id int64) error {
+	select {
+	case got := <-c:
+		if got != id {
+			return fmt.Errorf("a worker took task %d, want %d", got, id)
+		}
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("task %d was not picked up within 30s", id)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// runNotifyCost measures single-task inserts (one commit each) from 8 clients with the
+// tasks table's NOTIFY trigger on, then off.
+func runNotifyCost(ctx context.Context, c Config, _ []Result) ([]Result, error) {
+	const clients = 8
+	d, err := newDB(ctx, c.DatabaseURL, clients+2)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	tasks := task.NewStore(d.Pool)
+	insert := func() (float64, error) {
+		n, elapsed, err := timed(ctx, clients, c.Duration, func(ctx context.Context, _ int) (int, error) {
+			one := []task.NewTask{{TaskData: zeroWork}}
+			count := 0
+			for ctx.Err() == nil {
+				if _, err := tasks.Insert(ctx, one); err != nil {
+					return count, err
+				}
+				count++
+			}
+			return count, nil
+		})
+		return float64(n) / elapsed.Seconds(), err
+	}
+	on, err := insert()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.Pool.Exec(ctx, "ALTER TABLE tasks DISABLE TRIGGER USER"); err != nil {
+		return nil, err
+	}
+	off, err := insert()
+	if err != nil {
+		return nil, err
+	}
+	if off == 0 {
+		return nil, errors.New("no insert completed with the triggers off")
+	}
+	return []Result{
+		{Scenario: "notify-cost", Case: "task inserts, NOTIFY trigger on", Clients: clients, Value: on, Unit: "tasks/s"},
+		{Scenario: "notify-cost", Case: "task inserts, NOTIFY trigger off", Clients: clients, Value: off, Unit: "tasks/s"},
+		{Scenario: "notify-cost", Case: "on ÷ off", Clients: clients, Value: 100 * on / off, Unit: "%"},
+	}, nil
+}
+
+func jsonUnmarshal(b []byte, out any) error { return json.Unmarshal(b, out) }
