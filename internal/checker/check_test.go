@@ -1,0 +1,212 @@
+package checker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/internal/checker"
+	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/reaper"
+	"github.com/leasehold/leasehold/internal/task"
+)
+
+// TestCheck runs real lease and task operations, checks that their history
+// keeps every guarantee, then forges an overlapping acquisition into it and
+// checks that Check catches it.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := pgtest.New(t)
+	leases := lease.NewStore(tdb.Pool)
+	tasks := task.NewStore(tdb.Pool)
+	data := json.RawMessage(`{"sleep_duration_seconds": 0}`)
+
+	acquire := func(resource, holder string, ttl time.Duration) lease.Lease {
+		t.Helper()
+		acq, err := leases.Acquire(ctx, lease.AcquireParams{Resource: resource, Holder: holder, TTL: ttl})
+		if err != nil || !acq.New {
+			t.Fatalf("acquire %s for %s: new=%v, %v", resource, holder, acq.New, err)
+		}
+		return acq.Lease
+	}
+	claim := func(processor string, ttl time.Duration) []task.Task {
+		t.Helper()
+		claimed, err := tasks.Claim(ctx, []string{processor}, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return claimed
+	}
+
+	// A reaper term that outlasts the test. Its holder never renews, so the
+	// checker judges no expiry: that the reaper keeps time is tested elsewhere.
+	acquire(reaper.Resource, "reaper-1", time.Hour)
+
+	// res:a is acquired, renewed and released by a, then taken by b, whose
+	// lease runs out; so does z's on res:z.
+	a := acquire("res:a", "a", time.Minute)
+	if _, err := leases.Renew(ctx, lease.RenewParams{Resource: "res:a", Holder: "a", Fence: a.Fence}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: "res:a", Holder: "a", Fence: a.Fence}); err != nil {
+		t.Fatal(err)
+	}
+	b := acquire("res:a", "b", time.Second)
+	z := acquire("res:z", "z", time.Second)
+
+	// Task x is claimed by w1, whose lease on it runs out too.
+	inserted, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := inserted[0]
+	first := claim("w1", time.Second)
+	if len(first) != 1 || first[0].ID != x.ID {
+		t.Fatalf("claimed %v, want task %d", first, x.ID)
+	}
+	waitForDatabaseClock(t, tdb.Pool, b.ExpiresAt, z.ExpiresAt, *first[0].MustHeartbeatBefore)
+
+	// c takes res:a over before anyone announces b's expiry, and w9 claims
+	// x again; w1's completion with its old fence is refused.
+	acquire("res:a", "c", time.Hour)
+	again := claim("w9", time.Minute)
+	if len(again) != 1 || again[0].ID != x.ID {
+		t.Fatalf("claimed %v, want task %d again", again, x.ID)
+	}
+	if _, err := tasks.Complete(ctx, x.ID, "w1", *first[0].Fence, nil); !errors.Is(err, task.ErrLeaseLost) {
+		t.Fatalf("stale completion: %v, want ErrLeaseLost", err)
+	}
+	if _, err := tasks.Complete(ctx, x.ID, "w9", *again[0].Fence, nil); err != nil {
+		t.Fatal(err)
+	}
+	// What a reaper's pass does: announce z's expiry, the only one due.
+	expired, err := leases.MarkExpired(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(expired) != 1 || expired[0].Lease.Resource != "res:z" {
+		t.Fatalf("announced %v, want res:z's expiry", expired)
+	}
+
+	// The generator inserts two tasks under its lease.
+	gen := acquire(generator.Resource, "g1", time.Hour)
+	if err := generator.NewState(tdb.Pool).Set(ctx, true, "test"); err != nil {
+		t.Fatal(err)
+	}
+	generated, err := tasks.InsertGenerated(ctx, "g1", gen.Fence, []json.RawMessage{data, data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: generator.Resource, Holder: "g1", Fence: gen.Fence}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Three more tasks: y is handed back once before it is done, doomed
+	// fails its only attempt; the rest are done.
+	inserted, err = tasks.Insert(ctx, []task.NewTask{{TaskData: data}, {TaskData: data}, {TaskData: data, MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, doomed := inserted[0], inserted[2]
+	requeued := false
+	for claimed := claim("w2", time.Minute); len(claimed) > 0; claimed = claim("w2", time.Minute) {
+		c := claimed[0]
+		switch {
+		case c.ID == doomed.ID:
+			_, err = tasks.Fail(ctx, c.ID, "w2", *c.Fence, "it broke")
+		case c.ID == y.ID && !requeued:
+			_, err = tasks.Requeue(ctx, c.ID, "w2", *c.Fence, "shutting down")
+			requeued = true
+		default:
+			_, err = tasks.Complete(ctx, c.ID, "w2", *c.Fence, nil)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	expected := []int64{x.ID}
+	for _, tk := range slices.Concat(generated, inserted) {
+		expected = append(expected, tk.ID)
+	}
+	opts := checker.Options{ExpectedTasks: expected}
+	rep := check(t, tdb.Pool, opts)
+	if !rep.OK() {
+		t.Fatalf("violations in a real history: %v", rep.Violations)
+	}
+	for _, c := range []struct {
+		name      string
+		got, want int
+	}{
+		{"resources", rep.Resources, 10},       // reaper, res:a, res:z, generator, 6 tasks
+		{"acquisitions", rep.Acquisitions, 14}, // x and y were claimed twice
+		{"expiries", rep.Expiries, 3},          // b's, z's and w1's on x
+		{"done", rep.TasksDone, 5},
+		{"dead", rep.TasksDead, 1},
+		{"generated", rep.Generated, 2},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %d, want %d", c.name, c.got, c.want)
+		}
+	}
+
+	// A forged acquisition of res:a by "forger" 1 ms into b's interval,
+	// with a fence from the sequence, as a broken acquire would record it.
+	if _, err := tdb.Pool.Exec(ctx, `
+		INSERT INTO lease_events (at, lease_id, resource, holder, fence, kind, expires_at)
+		SELECT at + interval '1 millisecond', lease_id, resource, 'forger', nextval('lease_fence_seq'), 'acquired', expires_at
+		FROM lease_events
+		WHERE resource = 'res:a' AND holder = 'b' AND kind = 'acquired'`); err != nil {
+		t.Fatal(err)
+	}
+	rep = check(t, tdb.Pool, opts)
+	if len(rep.Violations) != 1 || rep.Violations[0].Rule != checker.RuleOverlap {
+		t.Fatalf("violations = %v, want one %q", rep.Violations, checker.RuleOverlap)
+	}
+	if d := rep.Violations[0].Detail; !strings.Contains(d, "res:a by forger") || !strings.Contains(d, "res:a by b ") {
+		t.Errorf("detail %q does not name the forger's and b's intervals", d)
+	}
+}
+
+// check runs Check and logs its report.
+func check(t *testing.T, pool *pgxpool.Pool, opts checker.Options) *checker.Report {
+	t.Helper()
+	rep, err := checker.Check(context.Background(), pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(b.String())
+	return rep
+}
+
+// waitForDatabaseClock returns once the database clock has passed every
+// one of times: what a lease's expiry waits for. The database clock gives
+// no signal, so this sleeps for as long as it says is left, then asks again.
+func waitForDatabaseClock(t *testing.T, pool *pgxpool.Pool, times ...time.Time) {
+	t.Helper()
+	until := slices.MaxFunc(times, time.Time.Compare)
+	for {
+		var left float64 // seconds
+		if err := pool.QueryRow(context.Background(),
+			`SELECT extract(epoch FROM $1::timestamptz - clock_timestamp())::float8`, until).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left < 0 {
+			return
+		}
+		time.Sleep(time.Duration(left*float64(time.Second)) + time.Millisecond)
+	}
+}

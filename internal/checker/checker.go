@@ -1,0 +1,170 @@
+// Package checker verifies the guarantees of contract §5 after the fact, from what the
+// database recorded: the lease history (lease_events) and the tasks.
+//
+// Check reads the history; Verify judges it. Verify is a pure function of a
+// History, so every rule can be tested on a hand-made one. Check does not
+// build a History: it streams the rows through the same steps as Verify, one
+// resource at a time, and keeps only the holding intervals the cross-resource
+// rules need (those of task leases, the generator and the reaper), so a
+// history of millions of events fits in memory.
+//
+// The rules, each with the name its violations carry:
+//
+//   - RuleOverlap: per resource, no two holding intervals [acquired, end)
+//     overlap, where end = min(released, expires_at) and expires_at is the
+//     latest of the interval's acquired and renewed events (§5.1). The
+//     history alone gives every interval, announced or not.
+//   - RuleFenceOrder, RuleFenceReused: per resource, fences strictly increase
+//     in the order the acquisitions were recorded; across resources no fence
+//     is handed out twice (§5.2).
+//   - RuleOrphanEvent: a renewed, released or expired event that does not
+//     belong to the interval it follows (another holder or fence, after the
+//     release, a renewal after the expiry was announced).
+//   - RuleTaskUnfinished, RuleTaskLost, RuleTaskCompletion,
+//     RuleTaskReclaimed: every task ends done or dead, none is lost, a
+//     completion comes from the holder of the task's live lease, and a
+//     finished task is never leased again (§5.3).
+//   - RuleGeneratorFence: every generated task was inserted inside the
+//     generator interval of its fence (§5.4).
+//   - RuleExpiryLate, RuleExpiryEarly: while a reaper ran, an expiry is
+//     announced within Options.ExpiryBound of its expires_at, and never
+//     before it (§5.5).
+//
+// Each rule's doc comment gives the exact comparison it makes.
+package checker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/internal/lease"
+)
+
+// Window is a span of time, e.g. one in which the database was down.
+type Window struct {
+	From, To time.Time
+}
+
+// Options say what the checker may expect of the history.
+type Options struct {
+	// Outages are the spans in which no expiry could be announced although a
+	// reaper held its lease: PostgreSQL down or restarting, or the reaper's
+	// process stopped (SIGSTOP) and later resumed. The expiry-lateness rule
+	// skips every expiry whose span [expires_at, expires_at+ExpiryBound]
+	// meets one. A reaper killed outright needs no window: the checker counts
+	// a reaper as running only up to its last renewal (see RuleExpiryLate).
+	Outages []Window
+	// ExpiryBound is how late an expiry may be announced while a reaper ran;
+	// 0 (or less) means 1s.
+	ExpiryBound time.Duration
+	// ExpectedTasks are ids of tasks the caller inserted and saw committed; each must exist
+	// and be done or dead (none lost). Tasks the generator inserted are found in the table.
+	ExpectedTasks []int64
+	// AllowUnfinished lets tasks still be pending or running (a check taken mid-run).
+	AllowUnfinished bool
+}
+
+// DefaultExpiryBound is the ExpiryBound of contract §5.5.
+const DefaultExpiryBound = time.Second
+
+func (o Options) expiryBound() time.Duration {
+	if o.ExpiryBound <= 0 {
+		return DefaultExpiryBound
+	}
+	return o.ExpiryBound
+}
+
+// Check reads the history from pool's database and verifies every guarantee.
+//
+// It reads in one read-only REPEATABLE READ transaction, so the lease history
+// and the tasks are one consistent snapshot, and takes the database clock at
+// the start of that snapshot as the history's ReadAt: every event it sees
+// was committed before then. The rows are read with plain SQL rather than
+// through sqlc: the queries are this audit tool's, not the product's, and
+// sqlc's generated methods would return every row at once instead of
+// streaming them.
+func Check(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Report, error) {
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("check: begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read-only: nothing to undo, and the error of a failed read is the one to report
+
+	// The snapshot is taken by this first statement, and clock_timestamp()
+	// runs after that: nothing the snapshot holds happened later.
+	var readAt time.Time
+	if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&readAt); err != nil {
+		return nil, fmt.Errorf("check: read the database clock: %w", err)
+	}
+	v := newVerifier(opts, readAt)
+	if err := streamEvents(ctx, tx, v.resource); err != nil {
+		return nil, fmt.Errorf("check: read lease_events: %w", err)
+	}
+	if err := streamTasks(ctx, tx, v.task); err != nil {
+		return nil, fmt.Errorf("check: read tasks: %w", err)
+	}
+	return v.finish(), nil
+}
+
+// streamEvents calls each with the events of one resource at a time, in id
+// order; the slice is reused between calls.
+func streamEvents(ctx context.Context, tx pgx.Tx, each func([]lease.Event)) error {
+	rows, err := tx.Query(ctx, `
+		SELECT id, at, lease_id, resource, holder, fence, kind, expires_at
+		FROM lease_events
+		ORDER BY resource, id`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var group []lease.Event
+	for rows.Next() {
+		var e lease.Event
+		if err := rows.Scan(&e.ID, &e.At, &e.LeaseID, &e.Resource, &e.Holder, &e.Fence, &e.Kind, &e.ExpiresAt); err != nil {
+			return err
+		}
+		if len(group) > 0 && group[0].Resource != e.Resource {
+			each(group)
+			group = group[:0]
+		}
+		group = append(group, e)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(group) > 0 {
+		each(group)
+	}
+	return nil
+}
+
+// streamTasks calls each with every task.
+func streamTasks(ctx context.Context, tx pgx.Tx, each func(Task)) error {
+	rows, err := tx.Query(ctx, `
+		SELECT id, state, coalesce(processor, ''), coalesce(fence, 0), processed_at,
+		       created_at, coalesce(generator_fence, 0)
+		FROM tasks
+		ORDER BY id`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			t         Task
+			processed *time.Time
+		)
+		if err := rows.Scan(&t.ID, &t.State, &t.Processor, &t.Fence, &processed, &t.CreatedAt, &t.GeneratorFence); err != nil {
+			return err
+		}
+		if processed != nil {
+			t.ProcessedAt = *processed
+		}
+		each(t)
+	}
+	return rows.Err()
+}

@@ -1,0 +1,95 @@
+package checker
+
+import (
+	"bufio"
+	"cmp"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+)
+
+// Violation is one broken guarantee.
+type Violation struct {
+	Rule   string // one of the Rule constants, e.g. RuleOverlap
+	Detail string // what was seen, with ids, holders, fences and times
+}
+
+// Report is what Check found.
+type Report struct {
+	// ReadAt is the database clock when the history was read.
+	ReadAt time.Time
+	// Events are the lease events read.
+	Events int
+	// Resources are the resources with at least one lease event.
+	Resources int
+	// Acquisitions are the acquired events: holding intervals.
+	Acquisitions int
+	// Expiries are the intervals that ran out, not released, by ReadAt;
+	// ExpiriesJudged of them were judged by RuleExpiryLate, and
+	// ExpiriesNotJudged were not (no reaper ran through their span, it
+	// met an outage, or their deadline had not passed by ReadAt).
+	Expiries          int
+	ExpiriesJudged    int
+	ExpiriesNotJudged int
+	// TasksDone, TasksDead and TasksOther count the tasks by state.
+	TasksDone  int
+	TasksDead  int
+	TasksOther int
+	// Generated are the tasks inserted by the generator.
+	Generated  int
+	Violations []Violation
+}
+
+// OK reports whether no guarantee was broken.
+func (r *Report) OK() bool { return len(r.Violations) == 0 }
+
+// MaxPerRule is how many violations of one rule WriteText lists.
+const MaxPerRule = 20
+
+// WriteText writes the report for humans: the counts, then the violations
+// grouped by rule, at most MaxPerRule of each.
+func (r *Report) WriteText(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	fmt.Fprintf(bw, "history read at %s\n", ts(r.ReadAt))
+	fmt.Fprintf(bw, "lease events %d, resources %d, acquisitions %d\n", r.Events, r.Resources, r.Acquisitions)
+	fmt.Fprintf(bw, "expiries %d: judged %d, not judged %d\n", r.Expiries, r.ExpiriesJudged, r.ExpiriesNotJudged)
+	fmt.Fprintf(bw, "tasks: done %d, dead %d, other %d; generated %d\n", r.TasksDone, r.TasksDead, r.TasksOther, r.Generated)
+	if r.OK() {
+		fmt.Fprintln(bw, "no violations")
+		return bw.Flush()
+	}
+	fmt.Fprintf(bw, "violations: %d\n", len(r.Violations))
+
+	byRule := make(map[string][]Violation)
+	for _, v := range r.Violations {
+		byRule[v.Rule] = append(byRule[v.Rule], v)
+	}
+	rules := make([]string, 0, len(byRule))
+	for rule := range byRule {
+		rules = append(rules, rule)
+	}
+	// The known rules in their order, then any other by name.
+	slices.SortFunc(rules, func(a, b string) int {
+		return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(a, b))
+	})
+	for _, rule := range rules {
+		vs := byRule[rule]
+		fmt.Fprintf(bw, "\n%s (%d)\n", rule, len(vs))
+		for _, v := range vs[:min(len(vs), MaxPerRule)] {
+			fmt.Fprintf(bw, "  %s\n", v.Detail)
+		}
+		if len(vs) > MaxPerRule {
+			fmt.Fprintf(bw, "  … and %d more\n", len(vs)-MaxPerRule)
+		}
+	}
+	return bw.Flush()
+}
+
+// rank is a rule's place in ruleOrder; unknown rules come last.
+func rank(rule string) int {
+	if i := slices.Index(ruleOrder, rule); i >= 0 {
+		return i
+	}
+	return len(ruleOrder)
+}
