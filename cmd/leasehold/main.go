@@ -21,6 +21,7 @@ usage:
   leasehold migrate  [flags]   apply the database migrations and exit
   leasehold demo     [flags]   a local PostgreSQL (unless DATABASE_URL is set), 3 replicas and a round-robin front door on :8080
   leasehold bench    [flags]   measure the hot paths (see docs/performance.md)
+  leasehold chaos    [flags]   a chaos soak: replicas on a PostgreSQL of their own under load and random faults, then the history checked
   leasehold localdb            start or reuse the local development PostgreSQL; print its URL
   leasehold version            print the version
 
@@ -81,6 +82,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runDemo(ctx, rest, getenv, stderr)
 	case "bench":
 		return runBench(ctx, rest, getenv, stdout, stderr)
+	case "chaos":
+		return runChaosSoak(ctx, rest, stdout, stderr)
 	case "localdb":
 		return runLocalDB(ctx, stdout, stderr)
 	case "version":

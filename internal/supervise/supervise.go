@@ -93,14 +93,21 @@ func (s *Supervisor) PIDs() map[string]int {
 // Kill sends SIGKILL to the running process of the named child, as a crash would end it,
 // and returns its pid; it is restarted like any child that exits.
 func (s *Supervisor) Kill(name string) (int, error) {
+	return s.Signal(name, syscall.SIGKILL)
+}
+
+// Signal sends sig to the running process of the named child and returns its pid. A child
+// that exits of it is restarted like any other; one stopped with SIGSTOP stays stopped (and
+// deaf to the SIGTERM that ends Run) until it is sent SIGCONT.
+func (s *Supervisor) Signal(name string, sig os.Signal) (int, error) {
 	s.mu.Lock()
 	p := s.procs[name]
 	s.mu.Unlock()
 	if p == nil {
 		return 0, fmt.Errorf("%s is not running", name)
 	}
-	if err := p.Kill(); err != nil {
-		return p.Pid, fmt.Errorf("kill %s (pid %d): %w", name, p.Pid, err)
+	if err := p.Signal(sig); err != nil {
+		return p.Pid, fmt.Errorf("send %v to %s (pid %d): %w", sig, name, p.Pid, err)
 	}
 	return p.Pid, nil
 }

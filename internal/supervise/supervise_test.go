@@ -245,6 +245,38 @@ func TestRestartsAndStops(t *testing.T) {
 	}
 }
 
+// TestSignal: a child stopped with SIGSTOP handles the SIGTERM sent meanwhile once it is
+// continued: it exits cleanly and is started again.
+func TestSignal(t *testing.T) {
+	t.Parallel()
+	var out, log syncBuffer
+	s := &Supervisor{Output: &out, Log: zerolog.New(&log), Backoff: 10 * time.Millisecond}
+	e := newEvents()
+	start(t, s, e.child("replica-a", "serve"))
+	e.waitFor(t, "the child started", func() bool { return len(e.pids["replica-a"]) == 1 })
+	first := s.PIDs()["replica-a"]
+	waitOutput(t, &out, first)
+
+	for _, sig := range []syscall.Signal{syscall.SIGSTOP, syscall.SIGTERM} {
+		if pid, err := s.Signal("replica-a", sig); err != nil || pid != first {
+			t.Fatalf("Signal(replica-a, %v): %d, %v; want %d, nil", sig, pid, err, first)
+		}
+	}
+	if pid, err := s.Signal("replica-a", syscall.SIGCONT); err != nil || pid != first {
+		t.Fatalf("Signal(replica-a, SIGCONT): %d, %v; want %d, nil", pid, err, first)
+	}
+	e.waitFor(t, "replica-a started again", func() bool { return len(e.pids["replica-a"]) == 2 })
+	e.mu.Lock()
+	exit := e.exits["replica-a"][0]
+	e.mu.Unlock()
+	if exit != nil {
+		t.Errorf("replica-a after SIGTERM: %v, want exit status 0", exit)
+	}
+	if _, err := s.Signal("nobody", syscall.SIGTERM); err == nil {
+		t.Errorf("Signal to a child that does not exist: nil, want an error")
+	}
+}
+
 func TestKillsAfterGrace(t *testing.T) {
 	t.Parallel()
 	var out, log syncBuffer

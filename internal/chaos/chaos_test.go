@@ -1,0 +1,178 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	// As the leasehold command logs: faults are read off the log to the millisecond.
+	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
+	goleak.VerifyTestMain(m)
+}
+
+// TestChaosShort is the soak in small: three replicas under load for 45 s, every kind of
+// fault forced once in order (then more at random), the queue drained, and the history
+// found to keep every guarantee.
+func TestChaosShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a soak of about a minute and a half")
+	}
+	t.Parallel()
+	bin := buildLeasehold(t)
+	var replicaLogs lockedBuffer
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{
+		Binary:        bin,
+		Duration:      45 * time.Second,
+		Replicas:      3,
+		FaultInterval: 2 * time.Second,
+		Forced:        AllKinds,
+		Seed:          1,
+		Cluster:       "chaos-test", // not the cluster of a "leasehold chaos" running beside
+		Log:           zerolog.New(zerolog.ConsoleWriter{Out: t.Output(), NoColor: true, TimeFormat: "15:04:05.000"}).With().Timestamp().Logger(),
+		Output:        &replicaLogs,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v\nreplica logs (the end):\n%s", err, replicaLogs.tail(100))
+	}
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report:\n%s", text.String())
+
+	if !rep.OK() {
+		t.Errorf("the soak failed: %d violation(s), %d problem(s), interrupted %v\nreplica logs (the end):\n%s",
+			len(rep.AllViolations()), len(rep.Problems), rep.Interrupted, replicaLogs.tail(200))
+	}
+	counts := rep.FaultCounts()
+	for _, k := range AllKinds {
+		if counts[k] == 0 {
+			t.Errorf("faults: no %s among %v", k, counts)
+		}
+	}
+	if rep.DBRestarts != counts[KindDBRestart] || len(rep.Outages) < rep.DBRestarts {
+		t.Errorf("%d restart(s) of PostgreSQL, %d outage window(s); want one restart and at least one window per db-restart (%d)",
+			rep.DBRestarts, len(rep.Outages), counts[KindDBRestart])
+	}
+	for name, n := range map[string]int{
+		"tasks done": rep.TasksDone, "tasks generated": rep.TasksGenerated, "tasks created over the API": rep.TasksCreated,
+		"leases acquired by the clients": rep.LeaseGrants, "SIGTERMs measured": rep.Release.Samples,
+	} {
+		if n <= 0 {
+			t.Errorf("%s: got %d, want some", name, n)
+		}
+	}
+	if rep.TasksUnfinished != 0 || !rep.Drained {
+		t.Errorf("%d task(s) unfinished (drained %v), want none", rep.TasksUnfinished, rep.Drained)
+	}
+	if c := rep.Check; c != nil {
+		if c.TasksDone != rep.TasksDone || c.TasksDead != rep.TasksDead || c.Generated != rep.TasksGenerated {
+			t.Errorf("checker: done %d, dead %d, generated %d; the soak counted %d, %d, %d",
+				c.TasksDone, c.TasksDead, c.Generated, rep.TasksDone, rep.TasksDead, rep.TasksGenerated)
+		}
+		if c.Acquisitions < rep.LeaseGrants+rep.TasksDone {
+			t.Errorf("checker: %d acquisitions, want at least the clients' %d and one per task done (%d)",
+				c.Acquisitions, rep.LeaseGrants, rep.TasksDone)
+		}
+	}
+
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"# Chaos soak: ", "## Violations", "## Faults", "| kill |", "| db-restart | PostgreSQL |"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("markdown report: no %q in\n%s", want, md.String())
+		}
+	}
+}
+
+func TestParseKinds(t *testing.T) {
+	t.Parallel()
+	got, err := ParseKinds(" kill, term,kill,")
+	if err != nil || len(got) != 2 || got[0] != KindKill || got[1] != KindTerm {
+		t.Errorf("ParseKinds: got %v, %v; want [kill term]", got, err)
+	}
+	for _, bad := range []string{"", ",", "kill,explode"} {
+		if _, err := ParseKinds(bad); err == nil {
+			t.Errorf("ParseKinds(%q): nil error, want one", bad)
+		}
+	}
+}
+
+// TestOverlaps checks the lease clients' view of mutual exclusion: a grant that arrives
+// while an earlier holder could still believe it holds the resource is a violation.
+func TestOverlaps(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	grants := []grant{
+		{resource: "r", holder: "a", fence: 1, granted: at(0), until: at(2000)},
+		{resource: "r", holder: "b", fence: 3, granted: at(2500), until: at(3000)}, // after a's end: fine
+		{resource: "r", holder: "c", fence: 5, granted: at(2900), until: at(4000)}, // b could still hold it
+		{resource: "s", holder: "a", fence: 2, granted: at(100), until: at(9000)},
+		{resource: "s", holder: "b", fence: 4, granted: at(200), until: at(300)},   // a holds it till 9000
+		{resource: "s", holder: "c", fence: 4, granted: at(9500), until: at(9600)}, // a fence granted twice
+	}
+	vs := overlaps(grants)
+	var rules []string
+	for _, v := range vs {
+		rules = append(rules, v.Rule)
+	}
+	if got, want := strings.Join(rules, " "), "client-overlap client-overlap client-fence-reuse"; got != want {
+		t.Errorf("rules: got %q, want %q\n%v", got, want, vs)
+	}
+	if len(vs) == 3 && !strings.Contains(vs[0].Detail, "c was granted fence 5") {
+		t.Errorf("first violation: %q, want it to name c's fence 5", vs[0].Detail)
+	}
+}
+
+// buildLeasehold builds the leasehold command into a temporary directory: the soak runs its
+// replicas as processes of the real binary, which a test binary is not.
+func buildLeasehold(t *testing.T) string {
+	t.Helper()
+	gocmd, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go command to build leasehold with: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "leasehold")
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, gocmd, "build", "-o", bin, "github.com/leasehold/leasehold/cmd/leasehold").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// lockedBuffer is a buffer the replicas' output goroutines and the test share.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// tail returns the last n lines written.
+func (b *lockedBuffer) tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	lines := strings.SplitAfter(b.buf.String(), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "")
+}

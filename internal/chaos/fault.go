@@ -1,0 +1,482 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leasehold/leasehold/internal/checker"
+	"github.com/leasehold/leasehold/internal/reaper"
+)
+
+// Measurements poll the database this often: the soak is a test tool, and what it measures
+// (a claim, a release) is the product's work, not its own.
+const measureEvery = 20 * time.Millisecond
+
+// injectFaults injects one fault after each pause until stop is closed or ctx ends: the
+// forced kinds first, in order, then kinds drawn at random. A fault is over (a paused
+// replica continued, PostgreSQL up again, its effect measured) before the next pause.
+func (s *soak) injectFaults(ctx context.Context, stop <-chan struct{}) {
+	rng := rand.New(rand.NewPCG(s.opts.Seed, 1))
+	forced := s.opts.Forced
+	for {
+		wait := s.opts.FaultInterval/2 + jitter(rng, s.opts.FaultInterval)
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		kind := s.opts.Kinds[rng.IntN(len(s.opts.Kinds))]
+		if len(forced) > 0 {
+			kind = forced[0]
+		}
+		f, ok := s.inject(ctx, rng, kind)
+		if !ok {
+			continue // tried again after the next pause, should it be forced
+		}
+		if len(forced) > 0 {
+			forced = forced[1:]
+		}
+		s.mu.Lock()
+		s.report.Faults = append(s.report.Faults, f)
+		s.mu.Unlock()
+		s.log.Info().Str("fault", string(f.Kind)).Str("victim", f.Victim).Msg("chaos: " + f.Detail)
+	}
+}
+
+// inject injects one fault of kind and returns it; false when it could not (no replica
+// runs to be its victim).
+func (s *soak) inject(ctx context.Context, rng *rand.Rand, kind Kind) (Fault, bool) {
+	if kind == KindDBRestart {
+		return s.restartDB(ctx, rng), true
+	}
+	victim := s.pickVictim(ctx, rng, kind == KindKill)
+	if victim == nil {
+		s.log.Info().Str("fault", string(kind)).Msg("chaos: no replica is running; fault skipped")
+		return Fault{}, false
+	}
+	switch kind {
+	case KindKill:
+		return s.kill(ctx, victim)
+	case KindPause:
+		return s.pause(ctx, rng, victim)
+	case KindDisconnect:
+		return s.disconnect(ctx, victim)
+	case KindTerm:
+		return s.term(ctx, victim)
+	}
+	panic("chaos: unknown fault " + string(kind))
+}
+
+// pickVictim returns a running replica at random; with busy, one running tasks if any is.
+func (s *soak) pickVictim(ctx context.Context, rng *rand.Rand, busy bool) *replica {
+	var running []*replica
+	for _, r := range s.replicas {
+		if r.running() != "" {
+			running = append(running, r)
+		}
+	}
+	if busy {
+		var names []string
+		err := s.pool.QueryRow(ctx, `
+			SELECT coalesce(array_agg(DISTINCT split_part(processor, '/', 1)), '{}') FROM tasks
+			WHERE state = 'running' AND must_heartbeat_before > clock_timestamp()`).Scan(&names)
+		if busiest := slices.DeleteFunc(slices.Clone(running), func(r *replica) bool {
+			return !slices.Contains(names, r.name)
+		}); err == nil && len(busiest) > 0 {
+			running = busiest
+		}
+	}
+	if len(running) == 0 {
+		return nil
+	}
+	return running[rng.IntN(len(running))]
+}
+
+// logFault writes the fault's line, with its time, as it is injected.
+func (s *soak) logFault(f Fault, format string, args ...any) {
+	s.log.Warn().Time("at", f.At).Str("fault", string(f.Kind)).Str("victim", f.Victim).Int("pid", f.PID).
+		Msgf("chaos: fault at %s: "+format, append([]any{clock(f.At)}, args...)...)
+}
+
+// kill is kill -9 of r; it measures how long until each task r was running is claimed
+// again by a worker. Tasks still running under the lease of an earlier process of r (one
+// that crashed) are left out: their claim or last heartbeat is older than r's start.
+func (s *soak) kill(ctx context.Context, r *replica) (Fault, bool) {
+	var at time.Time
+	var ids, fences []int64
+	err := s.pool.QueryRow(ctx, `
+		SELECT clock_timestamp(), coalesce(array_agg(id ORDER BY id), '{}'), coalesce(array_agg(fence ORDER BY id), '{}')
+		FROM tasks
+		WHERE state = 'running' AND starts_with(processor, $1) AND must_heartbeat_before > clock_timestamp()
+		  AND last_heartbeat_at >= $2`,
+		r.name+"/", r.startedAt()).Scan(&at, &ids, &fences)
+	pid, kerr := s.sup.Kill(r.name)
+	if kerr != nil {
+		s.log.Info().Err(kerr).Msg("chaos: kill skipped")
+		return Fault{}, false
+	}
+	f := Fault{At: time.Now(), Kind: KindKill, Victim: r.name, PID: pid}
+	s.logFault(f, "kill -9 %s pid=%d (running %d task(s) %v)", r.name, pid, len(ids), ids)
+	switch {
+	case err != nil:
+		f.Detail = fmt.Sprintf("kill -9 %s pid=%d; its running tasks are unknown (%v)", r.name, pid, err)
+	case len(ids) == 0:
+		f.Detail = fmt.Sprintf("kill -9 %s pid=%d; it was running no task", r.name, pid)
+	default:
+		f.Detail = fmt.Sprintf("kill -9 %s pid=%d; %s", r.name, pid, s.watchReclaim(ctx, r.name, ids, fences, at))
+	}
+	return f, true
+}
+
+// watchReclaim waits until every task of ids (each running under its fence on the killed
+// victim) is claimed again, and records the longest wait from killedAt (the database clock)
+// to the new claim's started_at. It returns what it saw.
+func (s *soak) watchReclaim(ctx context.Context, victim string, ids, fences []int64, killedAt time.Time) string {
+	limit := 10*s.opts.LeaseTTL + 10*time.Second
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	waiting := map[int64]int64{}
+	for i, id := range ids {
+		waiting[id] = fences[i]
+	}
+	var longest time.Duration
+	var longestID int64
+	reclaimed, finished := 0, 0
+	tick := time.NewTicker(measureEvery)
+	defer tick.Stop()
+	for len(waiting) > 0 && ctx.Err() == nil {
+		rows, err := s.pool.Query(ctx, `SELECT id, fence, state, started_at FROM tasks WHERE id = ANY($1)`, ids)
+		if err == nil {
+			for rows.Next() {
+				var id, fence int64
+				var state string
+				var startedAt time.Time
+				if err := rows.Scan(&id, &fence, &state, &startedAt); err != nil {
+					break
+				}
+				old, ok := waiting[id]
+				switch {
+				case !ok:
+				case fence != old:
+					delete(waiting, id)
+					reclaimed++
+					if d := startedAt.Sub(killedAt); d > longest || longestID == 0 {
+						longest, longestID = d, id
+					}
+				case state == "done" || state == "dead":
+					// Finished under the victim's fence: completed just before the kill,
+					// or declared dead by a claim when its attempts were used up.
+					delete(waiting, id)
+					finished++
+				}
+			}
+			rows.Close()
+		}
+		if len(waiting) > 0 {
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
+		}
+	}
+	if len(waiting) > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		left := slices.Sorted(maps.Keys(waiting))
+		s.problem("%d task(s) %v that %s ran when it was killed at %s were not claimed again within %v",
+			len(left), left, victim, clock(killedAt), limit)
+	}
+	what := fmt.Sprintf("%d of its %d running task(s) claimed again", reclaimed, len(ids))
+	if reclaimed > 0 {
+		what += fmt.Sprintf(", the last %v after the kill (task %d)", round(longest), longestID)
+		s.mu.Lock()
+		s.report.Reclaim.add(longest, fmt.Sprintf("task %d of %s killed at %s", longestID, victim, clock(killedAt)))
+		s.mu.Unlock()
+	}
+	if finished > 0 {
+		what += fmt.Sprintf(", %d finished under its own fence", finished)
+	}
+	return what
+}
+
+// pause stops r with SIGSTOP for longer than the lease TTL, then continues it: it wakes up
+// a stale holder of its task leases and, when the pause outlasts roleLeaseTTL, of the
+// generator or reaper lease it held. Should r be the reaper, no expiry can be announced
+// while it is stopped and its reaper lease lives on: the pause is an outage for the checker.
+func (s *soak) pause(ctx context.Context, rng *rand.Rand, r *replica) (Fault, bool) {
+	d := s.opts.LeaseTTL + 500*time.Millisecond + jitter(rng, max(s.opts.LeaseTTL, roleLeaseTTL))
+	var reaperHolder string
+	err := s.pool.QueryRow(ctx, `
+		SELECT holder FROM leases
+		WHERE resource = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`, reaper.Resource).Scan(&reaperHolder)
+	// Not knowing the reaper, count the pause as an outage: that judges fewer expiries,
+	// where the other way round would report ones no reaper could have announced.
+	isReaper := reaperHolder == r.name || (err != nil && !errors.Is(err, pgx.ErrNoRows))
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		s.log.Warn().Err(err).Msg("chaos: which replica is the reaper is unknown; the pause counts as an outage")
+	}
+	pid, err := s.sup.Signal(r.name, syscall.SIGSTOP)
+	if err != nil {
+		s.log.Info().Err(err).Msg("chaos: pause skipped")
+		return Fault{}, false
+	}
+	f := Fault{At: time.Now(), Kind: KindPause, Victim: r.name, PID: pid}
+	role := ""
+	if isReaper {
+		role = ", the reaper"
+	}
+	s.logFault(f, "SIGSTOP %s%s pid=%d for %v (lease TTL %v)", r.name, role, pid, round(d), s.opts.LeaseTTL)
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+	// A stopped process cannot exit, so the supervisor's process is still this one.
+	if cpid, err := s.sup.Signal(r.name, syscall.SIGCONT); err != nil || cpid != pid {
+		s.problem("SIGCONT to %s pid=%d: sent to pid %d: %v", r.name, pid, cpid, err)
+	}
+	resumed := time.Now()
+	f.Detail = fmt.Sprintf("SIGSTOP %s%s pid=%d, SIGCONT %v later", r.name, role, pid, round(resumed.Sub(f.At)))
+	if isReaper {
+		s.mu.Lock()
+		s.report.Outages = append(s.report.Outages, checker.Window{From: f.At, To: resumed})
+		s.mu.Unlock()
+	}
+	return f, true
+}
+
+// disconnect terminates every database connection of r, its LISTEN connection included.
+func (s *soak) disconnect(ctx context.Context, r *replica) (Fault, bool) {
+	pid := s.sup.PIDs()[r.name]
+	f := Fault{At: time.Now(), Kind: KindDisconnect, Victim: r.name, PID: pid}
+	s.logFault(f, "pg_terminate_backend of every connection of %s", r.name)
+	app := "leasehold " + r.name
+	rows, err := s.pool.Query(ctx, `
+		SELECT application_name, pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name IN ($1, $2)`, app, app+" listener")
+	var pool, listener int
+	if err == nil {
+		for rows.Next() {
+			var name string
+			var ok bool
+			if err = rows.Scan(&name, &ok); err != nil {
+				break
+			}
+			switch {
+			case ok && name == app:
+				pool++
+			case ok:
+				listener++
+			}
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err != nil {
+		f.Detail = fmt.Sprintf("terminating the connections of %s failed: %v", r.name, err)
+	} else {
+		f.Detail = fmt.Sprintf("terminated %d pool and %d LISTEN connection(s) of %s", pool, listener, r.name)
+	}
+	return f, true
+}
+
+// term sends SIGTERM to r (it is restarted once it has exited) and measures how long until
+// every lease it held is free. A lease it left live behind it when it exited breaks the
+// guarantee that a clean shutdown releases its leases. Its leases are those of its name
+// acquired or renewed since it started: an earlier process of r that crashed may have left
+// leases of the same name to lapse.
+func (s *soak) term(ctx context.Context, r *replica) (Fault, bool) {
+	var at time.Time
+	var resources []string
+	var fences []int64
+	err := s.pool.QueryRow(ctx, `
+		SELECT clock_timestamp(), coalesce(array_agg(resource ORDER BY resource), '{}'), coalesce(array_agg(fence ORDER BY resource), '{}')
+		FROM leases
+		WHERE (holder = $1 OR starts_with(holder, $1 || '/'))
+		  AND released_at IS NULL AND expires_at > clock_timestamp()
+		  AND coalesce(renewed_at, created_at) >= $2`, r.name, r.startedAt()).Scan(&at, &resources, &fences)
+	exited := r.current()
+	pid, serr := s.sup.Signal(r.name, syscall.SIGTERM)
+	if serr != nil {
+		s.log.Info().Err(serr).Msg("chaos: term skipped")
+		return Fault{}, false
+	}
+	f := Fault{At: time.Now(), Kind: KindTerm, Victim: r.name, PID: pid}
+	s.logFault(f, "SIGTERM %s pid=%d (holding %d lease(s))", r.name, pid, len(resources))
+	if err != nil {
+		f.Detail = fmt.Sprintf("SIGTERM %s pid=%d; the leases it held are unknown (%v)", r.name, pid, err)
+		return f, true
+	}
+	limit := shutdownGrace + 10*s.opts.LeaseTTL + 10*time.Second
+	var exitedAt time.Time
+	select {
+	case <-exited:
+		exitedAt = time.Now()
+	case <-time.After(limit):
+		s.problem("%s pid=%d still running %v after SIGTERM", r.name, pid, limit)
+		f.Detail = fmt.Sprintf("SIGTERM %s pid=%d; still running %v later", r.name, pid, limit)
+		return f, true
+	}
+	exit := "exit status 0"
+	if err := r.lastExit(); err != nil {
+		exit = err.Error()
+	}
+	f.Detail = fmt.Sprintf("SIGTERM %s pid=%d; it exited (%s) %v later; %s", r.name, pid, exit, round(exitedAt.Sub(f.At)),
+		s.watchFree(ctx, r.name, resources, fences, at, exitedAt, r.lastExit() == nil))
+	return f, true
+}
+
+// watchFree waits until every lease of resources (each under its fence, held by victim
+// when it was sent SIGTERM at termAt, by the database clock) is released or expired, and
+// records the longest wait. With clean (the victim exited 0), a lease still live when the
+// victim exited, at exitedAt, and left to expire is a violation.
+func (s *soak) watchFree(ctx context.Context, victim string, resources []string, fences []int64, termAt, exitedAt time.Time, clean bool) string {
+	if len(resources) == 0 {
+		return "it held no lease"
+	}
+	limit := 10*s.opts.LeaseTTL + 10*time.Second
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	type end struct {
+		at       time.Time
+		released bool
+	}
+	ends := map[string]end{}
+	tick := time.NewTicker(measureEvery)
+	defer tick.Stop()
+	for len(ends) < len(resources) && ctx.Err() == nil {
+		// The last event of each (resource, fence): released, or expired by now.
+		rows, err := s.pool.Query(ctx, `
+			SELECT DISTINCT ON (e.resource) e.resource, e.kind, e.at, e.expires_at, e.expires_at <= clock_timestamp()
+			FROM lease_events AS e
+			JOIN unnest($1::text[], $2::bigint[]) AS h (resource, fence) ON h.resource = e.resource AND h.fence = e.fence
+			ORDER BY e.resource, e.id DESC`, resources, fences)
+		if err == nil {
+			for rows.Next() {
+				var resource, kind string
+				var eventAt, expiresAt time.Time
+				var past bool
+				if err := rows.Scan(&resource, &kind, &eventAt, &expiresAt, &past); err != nil {
+					break
+				}
+				switch {
+				case kind == "released":
+					ends[resource] = end{at: eventAt, released: true}
+				case kind == "expired" || past:
+					ends[resource] = end{at: expiresAt}
+				}
+			}
+			rows.Close()
+		}
+		if len(ends) < len(resources) {
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
+		}
+	}
+	if len(ends) < len(resources) {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			s.problem("the leases %s held when it was sent SIGTERM at %s were not all free %v later", victim, clock(termAt), limit)
+		}
+		return fmt.Sprintf("%d of its %d lease(s) not free within %v", len(resources)-len(ends), len(resources), limit)
+	}
+	var longest time.Duration
+	var last string
+	var expired, leftHeld []string
+	for _, resource := range resources {
+		e := ends[resource]
+		if d := e.at.Sub(termAt); d > longest || last == "" {
+			longest, last = d, resource
+		}
+		if !e.released {
+			expired = append(expired, resource)
+			if e.at.After(exitedAt) {
+				leftHeld = append(leftHeld, resource)
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.report.Release.add(longest, fmt.Sprintf("%s of %s, SIGTERM at %s", last, victim, clock(termAt)))
+	if clean && len(leftHeld) > 0 {
+		s.report.Violations = append(s.report.Violations, checker.Violation{Rule: "shutdown-release", Detail: fmt.Sprintf(
+			"%s exited cleanly after SIGTERM at %s but left %d lease(s) live, to expire instead of being released: %s",
+			victim, clock(termAt), len(leftHeld), strings.Join(leftHeld, ", "))})
+	}
+	what := fmt.Sprintf("its %d lease(s) free %v after the SIGTERM (the last: %s)", len(resources), round(longest), last)
+	if len(expired) > 0 {
+		what += fmt.Sprintf("; %d expired rather than released: %s", len(expired), strings.Join(expired, ", "))
+	}
+	return what
+}
+
+// restartDB stops PostgreSQL, cleanly or as a power cut would, and starts it again after a
+// moment. The window from the stop to the end of the start is an outage for the checker.
+func (s *soak) restartDB(ctx context.Context, rng *rand.Rand) Fault {
+	crash := rng.IntN(2) == 0
+	down := 500*time.Millisecond + jitter(rng, 2*time.Second)
+	how, halt := "stop (fast)", s.cluster.Stop
+	if crash {
+		how, halt = "crash (immediate)", s.cluster.Crash
+	}
+	f := Fault{At: time.Now(), Kind: KindDBRestart}
+	s.logFault(f, "PostgreSQL %s, down for %v", how, round(down))
+	// The database must come back whatever happens to ctx: the soak still needs it.
+	pgCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if err := halt(pgCtx); err != nil {
+		s.problem("PostgreSQL %s: %v", how, err)
+	}
+	halted := time.Since(f.At)
+	select {
+	case <-time.After(down):
+	case <-ctx.Done():
+	}
+	restart := time.Now()
+	var err error
+	for range 3 {
+		if err = s.cluster.Start(pgCtx); err == nil {
+			break
+		}
+		s.log.Error().Err(err).Msg("chaos: start PostgreSQL again")
+	}
+	to := time.Now()
+	if err != nil {
+		s.problem("PostgreSQL did not start again: %v", err)
+	}
+	// The soak's own connections died with the server.
+	s.pool.Reset()
+	s.mu.Lock()
+	s.report.Outages = append(s.report.Outages, checker.Window{From: f.At, To: to})
+	s.report.DBDown += to.Sub(f.At)
+	s.report.DBRestarts++
+	s.mu.Unlock()
+	f.Detail = fmt.Sprintf("PostgreSQL %s (%v), started again (%v): down from %s to %s (%v)",
+		how, round(halted), round(to.Sub(restart)), clock(f.At), clock(to), round(to.Sub(f.At)))
+	return f
+}
+
+// jitter returns a duration drawn uniformly from [0, d).
+func jitter(rng *rand.Rand, d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return time.Duration(rng.Int64N(int64(d)))
+}
+
+// clock formats t as a time of day with milliseconds, in UTC like the database's timestamps.
+func clock(t time.Time) string { return t.UTC().Format("15:04:05.000") }
+
+// round rounds d to milliseconds, for reading.
+func round(d time.Duration) time.Duration { return d.Round(time.Millisecond) }

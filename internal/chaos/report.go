@@ -1,0 +1,241 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/checker"
+)
+
+// Fault is one fault injected.
+type Fault struct {
+	At     time.Time // when it was injected
+	Kind   Kind
+	Victim string // the replica; empty for a restart of PostgreSQL
+	PID    int    // the victim's process
+	Detail string // what was done and what was seen of its effect
+}
+
+// Latency is the longest of a kind of wait the soak measured.
+type Latency struct {
+	Max     time.Duration
+	Of      string // which wait it was
+	Samples int    // how many were measured
+}
+
+func (l *Latency) add(d time.Duration, of string) {
+	if l.Samples == 0 || d > l.Max {
+		l.Max, l.Of = d, of
+	}
+	l.Samples++
+}
+
+func (l Latency) String() string {
+	if l.Samples == 0 {
+		return "not measured"
+	}
+	return fmt.Sprintf("%v (%s; longest of %d)", round(l.Max), l.Of, l.Samples)
+}
+
+// Report is what a soak did and found.
+type Report struct {
+	Seed          uint64
+	Replicas      int
+	LeaseTTL      time.Duration
+	FaultInterval time.Duration
+	Started       time.Time     // when the load and the faults began
+	Elapsed       time.Duration // how long they lasted
+	Interrupted   bool          // the soak was stopped before its end: no drain
+
+	Faults []Fault
+	// Outages are the windows in which no expiry could be announced, given to the
+	// checker: the restarts of PostgreSQL, and the pauses of the replica that was the
+	// reaper.
+	Outages []checker.Window
+	// DBDown is how long PostgreSQL was down in all, over DBRestarts restarts.
+	DBDown     time.Duration
+	DBRestarts int
+
+	TasksCreated    int // by the soak over the API, answered 201
+	TasksGenerated  int // by the generator
+	TasksDone       int
+	TasksDead       int
+	TasksUnfinished int  // still pending or running at the end
+	Drained         bool // every task finished before the replicas were stopped
+	LeaseGrants     int  // acquisitions (201) by the soak's lease clients
+
+	// Reclaim is the longest wait from a kill -9 to a task the victim was running being
+	// claimed again; Release, from a SIGTERM to the last of the victim's leases being free.
+	Reclaim, Release Latency
+
+	// Check is the checker's report; nil when it failed to run.
+	Check *checker.Report
+	// Violations are broken guarantees the soak saw itself, besides the checker's: the
+	// lease clients' view of mutual exclusion, and leases left held by a clean shutdown.
+	Violations []checker.Violation
+	// Problems are failures of the soak that are not broken guarantees: a queue that did
+	// not drain, a killed replica's task never claimed again, the checker failing.
+	Problems []string
+}
+
+// AllViolations returns the checker's violations and the soak's own.
+func (r *Report) AllViolations() []checker.Violation {
+	var all []checker.Violation
+	if r.Check != nil {
+		all = append(all, r.Check.Violations...)
+	}
+	return append(all, r.Violations...)
+}
+
+// OK reports whether the soak ran to its end, found every guarantee kept and had no problem.
+func (r *Report) OK() bool {
+	return !r.Interrupted && r.Check != nil && len(r.AllViolations()) == 0 && len(r.Problems) == 0
+}
+
+// FaultCounts returns how many faults of each kind were injected.
+func (r *Report) FaultCounts() map[Kind]int {
+	counts := map[Kind]int{}
+	for _, f := range r.Faults {
+		counts[f.Kind]++
+	}
+	return counts
+}
+
+func (r *Report) verdict() string {
+	switch {
+	case r.OK():
+		return "PASS"
+	case r.Interrupted:
+		return "FAIL (interrupted)"
+	default:
+		return "FAIL"
+	}
+}
+
+// summary is the report's table of figures, as label/value rows.
+func (r *Report) summary() [][2]string {
+	counts := r.FaultCounts()
+	var kinds []string
+	for _, k := range AllKinds {
+		kinds = append(kinds, fmt.Sprintf("%s %d", k, counts[k]))
+	}
+	acquisitions := "n/a"
+	if r.Check != nil {
+		acquisitions = fmt.Sprint(r.Check.Acquisitions)
+	}
+	drained := "yes"
+	if !r.Drained {
+		drained = fmt.Sprintf("no (%d task(s) left pending or running)", r.TasksUnfinished)
+	}
+	return [][2]string{
+		{"result", r.verdict()},
+		{"started", r.Started.UTC().Format(time.RFC3339)},
+		{"duration", fmt.Sprintf("%v of load and faults", r.Elapsed.Round(time.Second))},
+		{"replicas", fmt.Sprintf("%d (lease TTL %v, %d workers each)", r.Replicas, r.LeaseTTL, workers)},
+		{"seed", fmt.Sprint(r.Seed)},
+		{"faults", fmt.Sprintf("%d: %s (one every %v on average)", len(r.Faults), strings.Join(kinds, ", "), r.FaultInterval)},
+		{"PostgreSQL down", fmt.Sprintf("%v in %d restart(s)", round(r.DBDown), r.DBRestarts)},
+		{"tasks done", fmt.Sprint(r.TasksDone)},
+		{"tasks dead", fmt.Sprint(r.TasksDead)},
+		{"tasks generated", fmt.Sprint(r.TasksGenerated)},
+		{"tasks created over the API (201)", fmt.Sprint(r.TasksCreated)},
+		{"queue drained", drained},
+		{"leases acquired by the soak's clients", fmt.Sprint(r.LeaseGrants)},
+		{"lease acquisitions in the history", acquisitions},
+		{"violations", fmt.Sprint(len(r.AllViolations()))},
+		{"longest kill -9 → its task claimed again", r.Reclaim.String()},
+		{"longest SIGTERM → its leases free", r.Release.String()},
+	}
+}
+
+// WriteText writes the report for a terminal.
+func (r *Report) WriteText(w io.Writer) error {
+	var b strings.Builder
+	b.WriteString("chaos soak report\n")
+	for _, row := range r.summary() {
+		fmt.Fprintf(&b, "  %-40s %s\n", row[0]+":", row[1])
+	}
+	for _, v := range r.AllViolations() {
+		fmt.Fprintf(&b, "VIOLATION %s: %s\n", v.Rule, v.Detail)
+	}
+	for _, p := range r.Problems {
+		fmt.Fprintf(&b, "PROBLEM %s\n", p)
+	}
+	if r.Check != nil {
+		b.WriteString("checker:\n")
+		if err := r.Check.WriteText(&indent{w: &b}); err != nil {
+			return err
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteMarkdown writes the report as a markdown document, the fault log included.
+func (r *Report) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Chaos soak: %s\n\n", r.verdict())
+	b.WriteString("| | |\n|---|---|\n")
+	for _, row := range r.summary() {
+		fmt.Fprintf(&b, "| %s | %s |\n", row[0], mdCell(row[1]))
+	}
+	b.WriteString("\n## Violations\n\n")
+	if vs := r.AllViolations(); len(vs) == 0 {
+		b.WriteString("None.\n")
+	} else {
+		for _, v := range vs {
+			fmt.Fprintf(&b, "- **%s**: %s\n", v.Rule, v.Detail)
+		}
+	}
+	if len(r.Problems) > 0 {
+		b.WriteString("\n## Problems\n\n")
+		for _, p := range r.Problems {
+			fmt.Fprintf(&b, "- %s\n", p)
+		}
+	}
+	if r.Check != nil {
+		b.WriteString("\n## Checker\n\n```\n")
+		if err := r.Check.WriteText(&b); err != nil {
+			return err
+		}
+		b.WriteString("```\n")
+	}
+	b.WriteString("\n## Faults\n\n| time (UTC) | fault | victim | what happened |\n|---|---|---|---|\n")
+	for _, f := range r.Faults {
+		victim := f.Victim
+		if victim == "" {
+			victim = "PostgreSQL"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", clock(f.At), f.Kind, victim, mdCell(f.Detail))
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// mdCell escapes what would break a markdown table cell.
+func mdCell(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "|", `\|`), "\n", " ")
+}
+
+// indent writes every line indented by four spaces.
+type indent struct {
+	w   io.Writer
+	mid bool // within a line
+}
+
+func (i *indent) Write(p []byte) (int, error) {
+	var b strings.Builder
+	for _, c := range string(p) {
+		if !i.mid {
+			b.WriteString("    ")
+		}
+		b.WriteRune(c)
+		i.mid = c != '\n'
+	}
+	if _, err := io.WriteString(i.w, b.String()); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
