@@ -29,6 +29,9 @@ const (
 	statsEvery = time.Second
 	// queryTimeout bounds each round of database reads.
 	queryTimeout = 10 * time.Second
+	// maxTasksRetry bounds the wait before reading the task state again
+	// after a read failed.
+	maxTasksRetry = 5 * time.Second
 )
 
 // Snapshot sizes (the /ws protocol).
@@ -101,7 +104,8 @@ type feed struct {
 	resynced  bool           // the listener resynced: catch up on missed events
 
 	tasksDirty bool
-	tasksSent  time.Time
+	tasksSent  time.Time     // when the next tasks message may go is tasksEvery after this
+	tasksRetry time.Duration // after a failed read, how much longer to wait; doubles up to maxTasksRetry
 	stats      task.Stats
 	statsAt    time.Time
 	statsOwed  bool // the last tasks message reused stale counts
@@ -290,9 +294,14 @@ func (f *feed) flushTasks(ctx context.Context) {
 	defer cancel()
 	body, err := f.tasksBody(ctx, false)
 	if err != nil {
-		f.h.d.Log.Warn().Err(err).Msg("reading task state")
-		return // stays dirty; the next round tries again
+		// Stays dirty; the next round tries again, later each time, so that a
+		// database that is down is not asked again and again.
+		f.tasksRetry = min(max(2*f.tasksRetry, tasksEvery), maxTasksRetry)
+		f.tasksSent = time.Now().Add(f.tasksRetry - tasksEvery)
+		f.h.d.Log.Warn().Err(err).Dur("retry_in", f.tasksRetry).Msg("reading task state")
+		return
 	}
+	f.tasksRetry = 0
 	f.tasksDirty = f.statsOwed
 	f.tasksSent = time.Now()
 	f.send(ctx, tasksMsg{Type: "tasks", tasksBody: body})
