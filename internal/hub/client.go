@@ -2,6 +2,7 @@ package hub
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -78,7 +79,8 @@ func (h *Hub) ServeWS(w http.ResponseWriter, r *http.Request) {
 
 // readPump is the connection's only reader: it answers pings and close
 // frames (in gorilla's handlers), keeps the read deadline moving with each
-// pong, and ignores anything else the browser sends.
+// pong, and discards anything else the browser sends. A message over
+// maxMessageSize closes the connection (1009).
 func (c *client) readPump() {
 	defer c.h.pumps.Done()
 	defer func() {
@@ -92,7 +94,14 @@ func (c *client) readPump() {
 	_ = c.conn.SetReadDeadline(time.Now().Add(pongWait))
 	c.conn.SetPongHandler(func(string) error { return c.conn.SetReadDeadline(time.Now().Add(pongWait)) })
 	for {
-		if _, _, err := c.conn.NextReader(); err != nil {
+		_, msg, err := c.conn.NextReader()
+		if err != nil {
+			return
+		}
+		// Read each message to its end: the read limit counts a message's
+		// frames as they are read, and NextReader skips the rest unread,
+		// so a message sent in small frames would pass whatever its size.
+		if _, err := io.Copy(io.Discard, msg); err != nil {
 			return
 		}
 	}

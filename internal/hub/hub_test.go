@@ -49,6 +49,8 @@ type options struct {
 	sendBuffer int
 	// connect, if set, opens the LISTEN connection instead of pgx.Connect.
 	connect func(ctx context.Context) (*pgx.Conn, error)
+	// server, if set, adjusts the HTTP server before it starts.
+	server func(*http.Server)
 }
 
 // startReplica runs a listener, a hub and a server on db until the test ends.
@@ -70,13 +72,17 @@ func startReplica(t testing.TB, db pgtest.DB, name string, o options) *replica {
 	hubCtx, stopHub := context.WithCancel(context.Background())
 	r := &replica{listener: listener, hub: h, stop: stopHub, hubDone: make(chan error, 1)}
 	go func() { r.hubDone <- h.Run(hubCtx) }()
-	r.srv = httptest.NewServer(server.NewServer(server.Deps{
+	r.srv = httptest.NewUnstartedServer(server.NewServer(server.Deps{
 		Leases: lease.NewStore(db.Pool), Tasks: task.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), DefaultTTL: 30 * time.Second, APIToken: o.token, Hub: h,
 		Log: zerolog.Nop(), Metrics: server.NewMetrics(listener.Connected, listener.Reconnects),
 		Ready:    func(ctx context.Context) error { return nil },
 		Instance: server.Instance{ID: name, StartedAt: time.Now().UTC(), Roles: []string{"api"}, Version: "test"},
 	}))
+	if o.server != nil {
+		o.server(r.srv.Config)
+	}
+	r.srv.Start()
 	t.Cleanup(func() {
 		stopHub()
 		if err := <-r.hubDone; err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"unicode"
@@ -41,38 +42,51 @@ type validator interface {
 	validate() error
 }
 
-// decode reads exactly one JSON object from the body into a new T, refusing
-// unknown fields, trailing data and bodies over maxBodyBytes, then validates it.
+// decode reads the request body (see readBody) and parses it (see parseBody).
 func decode[T validator](w http.ResponseWriter, r *http.Request) (T, error) {
-	var v T
+	body, err := readBody(w, r)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return parseBody[T](body)
+}
+
+// readBody reads the whole request body, refusing more than maxBodyBytes
+// (an *http.MaxBytesError, answered 413; the server then closes the
+// connection rather than read the rest).
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
-		return v, decodeError(err)
+		return nil, decodeError(err)
 	}
+	return body, nil
+}
+
+// parseBody parses body, exactly one JSON value, into a new T, refusing
+// unknown fields and trailing data, then validates it. It is decode without
+// the request: a function of the bytes alone, which the fuzz tests feed.
+// Every error it returns is a *badRequest.
+func parseBody[T validator](body []byte) (T, error) {
+	var v T
 	// encoding/json turns invalid UTF-8 into U+FFFD without a word: refuse
 	// it here, or a name would be stored other than as it was sent.
 	if !utf8.Valid(body) {
 		return v, badRequestf("request body is not valid UTF-8; send UTF-8 encoded JSON")
-	}
-	// Nor may an escape decode to what PostgreSQL cannot store or Go would
-	// quietly replace (\u0000, a lone surrogate).
-	if err := checkJSON("request body", body, false); err != nil {
-		return v, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
 		return v, decodeError(err)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return v, badRequestf("request body has data after the JSON object; send exactly one JSON object")
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var maxErr *http.MaxBytesError
-		if errors.As(err, &maxErr) {
-			return v, err
-		}
-		return v, badRequestf("request body has data after the JSON object; send exactly one JSON object")
+	// Nor may an escape decode to what PostgreSQL cannot store or Go would
+	// quietly replace (\u0000, a lone surrogate). checkJSON needs valid
+	// JSON, which the body now is.
+	if err := checkJSON("request body", body, false); err != nil {
+		return v, err
 	}
 	return v, v.validate()
 }
@@ -165,11 +179,13 @@ func checkFence(fence *int64) error {
 	return nil
 }
 
-// pathID parses the {id} path value: a positive integer.
-func pathID(r *http.Request) (int64, error) {
-	raw := r.PathValue("id")
+// pathID parses the {id} path value (see parseID).
+func pathID(r *http.Request) (int64, error) { return parseID(r.PathValue("id")) }
+
+// parseID parses an id: a positive integer, in digits only, with no sign
+// and no leading zero, so that every id has one spelling.
+func parseID(raw string) (int64, error) {
 	id, err := strconv.ParseInt(raw, 10, 64)
-	// Digits only, no sign and no leading zero: one spelling per id.
 	if err != nil || id < 1 || strconv.FormatInt(id, 10) != raw {
 		return 0, badRequestf("id %q is not a positive integer", raw)
 	}
@@ -177,14 +193,30 @@ func pathID(r *http.Request) (int64, error) {
 }
 
 // queryInt parses an optional integer query parameter within [lo, hi].
-func queryInt(r *http.Request, name string, def, lo, hi int64) (int64, error) {
-	raw := r.URL.Query().Get(name)
+func queryInt(q url.Values, name string, def, lo, hi int64) (int64, error) {
+	raw := q.Get(name)
 	if raw == "" {
 		return def, nil
 	}
 	v, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil || v < lo || v > hi {
 		return 0, badRequestf("query parameter %s=%q must be an integer between %d and %d", name, raw, lo, hi)
+	}
+	return v, nil
+}
+
+// queryName reads an optional query parameter that is (the start of) a
+// resource name: what checkName allows, or empty. PostgreSQL would refuse
+// invalid UTF-8 or a NUL with an error, and no name has a control character.
+func queryName(q url.Values, name string) (string, error) {
+	v := q.Get(name)
+	switch {
+	case len(v) > maxNameBytes:
+		return "", badRequestf("query parameter %s is %d bytes long; the limit is %d bytes", name, len(v), maxNameBytes)
+	case !utf8.ValidString(v):
+		return "", badRequestf("query parameter %s is not valid UTF-8; percent-encode the UTF-8 bytes of the name", name)
+	case strings.ContainsFunc(v, unicode.IsControl):
+		return "", badRequestf("query parameter %s contains a control character, which no name has", name)
 	}
 	return v, nil
 }

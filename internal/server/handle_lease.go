@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/lease"
@@ -131,16 +132,16 @@ func handleLeaseGet(d Deps) http.Handler {
 }
 
 // listParams reads ?prefix=, ?limit= and ?after_id= of a lease list.
-func listParams(r *http.Request, filter string) (lease.ListParams, error) {
-	prefix := r.URL.Query().Get("prefix")
-	if len(prefix) > maxNameBytes {
-		return lease.ListParams{}, badRequestf("query parameter prefix is %d bytes long; the limit is %d bytes", len(prefix), maxNameBytes)
-	}
-	limit, err := queryInt(r, "limit", 1000, 1, 10000)
+func listParams(q url.Values, filter string) (lease.ListParams, error) {
+	prefix, err := queryName(q, "prefix")
 	if err != nil {
 		return lease.ListParams{}, err
 	}
-	after, err := queryInt(r, "after_id", 0, 0, 1<<62)
+	limit, err := queryInt(q, "limit", 1000, 1, 10000)
+	if err != nil {
+		return lease.ListParams{}, err
+	}
+	after, err := queryInt(q, "after_id", 0, 0, 1<<62)
 	if err != nil {
 		return lease.ListParams{}, err
 	}
@@ -149,7 +150,7 @@ func listParams(r *http.Request, filter string) (lease.ListParams, error) {
 
 func handleLeaseList(d Deps, filter string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, err := listParams(r, filter)
+		p, err := listParams(r.URL.Query(), filter)
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
@@ -169,7 +170,7 @@ func handleLeaseListAll(d Deps) http.Handler {
 		Leases   []lease.Lease `json:"leases"`
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, err := listParams(r, lease.FilterAll)
+		p, err := listParams(r.URL.Query(), lease.FilterAll)
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
@@ -183,24 +184,31 @@ func handleLeaseListAll(d Deps) http.Handler {
 	})
 }
 
+// eventsParams reads ?resource=, ?after= and ?limit= of the audit history.
+func eventsParams(q url.Values) (lease.EventsParams, error) {
+	resource, err := queryName(q, "resource")
+	if err != nil {
+		return lease.EventsParams{}, err
+	}
+	after, err := queryInt(q, "after", 0, 0, 1<<62)
+	if err != nil {
+		return lease.EventsParams{}, err
+	}
+	limit, err := queryInt(q, "limit", 1000, 1, 10000)
+	if err != nil {
+		return lease.EventsParams{}, err
+	}
+	return lease.EventsParams{Resource: resource, AfterID: after, Limit: int32(limit)}, nil
+}
+
 func handleLeaseEvents(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		resource := r.URL.Query().Get("resource")
-		if len(resource) > maxNameBytes {
-			writeError(w, r, d.Log, badRequestf("query parameter resource is %d bytes long; the limit is %d bytes", len(resource), maxNameBytes))
-			return
-		}
-		after, err := queryInt(r, "after", 0, 0, 1<<62)
+		p, err := eventsParams(r.URL.Query())
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
 		}
-		limit, err := queryInt(r, "limit", 1000, 1, 10000)
-		if err != nil {
-			writeError(w, r, d.Log, err)
-			return
-		}
-		events, err := d.Leases.Events(r.Context(), lease.EventsParams{Resource: resource, AfterID: after, Limit: int32(limit)})
+		events, err := d.Leases.Events(r.Context(), p)
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return

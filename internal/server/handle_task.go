@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -25,29 +26,11 @@ const (
 // "empty" in the metrics.
 var errNothingReady = errors.New("no task is ready")
 
-// jsonValue is a request body read by decode as one JSON value of any
+// jsonValue is a request body read by parseBody as one JSON value of any
 // kind, for a handler that decodes it further by its shape.
 type jsonValue struct{ json.RawMessage }
 
 func (jsonValue) validate() error { return nil }
-
-// decodeTaskBody is decode for the task routes: it also refuses string
-// escapes PostgreSQL cannot store (\u0000, unpaired surrogates, which
-// encoding/json would silently turn into U+FFFD) anywhere in the body.
-func decodeTaskBody[T validator](w http.ResponseWriter, r *http.Request) (T, error) {
-	var v T
-	raw, err := decode[jsonValue](w, r)
-	if err != nil {
-		return v, err
-	}
-	if err := checkJSON("request body", raw.RawMessage, false); err != nil {
-		return v, err
-	}
-	if v, err = decodeValue[T](raw.RawMessage); err != nil {
-		return v, err
-	}
-	return v, v.validate()
-}
 
 // decodeValue decodes one JSON value, already read and checked, into a new
 // T, refusing unknown fields.
@@ -135,19 +118,27 @@ func handleTaskCreate(d Deps) http.Handler {
 	})
 }
 
-// decodeNewTasks reads the body of POST /api/tasks; batch reports an array.
-func decodeNewTasks(w http.ResponseWriter, r *http.Request) (nts []task.NewTask, batch bool, err error) {
-	raw, err := decode[jsonValue](w, r)
+// decodeNewTasks reads the body of POST /api/tasks (see parseNewTasks).
+func decodeNewTasks(w http.ResponseWriter, r *http.Request) ([]task.NewTask, bool, error) {
+	body, err := readBody(w, r)
 	if err != nil {
 		return nil, false, err
 	}
-	body := raw.RawMessage
-	if err := checkJSON("request body", body, false); err != nil {
+	return parseNewTasks(body)
+}
+
+// parseNewTasks parses the body of POST /api/tasks: one task object, or an
+// array of 1 to maxTasksPerRequest of them (batch). Every error it returns
+// is a *badRequest.
+func parseNewTasks(body []byte) (nts []task.NewTask, batch bool, err error) {
+	raw, err := parseBody[jsonValue](body)
+	if err != nil {
 		return nil, false, err
 	}
-	switch body[0] {
+	value := raw.RawMessage
+	switch value[0] {
 	case '{':
-		q, err := decodeValue[newTaskRequest](body)
+		q, err := decodeValue[newTaskRequest](value)
 		if err != nil {
 			return nil, false, err
 		}
@@ -155,7 +146,7 @@ func decodeNewTasks(w http.ResponseWriter, r *http.Request) (nts []task.NewTask,
 		return []task.NewTask{nt}, false, err
 	case '[':
 		var items []json.RawMessage
-		if err := json.Unmarshal(body, &items); err != nil {
+		if err := json.Unmarshal(value, &items); err != nil {
 			return nil, true, decodeError(err)
 		}
 		if len(items) == 0 || len(items) > maxTasksPerRequest {
@@ -179,7 +170,7 @@ func decodeNewTasks(w http.ResponseWriter, r *http.Request) (nts []task.NewTask,
 		}
 		return nts, true, nil
 	default:
-		return nil, false, badRequestf("request body must be a task object or an array of task objects, not %s", jsonKindOf(body))
+		return nil, false, badRequestf("request body must be a task object or an array of task objects, not %s", jsonKindOf(value))
 	}
 }
 
@@ -193,7 +184,7 @@ func (q claimRequest) validate() error { return checkName("processor", q.Process
 // under a new lease of Deps.TaskTTL, or 204 when none is ready.
 func handleTaskClaim(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		req, err := decodeTaskBody[claimRequest](w, r)
+		req, err := decode[claimRequest](w, r)
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
@@ -282,7 +273,7 @@ func handleTaskLeaseOp[T validator](d Deps, name string, op func(r *http.Request
 			writeError(w, r, d.Log, err)
 			return
 		}
-		req, err := decodeTaskBody[T](w, r)
+		req, err := decode[T](w, r)
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
@@ -331,21 +322,30 @@ func handleTaskGet(d Deps) http.Handler {
 	})
 }
 
-// handleTaskList serves a task list: ?limit= (default 100, at most 1000)
-// tasks with ids after ?after_id=, oldest first.
+// taskListParams reads ?limit= (default 100, at most 1000) and ?after_id=
+// of a task list.
+func taskListParams(q url.Values) (afterID int64, limit int32, err error) {
+	l, err := queryInt(q, "limit", defaultTaskLimit, 1, maxTaskLimit)
+	if err != nil {
+		return 0, 0, err
+	}
+	afterID, err = queryInt(q, "after_id", 0, 0, 1<<62)
+	if err != nil {
+		return 0, 0, err
+	}
+	return afterID, int32(l), nil
+}
+
+// handleTaskList serves a task list: ?limit= tasks with ids after
+// ?after_id=, oldest first.
 func handleTaskList(d Deps, filter string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		limit, err := queryInt(r, "limit", defaultTaskLimit, 1, maxTaskLimit)
+		after, limit, err := taskListParams(r.URL.Query())
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
 		}
-		after, err := queryInt(r, "after_id", 0, 0, 1<<62)
-		if err != nil {
-			writeError(w, r, d.Log, err)
-			return
-		}
-		tasks, err := d.Tasks.List(r.Context(), filter, after, int32(limit))
+		tasks, err := d.Tasks.List(r.Context(), filter, after, limit)
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return

@@ -103,8 +103,7 @@ func recoverPanics(next http.Handler, log zerolog.Logger) http.Handler {
 }
 
 // requireToken demands "Authorization: Bearer <token>" on /api/* and /ws
-// when a token is configured; /ws also takes it from the sessionCookie,
-// since a browser cannot set headers on a websocket. POST /api/session,
+// when a token is configured, or the sessionCookie (see credential). POST /api/session,
 // which checks the token itself to set that cookie, is let through. The
 // comparison takes the same time whatever the guess; the token itself is
 // never logged.
@@ -118,18 +117,7 @@ func requireToken(next http.Handler, token string) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		// The scheme name is case-insensitive (RFC 9110 §11.1).
-		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-		ok = ok && strings.EqualFold(scheme, "Bearer")
-		// The dashboard's sign-in cookie (browsers cannot set headers on a
-		// websocket, and the page's buttons call the API).
-		byCookie := false
-		if !ok {
-			if c, err := r.Cookie(sessionCookie); err == nil {
-				b, err := base64.RawURLEncoding.DecodeString(c.Value)
-				got, ok, byCookie = string(b), err == nil, true
-			}
-		}
+		got, byCookie, ok := credential(r)
 		if !ok || !tokenEqual(got, token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="leasehold"`)
 			msg := "missing or wrong API token; send the header Authorization: Bearer <token>"
@@ -148,6 +136,23 @@ func requireToken(next http.Handler, token string) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// credential returns the API token a request presents: the Bearer token of
+// its Authorization header or, when it has none, the one in the dashboard's
+// sign-in cookie (byCookie: browsers cannot set headers on a websocket, and
+// the page's buttons call the API). ok is false when it presents neither.
+func credential(r *http.Request) (token string, byCookie, ok bool) {
+	// The scheme name is case-insensitive (RFC 9110 §11.1).
+	if scheme, t, found := strings.Cut(r.Header.Get("Authorization"), " "); found && strings.EqualFold(scheme, "Bearer") {
+		return t, false, true
+	}
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		if b, err := base64.RawURLEncoding.DecodeString(c.Value); err == nil {
+			return string(b), true, true
+		}
+	}
+	return "", false, false
 }
 
 func safeMethod(m string) bool {

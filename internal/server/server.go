@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -52,6 +53,17 @@ type Deps struct {
 	// APIToken, when not empty, is required as a Bearer token on /api/* and
 	// /ws; /ws also takes it from the cookie POST /api/session sets.
 	APIToken string
+	// RateLimit is the requests a second one client (an IPv4 address, or an
+	// IPv6 /64) may make to /api/* and /ws once its burst is spent; 429
+	// with Retry-After beyond it. Zero turns the limit off. /healthz,
+	// /readyz, /metrics and the page are never limited.
+	RateLimit float64
+	// RateBurst is the requests a client may make at once; zero means
+	// RateLimit rounded up.
+	RateBurst int
+	// TrustedProxies are the peers whose X-Forwarded-For is believed when
+	// the rate limit picks the client; any other peer is the client.
+	TrustedProxies []netip.Prefix
 	// Hub serves GET /ws; nil leaves the route out.
 	Hub *hub.Hub
 	// Ready reports why the replica cannot serve (nil when it can).
@@ -70,6 +82,7 @@ func NewServer(d Deps) http.Handler {
 	h := jsonFallbacks(mux)
 	h = refuseWrongMethodOnSubpaths(h)
 	h = requireToken(h, d.APIToken)
+	h = limitRate(h, newRateLimiter(d.RateLimit, d.RateBurst, d.TrustedProxies, time.Now))
 	h = recoverPanics(h, d.Log)
 	h = logRequests(h, d.Log, d.Metrics, mux)
 	return h

@@ -1,0 +1,42 @@
+-- The privileges leasehold's runtime role needs, and nothing more.
+--
+-- Run it as the owner of leasehold's tables (the role that runs
+-- `leasehold migrate`), in leasehold's database, after the migrations and
+-- again after every upgrade (GRANT is idempotent):
+--
+--   psql "$OWNER_DATABASE_URL" -v role=leasehold_app -f docs/least-privilege.sql
+--
+-- :"role" is the runtime role, created beforehand by someone allowed to:
+--   CREATE ROLE leasehold_app LOGIN PASSWORD '...';
+-- :"DBNAME" is the database psql is connected to.
+-- internal/server/privilege_test.go runs this file and then every part of
+-- leasehold as that role.
+
+GRANT CONNECT ON DATABASE :"DBNAME" TO :"role";
+GRANT USAGE ON SCHEMA public TO :"role";
+
+-- Leases and tasks are taken, renewed, released and finished in place;
+-- nothing is ever deleted.
+GRANT SELECT, INSERT, UPDATE ON leases, tasks TO :"role";
+-- The audit history: triggers append to it as the role; no UPDATE or
+-- DELETE, so the runtime role cannot rewrite history.
+GRANT SELECT, INSERT ON lease_events TO :"role";
+-- The generator's switch is one row, updated in place.
+GRANT SELECT, UPDATE ON generator_state TO :"role";
+-- Each replica registers itself (an upsert).
+GRANT SELECT, INSERT, UPDATE ON instances TO :"role";
+-- /readyz compares the applied migrations with the binary's.
+GRANT SELECT ON leasehold_migrations TO :"role";
+-- Fences: nextval('lease_fence_seq'). The identity columns' own sequences
+-- need no grant.
+GRANT USAGE ON SEQUENCE lease_fence_seq TO :"role";
+
+-- The trigger functions and pg_notify run with EXECUTE granted to PUBLIC,
+-- which PostgreSQL does by default, and LISTEN needs no privilege.
+
+-- Nothing to create anywhere: PostgreSQL 15 already keeps PUBLIC from
+-- creating in schema public; older versions do not. TEMPORARY is granted
+-- to PUBLIC on every database by default; leasehold needs no temporary
+-- tables. (These two apply to every role without a grant of its own.)
+REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+REVOKE TEMPORARY ON DATABASE :"DBNAME" FROM PUBLIC;

@@ -1,0 +1,285 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/instance"
+	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/server"
+	"github.com/leasehold/leasehold/internal/task"
+	"github.com/leasehold/leasehold/schema"
+)
+
+// grantsFile is the least-privilege grants, which docs/security.md shows.
+const grantsFile = "../../docs/least-privilege.sql"
+
+// newRuntimeRole creates a login role, applies grantsFile to it on db as
+// the tables' owner (as psql would, its :"role" and :"DBNAME" filled in)
+// and returns a database of that role: same name, its own pool.
+func newRuntimeRole(t *testing.T, db pgtest.DB) pgtest.DB {
+	t.Helper()
+	ctx := t.Context()
+	grants, err := os.ReadFile(grantsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	role, password := "leasehold_app_"+hex.EncodeToString(b[:4]), hex.EncodeToString(b[4:])
+	ident := pgx.Identifier{role}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, `CREATE ROLE `+ident+` LOGIN PASSWORD '`+password+`'`); err != nil {
+		t.Fatalf("create role: %v", err)
+	}
+	t.Cleanup(func() {
+		// A role goes only once nothing is granted to it; DROP OWNED
+		// revokes this database's grants (the database itself goes next).
+		ctx := context.Background()
+		if _, err := db.Pool.Exec(ctx, `DROP OWNED BY `+ident); err != nil {
+			t.Errorf("drop owned by %s: %v", role, err)
+		}
+		if _, err := db.Pool.Exec(ctx, `DROP ROLE `+ident); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	sql := strings.NewReplacer(`:"role"`, ident, `:"DBNAME"`, pgx.Identifier{db.Name}.Sanitize()).Replace(string(grants))
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	conn.Release()
+	if err != nil {
+		t.Fatalf("%s: %v", grantsFile, err)
+	}
+
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, password)
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pgtest.DB{Name: db.Name, URL: u.String(), Pool: pool}
+}
+
+func TestSecurityDocShowsTheGrants(t *testing.T) {
+	t.Parallel()
+	grants, err := os.ReadFile(grantsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("../../docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(doc, grants) {
+		t.Errorf("docs/security.md does not show %s as it is; paste the file into its sql block", grantsFile)
+	}
+}
+
+// TestLeastPrivilegeRole runs every part of leasehold that talks to the
+// database as a role with exactly the grants of docs/least-privilege.sql:
+// the API (leases, tasks, generator, instances, readiness), instance
+// registration, the reaper's marking, the generator's fenced insert, the
+// workers' task operations and LISTEN. Then it checks what the role must
+// not be able to do.
+func TestLeastPrivilegeRole(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgtest.New(t)
+	app := newRuntimeRole(t, db)
+	owner := bundle{db: db} // test setup that stands in for waiting
+
+	var user string
+	var super bool
+	if err := app.Pool.QueryRow(ctx, `SELECT current_user, usesuper FROM pg_user WHERE usename = current_user`).Scan(&user, &super); err != nil || super || !strings.HasPrefix(user, "leasehold_app_") {
+		t.Fatalf("connected as %q (superuser %v, %v), want the runtime role", user, super, err)
+	}
+
+	// LISTEN, before anything changes.
+	listen, err := pgx.Connect(ctx, app.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listen.Close(context.Background())
+	if _, err := listen.Exec(ctx, `LISTEN leasehold_lease`); err != nil {
+		t.Fatalf("LISTEN: %v", err)
+	}
+
+	// The API, on the role's pool.
+	srv := httptest.NewServer(server.NewServer(testDeps(app)))
+	t.Cleanup(srv.Close)
+	b := bundle{db: app, srv: srv}
+
+	b.do(t, "GET", "/readyz", "").want(t, "readyz", http.StatusOK)
+	if v, err := schema.Applied(ctx, app.Pool); err != nil {
+		t.Errorf("applied migrations (readyz): %v", err)
+	} else if latest, _ := schema.Latest(); v != latest {
+		t.Errorf("applied migrations: %d, want %d", v, latest)
+	}
+
+	l := b.acquire(t, "report:nightly", "replica-a", 30)
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	n, err := listen.WaitForNotification(waitCtx)
+	cancel()
+	if err != nil || !strings.Contains(n.Payload, "report:nightly") {
+		t.Fatalf("notification after an acquire: %v, %v", n, err)
+	}
+	b.renew(t, "report:nightly", "replica-a")
+	b.do(t, "GET", fmt.Sprintf("/api/leases/%d", l.ID), "").want(t, "get lease", http.StatusOK)
+	for _, path := range []string{"/api/leases", "/api/leases/active", "/api/leases/renewed", "/api/leases/events?resource=report:nightly"} {
+		b.do(t, "GET", path, "").want(t, path, http.StatusOK)
+	}
+	b.release(t, "report:nightly", "replica-a")
+
+	tk := b.createTask(t, `{"task_data":{"sleep_duration_seconds":0}}`)
+	b.do(t, "POST", "/api/tasks", `[{"task_data":{"n":1}},{"task_data":{"n":2},"max_attempts":1}]`).want(t, "batch insert", http.StatusCreated)
+	claimed := b.claimTask(t, "replica-a/w1")
+	if claimed.ID != tk.ID {
+		t.Fatalf("claimed task %d, want %d", claimed.ID, tk.ID)
+	}
+	b.taskOp(t, claimed.ID, "heartbeat", obj{"processor": "replica-a/w1"}).want(t, "heartbeat", http.StatusAccepted)
+	b.taskOp(t, claimed.ID, "complete", obj{"processor": "replica-a/w1", "task_output": obj{"ok": true}}).want(t, "complete", http.StatusAccepted)
+	failing := b.claimTask(t, "replica-a/w2")
+	b.taskOp(t, failing.ID, "fail", obj{"processor": "replica-a/w2", "error": "boom"}).want(t, "fail", http.StatusAccepted)
+	for _, path := range []string{"/api/tasks", "/api/tasks/processed", "/api/tasks/started", "/api/tasks/stats", fmt.Sprintf("/api/tasks/%d", tk.ID)} {
+		b.do(t, "GET", path, "").want(t, path, http.StatusOK)
+	}
+	b.generator(t, "POST", "/api/generator/start", http.StatusAccepted)
+	b.generator(t, "GET", "/api/generator", http.StatusOK)
+
+	// The worker's path the API does not take: a lapsed lease claimed
+	// again (the last attempt's task dies), and the hand-back at shutdown.
+	tasks := task.NewStore(app.Pool)
+	last := b.claimTask(t, "replica-a/w3") // max_attempts 1
+	owner.expireTaskLease(t, last.ID)
+	if _, err := tasks.Claim(ctx, []string{"replica-b/w1"}, 30*time.Second); err != nil {
+		t.Errorf("claim after a lapse: %v", err)
+	}
+	if got, err := tasks.Get(ctx, last.ID); err != nil || got.State != "dead" {
+		t.Errorf("task %d after its last attempt lapsed: %+v, %v; want dead", last.ID, got, err)
+	}
+	owner.sqlExec(t, `UPDATE tasks SET scheduled_at = now() WHERE id = $1`, failing.ID) // its backoff passed
+	again, err := tasks.Claim(ctx, []string{"replica-b/w2"}, 30*time.Second)
+	if err != nil || len(again) != 1 {
+		t.Fatalf("claim a retry: %v, %v", again, err)
+	}
+	if _, err := tasks.Requeue(ctx, again[0].ID, "replica-b/w2", deref(again[0].Fence), "shutting down"); err != nil {
+		t.Errorf("requeue at shutdown: %v", err)
+	}
+
+	// Instance registration, and its lease.
+	leases := lease.NewStore(app.Pool)
+	if err := instance.NewStore(app.Pool).Register(ctx, instance.Instance{ID: "replica-a", Addr: "127.0.0.1:8080", Roles: []string{"api"}, Version: "test"}); err != nil {
+		t.Errorf("register instance: %v", err)
+	}
+	if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: instance.LeaseResource("replica-a"), Holder: "replica-a", TTL: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if live := b.do(t, "GET", "/api/instances", "").want(t, "instances", http.StatusOK); !strings.Contains(string(live.body), "replica-a") {
+		t.Errorf("instances: %s, want replica-a", live.body)
+	}
+
+	// The reaper marks an expired lease.
+	b.acquire(t, "doomed", "replica-a", 30)
+	owner.expire(t, "doomed")
+	if _, _, err := leases.NextExpiry(ctx); err != nil {
+		t.Errorf("next expiry: %v", err)
+	}
+	marked, err := leases.MarkExpired(ctx, 100)
+	if err != nil || len(marked) == 0 {
+		t.Errorf("mark expired: %v, %v", marked, err)
+	}
+
+	// The generator's fenced insert, under its lease and with the switch on.
+	gen, err := leases.Acquire(ctx, lease.AcquireParams{Resource: generator.Resource, Holder: "replica-a", TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := generator.NewState(app.Pool).Set(ctx, true, "replica-a"); err != nil {
+		t.Errorf("generator switch: %v", err)
+	}
+	if got, err := tasks.InsertGenerated(ctx, "replica-a", gen.Lease.Fence, []json.RawMessage{json.RawMessage(`{"sleep_duration_seconds":1}`)}); err != nil || len(got) != 1 {
+		t.Errorf("generator insert: %v, %v", got, err)
+	}
+	b.generator(t, "POST", "/api/generator/stop", http.StatusAccepted)
+
+	// What the role must not do. Every statement is its own transaction.
+	for _, sql := range []string{
+		`DROP TABLE leases`,
+		`ALTER TABLE leases ADD COLUMN note text`,
+		`CREATE TABLE notes (note text)`,
+		`CREATE TEMPORARY TABLE notes (note text)`,
+		`CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'`,
+		`DELETE FROM leases`,
+		`DELETE FROM lease_events`,
+		`UPDATE lease_events SET holder = 'someone else'`,
+		`TRUNCATE tasks`,
+		`INSERT INTO leasehold_migrations (version, name) VALUES (9999, 'evil')`,
+		`CREATE SCHEMA evil`,
+		`CREATE ROLE evil`,
+	} {
+		_, err := app.Pool.Exec(ctx, sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s as the runtime role: %v, want insufficient_privilege (42501)", sql, err)
+		}
+	}
+
+	// Every table is readable by the role (a new migration's table must be
+	// added to the grants), and none can be emptied.
+	rows, err := db.Pool.Query(ctx, `
+		SELECT c.relname, has_table_privilege($1, c.oid, 'SELECT'),
+		       has_table_privilege($1, c.oid, 'DELETE') OR has_table_privilege($1, c.oid, 'TRUNCATE')
+		FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'public' AND c.relkind = 'r'`, user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var (
+			name              string
+			canRead, canEmpty bool
+		)
+		err := r.Scan(&name, &canRead, &canEmpty)
+		if !canRead {
+			t.Errorf("table %s: the runtime role cannot read it; grant it in %s", name, grantsFile)
+		}
+		if canEmpty {
+			t.Errorf("table %s: the runtime role may DELETE or TRUNCATE", name)
+		}
+		return name, err
+	})
+	if err != nil || len(tables) < 6 {
+		t.Errorf("tables %v, %v; want leasehold's six", tables, err)
+	}
+}
+
+func deref(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
