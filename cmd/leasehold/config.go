@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -36,6 +38,15 @@ type config struct {
 	ShutdownGrace time.Duration
 	// AllowedOrigins may open /ws besides the server's own origin.
 	AllowedOrigins []string
+	// StatementTimeout is PostgreSQL's statement_timeout on the sessions
+	// of the replica's pool (zero: the server's own setting). Migrations
+	// and the LISTEN session run without it.
+	StatementTimeout time.Duration
+	// RateLimit and RateBurst limit each client's API requests (zero rate:
+	// off); TrustedProxies may name the client in X-Forwarded-For.
+	RateLimit      float64
+	RateBurst      int
+	TrustedProxies []netip.Prefix
 }
 
 var allRoles = []string{"api", "worker", "generator", "reaper"}
@@ -58,7 +69,8 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 		c                              config
 		workers, ttl, roles, crash, sp string
 		genRate, genSleep, grace       string
-		origins                        string
+		origins, stmtTimeout           string
+		rateLimit, rateBurst, proxies  string
 	)
 	fs.StringVar(&c.DatabaseURL, "database-url", getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
 	fs.StringVar(&c.Addr, "addr", env("LEASEHOLD_ADDR", ":8080"), "listen address (env LEASEHOLD_ADDR)")
@@ -73,6 +85,10 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 	fs.StringVar(&genRate, "generator-rate", env("LEASEHOLD_GENERATOR_RATE", "2"), "tasks per second the generator creates while started (env LEASEHOLD_GENERATOR_RATE)")
 	fs.StringVar(&genSleep, "generator-sleep", env("LEASEHOLD_GENERATOR_SLEEP", "1s-5s"), "range of a generated task's sleep, MIN-MAX (env LEASEHOLD_GENERATOR_SLEEP)")
 	fs.StringVar(&grace, "shutdown-grace", env("LEASEHOLD_SHUTDOWN_GRACE", "10s"), "on SIGTERM, how long running tasks may finish before they are handed back (env LEASEHOLD_SHUTDOWN_GRACE)")
+	fs.StringVar(&stmtTimeout, "statement-timeout", env("LEASEHOLD_STATEMENT_TIMEOUT", "5s"), "PostgreSQL statement_timeout of the replica's queries (migrations and LISTEN run without it); a statement cut short, like a database that cannot be reached, answers 503; an API request waits at most this plus the connect timeout (connect_timeout in the URL, default 5s) for the database; 0 keeps the server's setting (env LEASEHOLD_STATEMENT_TIMEOUT)")
+	fs.StringVar(&rateLimit, "rate-limit", env("LEASEHOLD_RATE_LIMIT", "100"), "API requests a second each client (IPv4 address or IPv6 /64) may make once its burst is spent; 429 beyond; 0 turns the limit off (env LEASEHOLD_RATE_LIMIT)")
+	fs.StringVar(&rateBurst, "rate-burst", env("LEASEHOLD_RATE_BURST", "200"), "API requests a client may make at once (env LEASEHOLD_RATE_BURST)")
+	fs.StringVar(&proxies, "trusted-proxies", getenv("LEASEHOLD_TRUSTED_PROXIES"), "proxies (CIDRs or addresses, comma-separated) whose X-Forwarded-For names the client for the rate limit, e.g. 10.0.0.0/8 (env LEASEHOLD_TRUSTED_PROXIES)")
 	fs.StringVar(&c.LogLevel, "log-level", env("LEASEHOLD_LOG_LEVEL", "info"), "debug, info, warn or error (env LEASEHOLD_LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", env("LEASEHOLD_LOG_FORMAT", "json"), "json or console (env LEASEHOLD_LOG_FORMAT)")
 
@@ -131,6 +147,36 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 			errs = append(errs, fmt.Errorf("--shutdown-grace %q must be a duration between 0s and 10m, e.g. 10s", grace))
 		} else {
 			c.ShutdownGrace = g
+		}
+		if d, err := time.ParseDuration(stmtTimeout); err != nil || d < 0 || d > time.Hour || d%time.Millisecond != 0 {
+			errs = append(errs, fmt.Errorf("--statement-timeout %q must be 0 (off) or whole milliseconds up to 1h, e.g. 5s", stmtTimeout))
+		} else {
+			c.StatementTimeout = d
+		}
+		if r, err := strconv.ParseFloat(rateLimit, 64); err != nil || math.IsNaN(r) || r < 0 || r > 1e6 {
+			errs = append(errs, fmt.Errorf("--rate-limit %q must be requests a second between 0 (off) and 1000000, e.g. 100", rateLimit))
+		} else {
+			c.RateLimit = r
+		}
+		if b, err := strconv.Atoi(rateBurst); err != nil || b < 0 || b > 1000000 {
+			errs = append(errs, fmt.Errorf("--rate-burst %q must be a whole number of requests between 0 and 1000000, e.g. 200", rateBurst))
+		} else {
+			c.RateBurst = b
+		}
+		for _, p := range strings.Split(proxies, ",") {
+			if p = strings.TrimSpace(p); p == "" {
+				continue
+			}
+			prefix, err := netip.ParsePrefix(p)
+			if err != nil {
+				addr, aerr := netip.ParseAddr(p)
+				if aerr != nil {
+					errs = append(errs, fmt.Errorf("--trusted-proxies: %q is neither a CIDR (10.0.0.0/8) nor an address (10.0.0.1)", p))
+					continue
+				}
+				prefix = netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen())
+			}
+			c.TrustedProxies = append(c.TrustedProxies, prefix.Masked())
 		}
 		if c.LogFormat != "json" && c.LogFormat != "console" {
 			errs = append(errs, fmt.Errorf("--log-format %q must be json or console", c.LogFormat))

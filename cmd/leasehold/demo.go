@@ -211,6 +211,14 @@ func replicaChild(exe, name string, c config, ttl string, backend *frontdoor.Bac
 				"--roles", strings.Join(c.Roles, ","),
 				"--sim-crash-rate", strconv.FormatFloat(c.SimCrashRate, 'g', -1, 64),
 				"--sim-spike-rate", strconv.FormatFloat(c.SimSpikeRate, 'g', -1, 64),
+				"--generator-rate", strconv.FormatFloat(c.GeneratorRate, 'g', -1, 64),
+				"--generator-sleep", c.GeneratorSleepMin.String()+"-"+c.GeneratorSleepMax.String(),
+				"--shutdown-grace", c.ShutdownGrace.String(),
+				"--statement-timeout", c.StatementTimeout.String(),
+				"--rate-limit", strconv.FormatFloat(c.RateLimit, 'g', -1, 64),
+				"--rate-burst", strconv.Itoa(c.RateBurst),
+				// The front door adds X-Forwarded-For: each browser counts as itself.
+				"--trusted-proxies", "127.0.0.1/32,::1/128",
 				"--log-level", c.LogLevel,
 				"--log-format", c.LogFormat,
 			)

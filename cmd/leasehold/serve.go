@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,17 +55,55 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 	if *url == "" {
 		return usagef("no database: set DATABASE_URL or pass --database-url postgres://user:pass@host:5432/db")
 	}
-	pool, err := pgxpool.New(ctx, *url)
+	cfg, err := poolConfig(*url, "leasehold migrate")
 	if err != nil {
-		return fmt.Errorf("database URL: %w", err)
+		return err
 	}
-	defer pool.Close()
-	applied, err := schema.Migrate(ctx, pool)
+	applied, err := migrate(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "applied %d migration(s) %v\n", len(applied), applied)
 	return nil
+}
+
+// defaultConnectTimeout bounds the making of a database connection when
+// the URL sets no connect_timeout: without it a connection to a server
+// that does not answer (a host down, packets dropped) waits for the
+// kernel to give up, minutes later.
+const defaultConnectTimeout = 5 * time.Second
+
+// writeTimeout is how long the server may take to answer a request; no
+// request waits on the database for longer.
+const writeTimeout = 30 * time.Second
+
+// poolConfig parses the database URL into a pool configuration whose
+// sessions call themselves app, with a bounded connect timeout.
+func poolConfig(url, app string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
+	}
+	return cfg, nil
+}
+
+// migrate applies the migrations in a session of its own, with no
+// statement_timeout: waiting for the advisory lock while another replica
+// migrates, or a migration that rewrites a big table, may take long.
+func migrate(ctx context.Context, cfg *pgxpool.Config) ([]int64, error) {
+	cfg = cfg.Copy()
+	cfg.MaxConns = 1
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "0"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+	return schema.Migrate(ctx, pool)
 }
 
 func runLocalDB(ctx context.Context, stdout, stderr io.Writer) error {
@@ -93,26 +133,23 @@ func newLogger(c config, w io.Writer) (zerolog.Logger, error) {
 // tasks, gives running tasks ShutdownGrace to finish and hands the rest
 // back, then releases every lease it holds (generator, reaper, instance) so
 // that other replicas take over at once; the API answers until then.
+//
+// While the database cannot be reached the replica keeps running: /readyz
+// and every API request that needs the database answer 503 (within the
+// API budget, never hanging), the workers stop claiming, and the leases it
+// holds count as lost at their local deadlines. When the database is back
+// the pool and the listener reconnect, the listener's resync makes every
+// component catch up, and the leases are won again; nothing needs a restart.
 func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string) error {
 	log, err := newLogger(c, stderr)
 	if err != nil {
 		return err
 	}
-	poolCfg, err := pgxpool.ParseConfig(c.DatabaseURL)
+	poolCfg, err := poolConfig(c.DatabaseURL, "leasehold "+c.Instance)
 	if err != nil {
-		return fmt.Errorf("database URL: %w", err)
+		return err
 	}
-	poolCfg.ConnConfig.RuntimeParams["application_name"] = "leasehold " + c.Instance
-	// Workers each hold a connection only for a statement; the API and the
-	// background loops need a few more.
-	poolCfg.MaxConns = max(poolCfg.MaxConns, int32(c.Workers+8))
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
-	if err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	defer pool.Close()
-
-	applied, err := schema.Migrate(ctx, pool)
+	applied, err := migrate(ctx, poolCfg)
 	if err != nil {
 		return err
 	}
@@ -124,11 +161,26 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		return err
 	}
 
+	// The LISTEN session runs no statements worth a timeout; it idles, so
+	// TCP keepalives are what tell it that the server has gone silent.
 	listenCfg := poolCfg.ConnConfig.Copy()
 	listenCfg.RuntimeParams["application_name"] = "leasehold " + c.Instance + " listener"
+	listenCfg.DialFunc = listenDialer.DialContext
 	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, listenCfg)
 	}, log, notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
+
+	if c.StatementTimeout > 0 {
+		poolCfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(c.StatementTimeout.Milliseconds(), 10)
+	}
+	// Workers each hold a connection only for a statement; the API and the
+	// background loops need a few more.
+	poolCfg.MaxConns = max(poolCfg.MaxConns, int32(c.Workers+8))
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
 
 	leases := lease.NewStore(pool)
 	tasks := task.NewStore(pool)
@@ -149,16 +201,17 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		Instance:   server.Instance{ID: c.Instance, StartedAt: startedAt, Roles: c.Roles, Version: version},
 		DefaultTTL: c.LeaseTTL,
 		APIToken:   c.APIToken,
-		Hub:        wsHub,
-		Log:        log,
-		Metrics:    metrics,
+		RateLimit:  c.RateLimit, RateBurst: c.RateBurst, TrustedProxies: c.TrustedProxies,
+		Hub:     wsHub,
+		Log:     log,
+		Metrics: metrics,
 		Ready: func(ctx context.Context) error {
 			if err := pool.Ping(ctx); err != nil {
-				return fmt.Errorf("database: %w", err)
+				return databaseDown(err)
 			}
 			v, err := schema.Applied(ctx, pool)
 			if err != nil {
-				return fmt.Errorf("database: %w", err)
+				return databaseDown(err)
 			}
 			if v < latest {
 				return fmt.Errorf("migrations: database at version %d, this binary needs %d", v, latest)
@@ -175,10 +228,10 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		return fmt.Errorf("listen on %s: %w", c.Addr, err)
 	}
 	srv := &http.Server{
-		Handler:           handler,
+		Handler:           boundAPIRequests(handler, apiBudget(c, poolCfg.ConnConfig.ConnectTimeout)),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
+		WriteTimeout:      writeTimeout,
 		IdleTimeout:       120 * time.Second,
 	}
 	if err := instances.Register(ctx, instance.Instance{
@@ -256,4 +309,46 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	}
 	log.Info().Msg("stopped")
 	return err
+}
+
+// listenDialer dials the LISTEN session with TCP keepalives that notice a
+// silent server within about 30 s (15 s idle, then 3 probes 5 s apart), so
+// that the listener reconnects instead of waiting forever for a
+// notification over a dead connection.
+var listenDialer = &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{
+	Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3,
+}}
+
+// databaseDown words a failed readiness check of the database.
+func databaseDown(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return errors.New("database: no answer in time")
+	}
+	return fmt.Errorf("database: %w", err)
+}
+
+// apiBudget is how long an API request may wait on the database: time to
+// connect and for one statement to run out its statement_timeout. Without
+// a statement timeout, as long as the server may take to answer at all.
+func apiBudget(c config, connectTimeout time.Duration) time.Duration {
+	if c.StatementTimeout == 0 {
+		return writeTimeout
+	}
+	return min(connectTimeout+c.StatementTimeout, writeTimeout)
+}
+
+// boundAPIRequests gives every /api/ request a deadline budget away, so
+// that none waits forever on a database that does not answer: when the
+// deadline passes the request is answered 503. The websocket, which lives
+// long, and the probes, which bound themselves, are left alone.
+func boundAPIRequests(next http.Handler, budget time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/api/") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), budget)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
 }

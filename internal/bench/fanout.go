@@ -84,8 +84,11 @@ func runFanout(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 		var first struct {
 			Type string `json:"type"`
 		}
-		if err := conn.ReadJSON(&first); err != nil || first.Type != "snapshot" {
-			return nil, fmt.Errorf("first message %q, %v; want a snapshot", first.Type, err)
+		if err := conn.ReadJSON(&first); err != nil {
+			return nil, fmt.Errorf("read the first message: %w", err)
+		}
+		if first.Type != "snapshot" {
+			return nil, fmt.Errorf("first message %q, want a snapshot", first.Type)
 		}
 		bg.Go(func() {
 			for {

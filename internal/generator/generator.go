@@ -24,6 +24,13 @@
 // live, so neither a paused ex-holder nor a holder that has not yet heard
 // of a stop can insert a task. On a refusal the holder reads the switch
 // again and, when the lease is no longer its own, steps down at once.
+//
+// While the database cannot be reached no renewal succeeds, so the term
+// ends at the lease's local deadline (lease.Elector): the holder stops
+// generating before another replica could win the lease. The campaign
+// retries with backoff and, woken by the listener's reconnect, wins the
+// lease again once the database is back; generation resumes if the switch
+// is on.
 package generator
 
 import (
@@ -179,6 +186,7 @@ func (g *Generator) lead(ctx context.Context, l lease.Lease, s settings) {
 		owed    float64   // tasks due but not yet inserted
 		last    time.Time // when owed was last brought up to date
 		failing bool      // the last insert failed: say so once, not at every tick
+		unread  bool      // the last read of the switch failed: likewise
 	)
 	for {
 		if read {
@@ -190,9 +198,15 @@ func (g *Generator) lead(ctx context.Context, l lease.Lease, s settings) {
 			case err != nil:
 				// Keep the last known switch: the database refuses inserts
 				// while it is off, so a stale "started" can insert nothing.
-				log.Warn().Err(err).Msg("could not read the generator switch; retrying")
+				ev := log.Debug()
+				if !unread {
+					ev = log.Warn()
+				}
+				unread = true
+				ev.Err(err).Msg("could not read the generator switch; retrying")
 				retry.Reset(readRetry)
 			default:
+				unread = false
 				if g.Observed != nil {
 					g.Observed(st)
 				}

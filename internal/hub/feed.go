@@ -296,10 +296,18 @@ func (f *feed) flushTasks(ctx context.Context) {
 	if err != nil {
 		// Stays dirty; the next round tries again, later each time, so that a
 		// database that is down is not asked again and again.
+		// Warned once per run of failures; the retries are debug lines.
+		ev := f.h.d.Log.Debug()
+		if f.tasksRetry == 0 {
+			ev = f.h.d.Log.Warn()
+		}
 		f.tasksRetry = min(max(2*f.tasksRetry, tasksEvery), maxTasksRetry)
 		f.tasksSent = time.Now().Add(f.tasksRetry - tasksEvery)
-		f.h.d.Log.Warn().Err(err).Dur("retry_in", f.tasksRetry).Msg("reading task state")
+		ev.Err(err).Dur("retry_in", f.tasksRetry).Msg("reading task state")
 		return
+	}
+	if f.tasksRetry > 0 {
+		f.h.d.Log.Info().Msg("reading task state again")
 	}
 	f.tasksRetry = 0
 	f.tasksDirty = f.statsOwed

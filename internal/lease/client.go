@@ -515,39 +515,33 @@ func (h *Holding) release(ctx context.Context, l Lease) error {
 func (h *Holding) run(parent context.Context, cfg KeepConfig, sent time.Time) {
 	defer close(h.done)
 	l := h.Lease()
-	var last error // the last renewal's error; only this goroutine touches it
 	reason := keep(h.ctx, cfg, sent, func(rctx context.Context) error {
 		renewed, err := h.client.Renew(rctx, RenewParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence, TTL: cfg.TTL})
 		if err != nil {
-			last = err
 			return err
 		}
-		last = nil
 		h.mu.Lock()
 		h.lease = renewed
 		h.mu.Unlock()
 		return nil
 	})
-	switch {
-	case errors.Is(reason, ErrDeadline) && last != nil:
-		h.cancel(fmt.Errorf("%w; the last renewal failed: %w", reason, last))
-	case reason != nil:
+	if reason != nil {
 		h.cancel(reason)
-	default:
-		// The holding's context ended: Release was called, or parent ended
-		// and nobody will call Release in time to free the resource.
-		h.mu.Lock()
-		auto := !h.stopping
-		h.stopping = true
-		h.mu.Unlock()
-		if !auto {
-			return
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), min(releaseTimeout, cfg.TTL))
-		err := h.release(rctx, l)
-		cancel()
-		h.mu.Lock()
-		h.autoDone, h.autoErr = true, err
-		h.mu.Unlock()
+		return
 	}
+	// The holding's context ended: Release was called, or parent ended
+	// and nobody will call Release in time to free the resource.
+	h.mu.Lock()
+	auto := !h.stopping
+	h.stopping = true
+	h.mu.Unlock()
+	if !auto {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), min(releaseTimeout, cfg.TTL))
+	err := h.release(rctx, l)
+	cancel()
+	h.mu.Lock()
+	h.autoDone, h.autoErr = true, err
+	h.mu.Unlock()
 }

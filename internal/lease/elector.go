@@ -26,22 +26,28 @@ type Elector struct {
 // Run campaigns until ctx ends. Each time it wins, it calls lead with a
 // context that is cancelled as soon as the lease is lost (or ctx ends); when
 // lead returns, the lease is released and the campaign goes on.
+//
+// While the database cannot be reached, the campaign retries with backoff
+// (RetryInterval doubling up to maxCampaignBackoff), and says so once, not
+// at every attempt; a reconnect of the listener ends the wait at once.
 func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Lease)) error {
 	if err := e.Keep.Validate(); err != nil {
 		return err
 	}
+	keep := e.Keep.withDefaults()
 	log := e.Log.With().Str("resource", e.Resource).Logger()
+	failures := 0 // campaigns in a row that failed on an error
 	for {
 		// Subscribed before each attempt, so that a release right after a
 		// refused Acquire is not missed; closed while leading, when nobody
 		// reads it.
 		sub := e.Listener.Subscribe(notify.ChannelLease, 64)
-		sent := time.Now()
-		acq, err := e.Store.Acquire(ctx, AcquireParams{Resource: e.Resource, Holder: e.Holder, TTL: e.Keep.TTL})
-		wait := e.Keep.withDefaults().RetryInterval
+		acq, sent, err := e.campaign(ctx, keep)
+		wait := keep.RetryInterval
 		var held *HeldError
 		switch {
 		case err == nil:
+			failures = 0
 			sub.Close()
 			log.Info().Int64("fence", acq.Lease.Fence).Msg("won the lease")
 			e.hold(ctx, acq.Lease, sent, lead)
@@ -52,6 +58,7 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Leas
 			// since the lease may be free with nobody else to take it.
 			wait = min(wait, stepDownPause)
 		case errors.As(err, &held):
+			failures = 0
 			// The holder's lease runs out at its expires_at by the database
 			// clock; a little after that, try again even if nobody says so.
 			wait = held.Lease.ExpiresAt.Sub(acq.DBNow) + 10*time.Millisecond
@@ -61,8 +68,17 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Leas
 			sub.Close()
 			e.release(ctx, ReleaseParams{Resource: e.Resource, Holder: e.Holder})
 			return nil
+		case errors.Is(err, ErrNotHeld):
+			// Our own lease lapsed between the acquisition and its renewal:
+			// the resource is free; try again after RetryInterval.
 		default:
-			log.Warn().Err(err).Msg("campaign failed; retrying")
+			failures++
+			wait = min(keep.RetryInterval<<min(failures-1, 16), max(maxCampaignBackoff, keep.RetryInterval))
+			ev := log.Debug()
+			if failures == 1 {
+				ev = log.Warn()
+			}
+			ev.Err(err).Int("failures", failures).Dur("retry_in", wait).Msg("campaign failed; retrying with backoff")
 		}
 		turn := waitForTurn(ctx, sub, e.Resource, wait)
 		sub.Close()
@@ -70,6 +86,36 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Leas
 			return nil
 		}
 	}
+}
+
+// maxCampaignBackoff bounds the wait between campaigns that failed on an
+// error (unless RetryInterval is longer).
+const maxCampaignBackoff = 5 * time.Second
+
+// campaign tries once to take the lease, and returns when the request that
+// won it was sent: the holder's deadline counts from there.
+//
+// When the elector's holder already holds the lease (an earlier acquisition
+// whose answer was lost, or an earlier run of a process of the same name),
+// Acquire hands it back unchanged, its expiry set by a request this elector
+// did not time. campaign renews it at once, with this elector's TTL, so that
+// the deadline counts from a request it sent and the lease lasts as long on
+// the server as the elector believes.
+//
+// Each request is bounded by TTL − Margin: a later answer would arrive past
+// the deadline it starts, and a database that does not answer must not
+// stall the campaign.
+func (e *Elector) campaign(ctx context.Context, keep KeepConfig) (Acquisition, time.Time, error) {
+	actx, cancel := context.WithTimeout(ctx, keep.TTL-keep.Margin)
+	defer cancel()
+	sent := time.Now()
+	acq, err := e.Store.Acquire(actx, AcquireParams{Resource: e.Resource, Holder: e.Holder, TTL: keep.TTL})
+	if err != nil || acq.New {
+		return acq, sent, err
+	}
+	sent = time.Now()
+	acq.Lease, err = e.Store.Renew(actx, RenewParams{Resource: e.Resource, Holder: e.Holder, Fence: acq.Lease.Fence, TTL: keep.TTL})
+	return acq, sent, err
 }
 
 // RunUntilDone holds the lease for as long as ctx lasts (campaigning again

@@ -110,3 +110,47 @@ func TestElectorsLeadOneAtATime(t *testing.T) {
 	}
 	checkHistory(t, tdb.Pool, "job")
 }
+
+// TestElectorRenewsLeaseItAlreadyHolds: an elector whose holder already
+// holds the lease (a process of the same name that died, with a shorter
+// TTL) does not trust the expiry it finds: before leading it renews the
+// lease with its own TTL, so the lease lasts on the server at least as
+// long as the elector believes it holds it.
+func TestElectorRenewsLeaseItAlreadyHolds(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	tdb := pgtest.New(t)
+	store := lease.NewStore(tdb.Pool)
+	earlier, err := store.Acquire(ctx, lease.AcquireParams{Resource: "singleton", Holder: "replica-a", TTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, tdb.URL) },
+		zerolog.Nop(), notify.ChannelLease)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = listener.Run(ctx) })
+	e := &lease.Elector{Store: store, Listener: listener, Resource: "singleton", Holder: "replica-a",
+		Keep: lease.KeepConfig{TTL: 30 * time.Second}, Log: zerolog.Nop()}
+	led := make(chan lease.Lease, 1)
+	wg.Go(func() {
+		_ = e.Run(ctx, func(ctx context.Context, l lease.Lease) {
+			led <- l
+			<-ctx.Done()
+		})
+	})
+	var l lease.Lease
+	select {
+	case l = <-led:
+	case <-time.After(30 * time.Second): // keeps a broken test from hanging
+		t.Fatal("the elector never led")
+	}
+	cancel()
+	wg.Wait()
+	if l.Fence != earlier.Lease.Fence {
+		t.Errorf("led with fence %d, want the lease it already held, fence %d", l.Fence, earlier.Lease.Fence)
+	}
+	if l.RenewedAt == nil || l.TTLSeconds != 30 || !l.ExpiresAt.After(earlier.Lease.ExpiresAt) {
+		t.Errorf("led with %+v; want the lease renewed with the elector's TTL of 30s before leading (it expired at %s)",
+			l, earlier.Lease.ExpiresAt)
+	}
+}

@@ -62,17 +62,23 @@ var ErrDeadline = errors.New("lease deadline passed without a successful renewal
 
 // keep renews a lease until ctx ends or the lease is lost, and returns why
 // it stopped: nil when ctx ended, ErrNotHeld when a renewal was refused,
-// ErrDeadline when no renewal succeeded in time. sent is when the request
-// that acquired the lease was sent: the holder's deadline is the send time
-// of its last successful renewal + TTL − Margin, on the monotonic clock, so
-// the holder gives the lease up before the server can hand it to another.
+// ErrDeadline (wrapped with the last renewal's error, if any) when no
+// renewal succeeded in time. sent is when the request that acquired the
+// lease was sent: the holder's deadline is the send time of its last
+// successful renewal + TTL − Margin, on the monotonic clock, so the holder
+// gives the lease up before the server can hand it to another. A renewal
+// that hangs (an unreachable database) is cut short at that deadline.
 // renew must return ErrNotHeld (wrapped or not) when the server refused.
 func keep(ctx context.Context, c KeepConfig, sent time.Time, renew func(ctx context.Context) error) error {
 	c = c.withDefaults()
 	deadline := sent.Add(c.TTL - c.Margin)
-	wait := jitter(c.RenewInterval)
+	// A renewal is due RenewInterval after the request that last succeeded
+	// was sent, not after its answer came: a slow answer must not push the
+	// next renewal towards the deadline.
+	due := sent.Add(jitter(c.RenewInterval))
+	var last error // the last renewal's error, nil after a success
 	for {
-		timer := time.NewTimer(min(wait, time.Until(deadline)))
+		timer := time.NewTimer(time.Until(earliest(due, deadline)))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -80,6 +86,9 @@ func keep(ctx context.Context, c KeepConfig, sent time.Time, renew func(ctx cont
 		case <-timer.C:
 		}
 		if !time.Now().Before(deadline) {
+			if last != nil {
+				return fmt.Errorf("%w; the last renewal failed: %w", ErrDeadline, last)
+			}
 			return ErrDeadline
 		}
 		attempt := time.Now()
@@ -89,15 +98,24 @@ func keep(ctx context.Context, c KeepConfig, sent time.Time, renew func(ctx cont
 		switch {
 		case err == nil:
 			deadline = attempt.Add(c.TTL - c.Margin)
-			wait = jitter(c.RenewInterval)
+			due = attempt.Add(jitter(c.RenewInterval))
+			last = nil
 		case errors.Is(err, ErrNotHeld):
 			return ErrNotHeld
 		case ctx.Err() != nil:
 			return nil
 		default:
-			wait = c.RetryInterval
+			due = time.Now().Add(c.RetryInterval)
+			last = err
 		}
 	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // jitter returns d ± 10 %.

@@ -46,7 +46,10 @@ func Open(ctx context.Context, name string, logw io.Writer) (*Cluster, error) {
 	if err := c.Stop(ctx); err != nil {
 		return nil, err
 	}
-	return c, c.Start(ctx)
+	if err := c.Start(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // URL is the URL of database Database on the cluster.

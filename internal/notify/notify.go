@@ -110,10 +110,12 @@ func (l *Listener) Connected() bool { return l.connected.Load() }
 // Reconnects counts the connections made after the first.
 func (l *Listener) Reconnects() int64 { return l.reconnects.Load() }
 
-// Run listens until ctx ends, reconnecting with backoff.
+// Run listens until ctx ends, reconnecting with backoff. The loss of the
+// connection is logged once as a warning, each failed attempt to get it
+// back at debug level, and its return at info level.
 func (l *Listener) Run(ctx context.Context) error {
 	var failures, unlistened int
-	var everConnected bool
+	var everConnected, down bool
 	pl := &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			l.connected.Store(false)
@@ -135,9 +137,15 @@ func (l *Listener) Run(ctx context.Context) error {
 		},
 		LogError: func(ctx context.Context, err error) {
 			l.connected.Store(false)
-			if ctx.Err() == nil {
-				l.log.Warn().Err(err).Msg("listen connection lost; reconnecting")
+			if ctx.Err() != nil {
+				return
 			}
+			if down {
+				l.log.Debug().Err(err).Int("attempts", failures).Msg("listen connection still down; reconnecting with backoff")
+				return
+			}
+			down = true
+			l.log.Warn().Err(err).Msg("listen connection lost; reconnecting with backoff")
 		},
 		// The backoff lives in Connect; pgxlisten's own delay stays out of it.
 		ReconnectDelay: -1,
@@ -149,12 +157,13 @@ func (l *Listener) Run(ctx context.Context) error {
 				return
 			}
 			// Every channel is LISTENed now: from here nothing is missed.
-			failures = 0
 			if everConnected {
 				l.reconnects.Add(1)
-				l.log.Info().Msg("listen connection restored")
 			}
-			everConnected = true
+			if down {
+				l.log.Info().Int("attempts", failures).Msg("listen connection restored")
+			}
+			failures, down, everConnected = 0, false, true
 			l.connected.Store(true)
 			l.resyncAll()
 		}})

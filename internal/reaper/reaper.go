@@ -45,20 +45,42 @@ func (r *Reaper) Run(ctx context.Context) error {
 	return e.Run(ctx, r.reap)
 }
 
-// reap runs one term as the reaper.
+// reap runs one term as the reaper. It ends when the reaper lease is lost,
+// at the latest at its local deadline when the database cannot be reached.
 func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 	// Subscribe before the first pass so that no change falls between.
 	sub := r.Listener.Subscribe(notify.ChannelLease, 1024)
 	defer sub.Close()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	var wakeAt time.Time // on this process's clock
+	var (
+		wakeAt  time.Time // on this process's clock
+		failing bool      // the last pass failed: say so once, not at every retry
+	)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
-			wakeAt = r.pass(ctx)
+			next, err := r.pass(ctx)
+			switch {
+			case err == nil:
+				if failing {
+					r.Log.Info().Msg("reaping again")
+				}
+				failing = false
+				wakeAt = next
+			case ctx.Err() != nil:
+				return
+			default:
+				ev := r.Log.Debug()
+				if !failing {
+					ev = r.Log.Warn()
+				}
+				failing = true
+				ev.Err(err).Dur("retry_in", passRetry).Msg("reaper pass failed; retrying")
+				wakeAt = time.Now().Add(passRetry)
+			}
 			timer.Reset(time.Until(wakeAt))
 		case <-sub.Resync():
 			wakeAt = time.Now()
@@ -78,16 +100,16 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 	}
 }
 
+// passRetry is the wait before another pass after one failed.
+const passRetry = time.Second
+
 // pass marks every due expiry and returns when the next one is due, on this
-// process's clock. On a database error it returns a time soon after now.
-func (r *Reaper) pass(ctx context.Context) time.Time {
+// process's clock.
+func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
 	for {
 		marked, err := r.Store.MarkExpired(ctx, batchSize)
 		if err != nil {
-			if ctx.Err() == nil {
-				r.Log.Warn().Err(err).Msg("reaper pass failed; retrying")
-			}
-			return time.Now().Add(time.Second)
+			return time.Time{}, err
 		}
 		for _, m := range marked {
 			if r.Marked != nil {
@@ -101,12 +123,9 @@ func (r *Reaper) pass(ctx context.Context) time.Time {
 	asked := time.Now()
 	next, dbNow, err := r.Store.NextExpiry(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			r.Log.Warn().Err(err).Msg("reaper could not read the next expiry; retrying")
-		}
-		return time.Now().Add(time.Second)
+		return time.Time{}, err
 	}
 	r.offset = dbNow.Sub(asked)
 	// A little after the due time, so that now() in the database has passed it.
-	return next.Add(-r.offset + 5*time.Millisecond)
+	return next.Add(-r.offset + 5*time.Millisecond), nil
 }

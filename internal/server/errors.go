@@ -3,8 +3,10 @@ package server
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
@@ -46,33 +48,57 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		encode(w, http.StatusConflict, errorBody{Error: "this processor does not hold the task with a live lease (another processor or fence claimed it, it is already completed or failed, or its lease expired); claim a task again with POST /api/tasks/next"})
 	case errors.Is(err, task.ErrNotFound):
 		encode(w, http.StatusNotFound, errorBody{Error: "no task has this id; list tasks with GET /api/tasks"})
-	case unavailable(err):
-		log.Warn().Err(err).Str("path", r.URL.Path).Msg("database unavailable")
-		encode(w, http.StatusServiceUnavailable, errorBody{Error: "the database is unavailable; retry shortly"})
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
 		// The client went away; nobody reads the answer.
 		w.WriteHeader(499)
+	case unavailable(err):
+		log.Warn().Err(err).Str("path", r.URL.Path).Msg("database unavailable")
+		msg := "the database cannot be reached; retry shortly"
+		if timedOut(err) {
+			msg = "the database did not answer in time; retry shortly"
+		}
+		w.Header().Set("Retry-After", "1")
+		encode(w, http.StatusServiceUnavailable, errorBody{Error: msg})
 	default:
 		log.Error().Err(err).Str("path", r.URL.Path).Msg("internal error")
 		encode(w, http.StatusInternalServerError, errorBody{Error: "internal error; the server log has the details"})
 	}
 }
 
-// unavailable reports errors that mean the database cannot be reached now.
+// unavailable reports errors that mean the database cannot serve now but
+// may soon: it cannot be reached, a connection broke, it is shutting down
+// or starting up, it is out of connections or resources, or it did not
+// answer in time (the request's deadline or statement_timeout).
 func unavailable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"): // connection_exception
+			return true
+		case strings.HasPrefix(pgErr.Code, "53"): // insufficient_resources: too many connections, disk full
+			return true
+		}
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
+			return true
+		}
+		return timedOut(err)
+	}
 	var (
 		connectErr *pgconn.ConnectError
 		netErr     net.Error
-		pgErr      *pgconn.PgError
 	)
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) || timedOut(err) ||
+		// A connection the server closed under a statement.
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		pgconn.SafeToRetry(err)
+}
+
+// timedOut reports errors that mean the database did not answer in time.
+func timedOut(err error) bool {
+	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		// admin_shutdown, crash_shutdown, cannot_connect_now, query_canceled (statement_timeout)
-		switch pgErr.Code {
-		case "57P01", "57P02", "57P03", "57014":
-			return true
-		}
-		return false
+		return pgErr.Code == "57014" // query_canceled: statement_timeout
 	}
-	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
-		errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err)
+	return errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)
 }

@@ -29,6 +29,15 @@
 // once and the worker leaves the task alone: it neither completes nor fails
 // it, and another worker claims it once its lease has lapsed.
 //
+// While the database cannot be reached the dispatcher claims nothing: a
+// failed statement is retried with backoff (100ms doubling to 5s), logged
+// once as a warning and then at debug level. A running task whose
+// heartbeats fail counts as lost at its local deadline, as above, so the
+// worker stops before the database could give the task to another. When the
+// database is back, the listener's reconnect (a resync) or the next retry
+// claims whatever is due, the tasks inserted meanwhile and those whose
+// leases lapsed included.
+//
 // When Run's context ends the dispatcher stops claiming at once; running
 // tasks get ShutdownGrace to finish, then are cancelled and handed back with
 // task.Store.Requeue (no attempt counted), so that another replica takes

@@ -336,7 +336,7 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 			d.retryLater(ctx, err, "claim")
 			return
 		}
-		d.failures = 0
+		d.recovered()
 		p.counters.claimed.Add(int64(len(tasks)))
 		if len(tasks) == 0 {
 			p.counters.empty.Add(1)
@@ -398,12 +398,17 @@ func (d *dispatcher) assign(t task.Task, sent time.Time, wake Wake) {
 // scheduleNextDue sets the timer for when the next pending task falls due:
 // a retry's backoff ends without anyone notifying.
 func (d *dispatcher) scheduleNextDue(ctx context.Context) {
+	// Bounded, as the claim is: a database that does not answer must not
+	// stall the dispatcher.
+	qctx, cancel := context.WithTimeout(ctx, d.p.TTL-d.p.margin())
 	asked := time.Now()
-	due, dbNow, err := d.p.Tasks.NextDue(ctx)
+	due, dbNow, err := d.p.Tasks.NextDue(qctx)
+	cancel()
 	if err != nil {
 		d.retryLater(ctx, err, "next due")
 		return
 	}
+	d.recovered()
 	// The database clock decides when a task is due: convert through the
 	// offset between its clock and ours, as the reaper does, and wake a
 	// little after, so that now() in the database has passed it.
@@ -422,17 +427,33 @@ func (d *dispatcher) scheduleNextDue(ctx context.Context) {
 	d.timerReason = WakeDue
 }
 
-// retryLater logs a failed statement and sets the timer to try again with
-// backoff (100ms doubling to 5s).
+// retryLater sets the timer to try again after a failed statement, with
+// backoff (100ms doubling to 5s): while the database is unreachable the
+// dispatcher claims nothing and does not spin. The first failure of a run
+// is logged as a warning, the retries only at debug level, so that an
+// outage is not a flood of lines; recovered says when it is over.
 func (d *dispatcher) retryLater(ctx context.Context, err error, what string) {
 	if ctx.Err() != nil {
 		return
 	}
 	d.failures++
 	wait := min(100*time.Millisecond<<min(d.failures-1, 6), 5*time.Second)
-	d.p.log.Warn().Err(err).Dur("retry_in", wait).Msgf("%s failed; retrying", what)
+	ev := d.p.log.Debug()
+	if d.failures == 1 {
+		ev = d.p.log.Warn()
+	}
+	ev.Err(err).Int("failures", d.failures).Dur("retry_in", wait).Msgf("%s failed; retrying with backoff", what)
 	d.timer.Reset(wait)
 	d.timerReason = WakeRetry
+}
+
+// recovered notes a statement that succeeded, logging the end of a run of
+// failures.
+func (d *dispatcher) recovered() {
+	if d.failures > 0 {
+		d.p.log.Info().Int("failures", d.failures).Msg("the database answers again; claiming tasks")
+	}
+	d.failures = 0
 }
 
 // handBack requeues tasks claimed as the pool began to shut down.

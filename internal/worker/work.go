@@ -122,7 +122,11 @@ func (p *Pool) finish(ctx context.Context, log zerolog.Logger, ev Event, deadlin
 			log.Warn().Err(err).Msgf("could not record the task as %s; it will be claimed again when its lease lapses", kind)
 			return ""
 		default:
-			log.Warn().Err(err).Msgf("could not record the task as %s; retrying", kind)
+			ev := log.Debug()
+			if !retry {
+				ev = log.Warn() // once per task: the retries are no news
+			}
+			ev.Err(err).Msgf("could not record the task as %s; retrying until the lease's deadline", kind)
 			time.Sleep(p.retryInterval())
 		}
 	}
@@ -149,9 +153,12 @@ func (p *Pool) heartbeat(ctx context.Context, log zerolog.Logger, id int64, proc
 		lost(fmt.Errorf("task %d: %w", id, lease.ErrDeadline))
 	})
 	defer expire.Stop()
+	// A heartbeat is due TTL/3 after the request that last succeeded was
+	// sent (the claim first), not after its answer came.
 	interval := p.TTL / 3
-	wait := jitter(interval)
-	timer := time.NewTimer(wait)
+	due := sent.Add(jitter(interval))
+	failing := false // the last heartbeat failed: the retries are logged at debug level
+	timer := time.NewTimer(time.Until(due))
 	defer timer.Stop()
 	for {
 		select {
@@ -178,19 +185,28 @@ func (p *Pool) heartbeat(ctx context.Context, log zerolog.Logger, id int64, proc
 			if !expire.Stop() {
 				return deadline // the deadline passed first: the lease counts as lost
 			}
+			if failing {
+				log.Info().Msg("heartbeat succeeded again")
+			}
+			failing = false
 			deadline = attempt.Add(p.TTL - p.margin())
 			expire.Reset(time.Until(deadline))
-			wait = jitter(interval)
+			due = attempt.Add(jitter(interval))
 		case errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound):
 			lost(fmt.Errorf("task %d: heartbeat refused: %w", id, task.ErrLeaseLost))
 			return deadline
 		case ctx.Err() != nil:
 			return deadline
 		default:
-			log.Warn().Err(err).Msg("heartbeat failed; retrying until the lease's deadline")
-			wait = p.retryInterval()
+			ev := log.Debug()
+			if !failing {
+				ev = log.Warn()
+			}
+			failing = true
+			ev.Err(err).Msg("heartbeat failed; retrying until the lease's deadline")
+			due = time.Now().Add(p.retryInterval())
 		}
-		timer.Reset(wait)
+		timer.Reset(time.Until(due))
 	}
 }
 
