@@ -257,7 +257,13 @@ func watchPage(t *testing.T, r *replica) *page {
 		t.Fatalf("open /ws: %v", err)
 	}
 	resp.Body.Close()
-	p := &page{}
+	// The snapshot first: a page whose snapshot failed is closed, and this
+	// one must be open throughout.
+	var first pageMessage
+	if err := conn.ReadJSON(&first); err != nil || first.Type != "snapshot" {
+		t.Fatalf("first message on /ws: %q, %v; want the snapshot", first.Type, err)
+	}
+	p := &page{msgs: []pageMessage{first}}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -296,7 +302,7 @@ const migrationLock int64 = 0x6c656173656d6967
 // another session holds it.
 func TestStatementTimeout(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := pgtest.NewEmpty(t) // migrations pending: serve must take the lock
 	ctx := t.Context()
 	locker, err := db.Pool.Acquire(ctx)
 	if err != nil {
