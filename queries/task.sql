@@ -164,6 +164,43 @@ WHERE t.id = @id::bigint
   AND t.fence = released.fence
 RETURNING t.*;
 
+-- name: TaskCompleteMany :many
+-- TaskCompleteMany is TaskComplete for many tasks in one statement (one
+-- commit), each under its own compare-and-set: the tasks it returns were
+-- completed, the others were not (lease lost, or already processed). Rows
+-- are locked in id order, so two batches cannot deadlock each other.
+WITH input AS (
+    -- Set-returning functions side by side in a select list advance together.
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@processors::text[]) AS processor,
+           unnest(@fences::bigint[]) AS fence, unnest(@outputs::jsonb[]) AS output
+    ORDER BY 1
+),
+released AS (
+    UPDATE leases AS l
+    SET released_at = now(),
+        expires_at = now()
+    FROM input
+    WHERE l.resource = 'task:' || input.id
+      AND l.holder = input.processor
+      AND l.fence = input.fence
+      AND l.released_at IS NULL
+      AND l.expired_at IS NULL
+      AND l.expires_at > now()
+    RETURNING input.id, l.fence
+)
+UPDATE tasks AS t
+SET state = 'done',
+    processed_at = now(),
+    task_output = input.output,
+    must_heartbeat_before = NULL
+FROM released
+JOIN input ON input.id = released.id
+WHERE t.id = released.id
+  AND t.state = 'running'
+  AND t.processor = input.processor
+  AND t.fence = released.fence
+RETURNING t.*;
+
 -- name: TaskFail :one
 -- TaskFail records a failed attempt and releases the task's lease, under
 -- the same compare-and-set: back to pending after an exponential backoff

@@ -196,6 +196,93 @@ func (q *Queries) TaskComplete(ctx context.Context, arg TaskCompleteParams) (Tas
 	return i, err
 }
 
+const taskCompleteMany = `-- name: TaskCompleteMany :many
+WITH input AS (
+    -- Set-returning functions side by side in a select list advance together.
+    SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS processor,
+           unnest($3::bigint[]) AS fence, unnest($4::jsonb[]) AS output
+    ORDER BY 1
+),
+released AS (
+    UPDATE leases AS l
+    SET released_at = now(),
+        expires_at = now()
+    FROM input
+    WHERE l.resource = 'task:' || input.id
+      AND l.holder = input.processor
+      AND l.fence = input.fence
+      AND l.released_at IS NULL
+      AND l.expired_at IS NULL
+      AND l.expires_at > now()
+    RETURNING input.id, l.fence
+)
+UPDATE tasks AS t
+SET state = 'done',
+    processed_at = now(),
+    task_output = input.output,
+    must_heartbeat_before = NULL
+FROM released
+JOIN input ON input.id = released.id
+WHERE t.id = released.id
+  AND t.state = 'running'
+  AND t.processor = input.processor
+  AND t.fence = released.fence
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence
+`
+
+type TaskCompleteManyParams struct {
+	Ids        []int64
+	Processors []string
+	Fences     []int64
+	Outputs    [][]byte
+}
+
+// TaskCompleteMany is TaskComplete for many tasks in one statement (one
+// commit), each under its own compare-and-set: the tasks it returns were
+// completed, the others were not (lease lost, or already processed). Rows
+// are locked in id order, so two batches cannot deadlock each other.
+func (q *Queries) TaskCompleteMany(ctx context.Context, arg TaskCompleteManyParams) ([]Task, error) {
+	rows, err := q.db.Query(ctx, taskCompleteMany,
+		arg.Ids,
+		arg.Processors,
+		arg.Fences,
+		arg.Outputs,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Task{}
+	for rows.Next() {
+		var i Task
+		if err := rows.Scan(
+			&i.ID,
+			&i.TaskData,
+			&i.State,
+			&i.ScheduledAt,
+			&i.Processor,
+			&i.Fence,
+			&i.Attempts,
+			&i.MaxAttempts,
+			&i.LastHeartbeatAt,
+			&i.MustHeartbeatBefore,
+			&i.StartedAt,
+			&i.ProcessedAt,
+			&i.TaskOutput,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.GeneratorFence,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const taskFail = `-- name: TaskFail :one
 WITH released AS (
     UPDATE leases AS l

@@ -11,6 +11,8 @@ package notify
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,7 +26,7 @@ import (
 // The channels leasehold's triggers notify on.
 const (
 	ChannelLease     = "leasehold_lease"     // every lease change: lease.Change JSON
-	ChannelTask      = "leasehold_task"      // tasks were inserted: "inserted"
+	ChannelTask      = "leasehold_task"      // what statements did to tasks: TasksInserted, TasksRequeued, TasksFinished, "claimed:<ms>"
 	ChannelGenerator = "leasehold_generator" // the generator switch: "STARTED" or "STOPPED"
 )
 
@@ -32,6 +34,29 @@ const (
 type Notification struct {
 	Channel string
 	Payload string
+}
+
+// The payloads of ChannelTask, each sent at most once per statement
+// (schema/0002 and 0006). A claim sends "claimed:<ms>", <ms> the earliest
+// expiry of the new task leases in epoch milliseconds: see ParseClaimed.
+const (
+	TasksInserted = "inserted" // tasks were inserted
+	TasksRequeued = "requeued" // tasks went back to pending: claimable now or after a backoff
+	TasksFinished = "finished" // tasks ended done or dead
+)
+
+// ParseClaimed returns the earliest expiry of the task leases a claim took,
+// from a "claimed:<ms>" payload; ok is false for any other payload.
+func ParseClaimed(payload string) (earliest time.Time, ok bool) {
+	ms, found := strings.CutPrefix(payload, "claimed:")
+	if !found {
+		return time.Time{}, false
+	}
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(n), true
 }
 
 // Subscription receives the notifications of one channel.

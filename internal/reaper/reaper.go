@@ -51,12 +51,23 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 	// Subscribe before the first pass so that no change falls between.
 	sub := r.Listener.Subscribe(notify.ChannelLease, 1024)
 	defer sub.Close()
+	// Task leases are announced per claim statement, with their earliest expiry.
+	claims := r.Listener.Subscribe(notify.ChannelTask, 1024)
+	defer claims.Close()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var (
 		wakeAt  time.Time // on this process's clock
 		failing bool      // the last pass failed: say so once, not at every retry
 	)
+	sooner := func(expires time.Time) {
+		// The payloads carry expiries by the database clock; the last pass
+		// measured the offset to ours.
+		if due := expires.Add(-r.offset); due.Before(wakeAt) {
+			wakeAt = due
+			timer.Reset(time.Until(due))
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -85,16 +96,18 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 		case <-sub.Resync():
 			wakeAt = time.Now()
 			timer.Reset(0)
+		case <-claims.Resync():
+			wakeAt = time.Now()
+			timer.Reset(0)
 		case n := <-sub.C():
 			c, err := lease.ParseChange(n.Payload)
 			if err != nil || c.Kind == "released" || c.Kind == "expired" {
 				continue
 			}
-			// The payload carries expires_at by the database clock; the
-			// last pass measured the offset to ours.
-			if due := c.ExpiresAt.Add(-r.offset); due.Before(wakeAt) {
-				wakeAt = due
-				timer.Reset(time.Until(due))
+			sooner(c.ExpiresAt)
+		case n := <-claims.C():
+			if earliest, ok := notify.ParseClaimed(n.Payload); ok {
+				sooner(earliest)
 			}
 		}
 	}

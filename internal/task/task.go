@@ -192,6 +192,40 @@ func (s *Store) Complete(ctx context.Context, id int64, processor string, fence 
 	return s.casResult(ctx, id, row, err, "complete")
 }
 
+// Completion is one task for CompleteMany to complete.
+type Completion struct {
+	ID        int64
+	Processor string
+	Fence     int64 // required: a batch names each lease exactly
+	Output    json.RawMessage
+}
+
+// CompleteMany completes many tasks in one statement and one commit, each
+// under the compare-and-set of Complete, and returns the tasks it completed
+// by id. A task missing from the result was refused: its lease was lost or
+// it was already processed (ErrLeaseLost for Complete).
+func (s *Store) CompleteMany(ctx context.Context, cs []Completion) (map[int64]Task, error) {
+	p := db.TaskCompleteManyParams{
+		Ids: make([]int64, len(cs)), Processors: make([]string, len(cs)),
+		Fences: make([]int64, len(cs)), Outputs: make([][]byte, len(cs)),
+	}
+	for i, c := range cs {
+		p.Ids[i], p.Processors[i], p.Fences[i], p.Outputs[i] = c.ID, c.Processor, c.Fence, c.Output
+		if len(c.Output) == 0 {
+			p.Outputs[i] = []byte("null")
+		}
+	}
+	rows, err := s.q.TaskCompleteMany(ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("complete %d tasks: %w", len(cs), err)
+	}
+	done := make(map[int64]Task, len(rows))
+	for _, r := range rows {
+		done[r.ID] = fromRow(r)
+	}
+	return done, nil
+}
+
 // Backoff of failed attempts: Base × 2^(attempts−1), at most Max, times a
 // random factor in [0.5, 1) so that failed tasks do not retry in lockstep.
 const (

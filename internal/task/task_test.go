@@ -154,3 +154,55 @@ func TestRunningAndDead(t *testing.T) {
 		t.Fatalf("Dead = %+v, %v; want task %d with its error", dead, err, claimed[0].ID)
 	}
 }
+
+// TestCompleteMany: one statement completes the tasks whose compare-and-set
+// holds and leaves the others alone, each judged on its own.
+func TestCompleteMany(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := pgtest.New(t)
+	s := task.NewStore(tdb.Pool)
+	data := make([]task.NewTask, 5)
+	for i := range data {
+		data[i] = task.NewTask{TaskData: json.RawMessage(`{}`)}
+	}
+	if _, err := s.Insert(ctx, data); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := s.Claim(ctx, []string{"r/w1", "r/w2", "r/w3", "r/w4", "r/w5"}, 30*time.Second)
+	if err != nil || len(claimed) != 5 {
+		t.Fatalf("claim: %d tasks, %v", len(claimed), err)
+	}
+	c := func(i int) task.Completion {
+		return task.Completion{ID: claimed[i].ID, Processor: *claimed[i].Processor, Fence: *claimed[i].Fence,
+			Output: json.RawMessage(`{"i":` + string(rune('0'+i)) + `}`)}
+	}
+	// 0 completed already; 1 right; 2 with a stale fence; 3 by another processor; 4 right, no output.
+	if _, err := s.Complete(ctx, claimed[0].ID, *claimed[0].Processor, *claimed[0].Fence, nil); err != nil {
+		t.Fatal(err)
+	}
+	stale, other, noOutput := c(2), c(3), c(4)
+	stale.Fence--
+	other.Processor = "r/w9"
+	noOutput.Output = nil
+	done, err := s.CompleteMany(ctx, []task.Completion{c(0), c(1), stale, other, noOutput})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(done) != 2 || done[claimed[1].ID].State != task.StateDone || done[claimed[4].ID].State != task.StateDone {
+		t.Fatalf("completed %+v; want exactly tasks %d and %d", done, claimed[1].ID, claimed[4].ID)
+	}
+	if got := string(done[claimed[1].ID].TaskOutput); got != `{"i": 1}` {
+		t.Errorf("task %d output %s", claimed[1].ID, got)
+	}
+	for _, i := range []int{2, 3} {
+		if got, err := s.Get(ctx, claimed[i].ID); err != nil || got.State != task.StateRunning {
+			t.Errorf("task %d refused by the batch: %+v, %v; want it still running", claimed[i].ID, got, err)
+		}
+	}
+	// Its lease released in the same statement, at the completion's time.
+	l, err := lease.NewStore(tdb.Pool).List(ctx, lease.ListParams{Filter: "active", Prefix: "task:", Limit: 10})
+	if err != nil || len(l) != 2 {
+		t.Fatalf("task leases still active: %+v, %v; want the 2 refused ones", l, err)
+	}
+}

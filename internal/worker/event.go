@@ -13,16 +13,17 @@ type Wake uint32
 const (
 	WakeStart      Wake = 1 << iota // Run started: catch up with what is already waiting
 	WakeInsert                      // a leasehold_task notification: tasks were inserted
-	WakeLeaseFreed                  // a task lease expired or was released: its task may be claimable
+	WakeLeaseFreed                  // a task lease expired: its task is claimable
 	WakeResync                      // the listener (re)connected or dropped notifications: catch up
 	WakeDue                         // the next pending task's scheduled_at came (a retry's backoff)
 	WakeSafetyPoll                  // nothing else woke the dispatcher for SafetyPoll
 	WakeWorkerIdle                  // a worker finished while more work may be waiting
 	WakeBacklog                     // the last claim got all it asked for: more may be waiting
 	WakeRetry                       // a claim failed: trying again
+	WakeRequeued                    // a leasehold_task notification: tasks went back to pending
 )
 
-var wakeNames = []string{"start", "insert", "lease-freed", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry"}
+var wakeNames = []string{"start", "insert", "lease-freed", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry", "requeued"}
 
 // String lists the reasons, e.g. "insert|lease-freed".
 func (w Wake) String() string {

@@ -58,17 +58,14 @@ type Pool struct {
 	// pool's goroutines: it must be quick and safe for concurrent use.
 	OnEvent func(Event)
 
-	log     zerolog.Logger
-	workers []*worker
-	byName  map[string]*worker
-	idle    chan finished // workers that finished a task; room for all, so sending never blocks
-	wakeC   chan struct{} // capacity 1: wake-ups coalesce
-	reasons atomic.Uint32 // the Wake reasons behind wakeC
-	// completing holds the fences of the tasks this pool is completing: the
-	// release of their leases frees nothing to claim, so its notification
-	// need not wake the dispatcher.
-	completing sync.Map // fence (int64) → struct{}
-	counters   counters
+	log       zerolog.Logger
+	workers   []*worker
+	byName    map[string]*worker
+	idle      chan finished // workers that finished a task; room for all, so sending never blocks
+	wakeC     chan struct{} // capacity 1: wake-ups coalesce
+	reasons   atomic.Uint32 // the Wake reasons behind wakeC
+	completer *completer
+	counters  counters
 }
 
 // finished is a worker done with its task.
@@ -134,6 +131,7 @@ func (p *Pool) init() error {
 		p.byName[w.name] = w
 	}
 	p.idle = make(chan finished, p.Workers)
+	p.completer = newCompleter(p.Tasks)
 	p.wakeC = make(chan struct{}, 1)
 	return nil
 }
@@ -162,7 +160,10 @@ func (p *Pool) Run(ctx context.Context) error {
 	// Tasks run under workCtx, which outlives ctx by the shutdown grace.
 	workCtx, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopWork(nil)
-	var workers, watcher sync.WaitGroup
+	var workers, watcher, completing sync.WaitGroup
+	// The completer outlives the workers: they complete during the grace.
+	completerCtx, stopCompleter := context.WithCancel(context.WithoutCancel(ctx))
+	completing.Go(func() { p.completer.run(completerCtx) })
 	for _, w := range p.workers {
 		workers.Go(func() {
 			for c := range w.tasks {
@@ -180,6 +181,8 @@ func (p *Pool) Run(ctx context.Context) error {
 	grace := time.AfterFunc(max(p.ShutdownGrace, 0), func() { stopWork(errShutdown) })
 	workers.Wait()
 	grace.Stop()
+	stopCompleter()
+	completing.Wait()
 	watcher.Wait()
 	p.log.Info().Msg("worker pool stopped")
 	return nil
@@ -201,43 +204,35 @@ func (p *Pool) watch(ctx context.Context, tasks, leases *notify.Subscription) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tasks.C():
-			p.poke(WakeInsert)
+		case n := <-tasks.C():
+			switch n.Payload {
+			case notify.TasksInserted:
+				p.poke(WakeInsert)
+			case notify.TasksRequeued:
+				p.poke(WakeRequeued)
+			}
+			// Claims and completions free nothing to claim.
 		case n := <-leases.C():
-			if p.taskLeaseFreed(n.Payload) {
+			if taskLeaseExpired(n.Payload) {
 				p.poke(WakeLeaseFreed)
 			}
 		case <-tasks.Resync():
-			p.completing.Clear() // notifications were lost: forget what we waited for
 			p.poke(WakeResync)
 		case <-leases.Resync():
-			p.completing.Clear()
 			p.poke(WakeResync)
 		}
 	}
 }
 
-// taskLeaseFreed reports whether a lease notification says that a task may
-// have become claimable: its lease expired (the worker crashed or stalled)
-// or was released by another replica (the task completed, or failed or
-// requeued: pending again, perhaps after a backoff that only a fresh look
-// can tell). The release of a task this pool completed frees nothing.
-func (p *Pool) taskLeaseFreed(payload string) bool {
-	if !strings.Contains(payload, `"task:`) { // most lease notifications are about other leases, or renewals
+// taskLeaseExpired reports whether a lease notification says that a task's
+// lease expired (its worker crashed or stalled), so the task is claimable.
+// Of task leases only expiries are announced on the lease channel.
+func taskLeaseExpired(payload string) bool {
+	if !strings.Contains(payload, `"task:`) { // most lease notifications are about other leases
 		return false
 	}
 	c, err := lease.ParseChange(payload)
-	if err != nil || !strings.HasPrefix(c.Resource, "task:") {
-		return false
-	}
-	switch c.Kind {
-	case "expired":
-		return true
-	case "released":
-		_, ours := p.completing.LoadAndDelete(c.Fence)
-		return !ours
-	}
-	return false
+	return err == nil && strings.HasPrefix(c.Resource, "task:") && c.Kind == "expired"
 }
 
 // dispatcher is the state of the dispatch loop, owned by its goroutine.

@@ -476,3 +476,25 @@ func deref[T any](v *T) T {
 	}
 	return *v
 }
+
+// TestHandedBackTaskWakesIdlePool: a task another replica hands back at its
+// shutdown is pending again at once, and its requeue notification wakes an
+// idle replica, which takes it with no poll and no lease expiry.
+func TestHandedBackTaskWakesIdlePool(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.startPool("a", 1, 30*time.Second, func(p *worker.Pool, _ *replica) {
+		p.ShutdownGrace = 100 * time.Millisecond
+		p.SafetyPoll = -1
+	})
+	tk := e.insert(0, sleepTask(3600))[0]
+	a.events.waitFor(t, "a's claim", 0, isTask(worker.EventClaimed, tk.ID))
+	b := e.startPool("b", 1, 30*time.Second, func(p *worker.Pool, _ *replica) { p.SafetyPoll = -1 })
+	b.events.waitFor(t, "b idle", 0, isKind(worker.EventAsleep))
+	a.stop(t)
+	reclaimed, _ := b.events.waitFor(t, "b's claim", 0, isTask(worker.EventClaimed, tk.ID))
+	if reclaimed.Wake&worker.WakeRequeued == 0 {
+		t.Errorf("b claimed the handed-back task woken by %s, want by its requeue notification", reclaimed.Wake)
+	}
+	b.stop(t)
+}

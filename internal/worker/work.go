@@ -58,14 +58,9 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) EventKind {
 		p.emit(ev)
 		return EventLeaseLost
 	case runErr == nil:
-		p.completing.Store(fence, struct{}{})
-		kind := p.finish(workCtx, log, ev, deadline, EventCompleted, func(ctx context.Context) (task.Task, error) {
-			return p.Tasks.Complete(ctx, t.ID, w.name, fence, output)
+		return p.finish(workCtx, log, ev, deadline, EventCompleted, func(ctx context.Context) (task.Task, error) {
+			return p.completer.complete(ctx, task.Completion{ID: t.ID, Processor: w.name, Fence: fence, Output: output})
 		})
-		if kind != EventCompleted {
-			p.completing.Delete(fence)
-		}
-		return kind
 	case errors.Is(runErr, context.Canceled) && workCtx.Err() != nil:
 		return p.finish(workCtx, log, ev, deadline, EventRequeued, func(ctx context.Context) (task.Task, error) {
 			return p.Tasks.Requeue(ctx, t.ID, w.name, fence, "the worker shut down before the task finished")
