@@ -296,10 +296,12 @@ func baselineAt(earlier []Result, clients int) float64 {
 	return 0
 }
 
-// timed runs work on n goroutines until d has passed and returns the operations they
-// counted and the time it took; the first error stops all of them.
-func timed(ctx context.Context, n int, d time.Duration, work func(ctx context.Context, client int) (ops int, err error)) (int, time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, d)
+// timed runs work on n goroutines, each looping while more() says so, and returns the
+// operations they counted and the time it took. more is true for d, and always for a
+// client's first operation, so that every figure rests on at least one operation each;
+// an operation under way when d ends is finished, not cut off. The first error stops all.
+func timed(ctx context.Context, n int, d time.Duration, work func(ctx context.Context, client int, more func() bool) (ops int, err error)) (int, time.Duration, error) {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type outcome struct {
 		ops int
@@ -307,12 +309,19 @@ func timed(ctx context.Context, n int, d time.Duration, work func(ctx context.Co
 	}
 	out := make(chan outcome, n)
 	start := time.Now()
+	end := start.Add(d)
 	for i := range n {
 		go func() {
-			ops, err := work(ctx, i)
-			if errors.Is(err, context.DeadlineExceeded) || (err != nil && ctx.Err() != nil) {
-				err = nil // the clock ran out mid-operation
+			first := true
+			more := func() bool {
+				if ctx.Err() != nil {
+					return false
+				}
+				ok := first || time.Now().Before(end)
+				first = false
+				return ok
 			}
+			ops, err := work(ctx, i, more)
 			if err != nil {
 				cancel()
 			}
@@ -324,7 +333,9 @@ func timed(ctx context.Context, n int, d time.Duration, work func(ctx context.Co
 	for range n {
 		o := <-out
 		total += o.ops
-		errs = append(errs, o.err)
+		if o.err != nil && !errors.Is(o.err, context.Canceled) {
+			errs = append(errs, o.err)
+		}
 	}
 	return total, time.Since(start), errors.Join(errs...)
 }

@@ -45,10 +45,10 @@ func runLeases(ctx context.Context, c Config, earlier []Result) ([]Result, error
 	var results []Result
 	for _, m := range modes {
 		for _, n := range c.Clients {
-			ops, elapsed, err := timed(ctx, n, c.Duration, func(ctx context.Context, client int) (int, error) {
+			ops, elapsed, err := timed(ctx, n, c.Duration, func(ctx context.Context, client int, more func() bool) (int, error) {
 				res := fmt.Sprintf("bench:%s:cycle:%d:%d", m.name, n, client)
 				count := 0
-				for ctx.Err() == nil {
+				for more() {
 					fence, err := m.ops.acquire(ctx, res)
 					if err != nil {
 						return count, err
@@ -65,20 +65,20 @@ func runLeases(ctx context.Context, c Config, earlier []Result) ([]Result, error
 			}
 			results = append(results, commitRate("acquire+release, "+m.name, n, ops, elapsed, earlier))
 
-			ops, elapsed, err = timed(ctx, n, c.Duration, func(ctx context.Context, client int) (int, error) {
+			ops, elapsed, err = timed(ctx, n, c.Duration, func(ctx context.Context, client int, more func() bool) (int, error) {
 				res := fmt.Sprintf("bench:%s:renew:%d:%d", m.name, n, client)
 				fence, err := m.ops.acquire(ctx, res)
 				if err != nil {
 					return 0, err
 				}
 				count := 0
-				for ctx.Err() == nil {
+				for more() {
 					if err := m.ops.renew(ctx, res, fence); err != nil {
 						return count, err
 					}
 					count++
 				}
-				return count, m.ops.release(context.WithoutCancel(ctx), res, fence)
+				return count, m.ops.release(ctx, res, fence)
 			})
 			if err != nil {
 				return nil, err

@@ -287,10 +287,10 @@ func runNotifyCost(ctx context.Context, c Config, _ []Result) ([]Result, error) 
 	defer d.Close()
 	tasks := task.NewStore(d.Pool)
 	insert := func() (float64, error) {
-		n, elapsed, err := timed(ctx, clients, c.Duration, func(ctx context.Context, _ int) (int, error) {
+		n, elapsed, err := timed(ctx, clients, c.Duration, func(ctx context.Context, _ int, more func() bool) (int, error) {
 			one := []task.NewTask{{TaskData: zeroWork}}
 			count := 0
-			for ctx.Err() == nil {
+			for more() {
 				if _, err := tasks.Insert(ctx, one); err != nil {
 					return count, err
 				}
