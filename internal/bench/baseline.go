@@ -56,7 +56,7 @@ func findPgbench() (string, error) {
 	}
 	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench")
 	if len(matches) == 0 {
-		return "", errors.New("pgbench not found (install postgresql-contrib or put pgbench on PATH); no baseline")
+		return "", errors.New("pgbench not found (it comes with the PostgreSQL server package, e.g. postgresql-15 on Debian; or put it on PATH): no baseline")
 	}
 	slices.SortFunc(matches, func(a, b string) int { return versionOf(b) - versionOf(a) })
 	return matches[0], nil
