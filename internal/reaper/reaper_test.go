@@ -2,6 +2,7 @@ package reaper_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
+	"github.com/leasehold/leasehold/internal/task"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -217,5 +219,51 @@ func TestOneReaperAtATime(t *testing.T) {
 		if holding > 1 {
 			t.Fatalf("two reapers held the lease at event %d", e.ID)
 		}
+	}
+}
+
+// TestClaimedTaskLeaseExpiryIsAnnounced: task leases are announced only per
+// claim statement, on leasehold_task, with their earliest expiry. A reaper
+// asleep until a far expiry must wake for a claimed task's lease that runs
+// out sooner, told by that notification alone.
+func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	tdb := pgtest.New(t)
+	store := lease.NewStore(tdb.Pool)
+	tasks := task.NewStore(tdb.Pool)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+
+	got := observe(ctx, t, &wg, tdb.URL)
+	l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, tdb.URL) },
+		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask)
+	wg.Go(func() { _ = l.Run(ctx) })
+	r := &reaper.Reaper{Store: store, Listener: l, Instance: "reaper-1", Keep: lease.KeepConfig{TTL: time.Hour}, Log: zerolog.Nop()}
+	wg.Go(func() {
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("reaper: %v", err)
+		}
+	})
+	// The reaper's own lease (an hour) is the only one due: it sleeps until
+	// about then after its first pass.
+	waitChange(t, got, func(c lease.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
+	if _, err := tasks.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := tasks.Claim(ctx, []string{"w/1"}, time.Second)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %+v, %v", claimed, err)
+	}
+	c := waitChange(t, got, func(c lease.Change) bool { return c.Kind == "expired" }, "the task lease's expiry")
+	if c.Resource != fmt.Sprintf("task:%d", claimed[0].ID) {
+		t.Fatalf("expired: %s, want the task's lease", c.Resource)
+	}
+	var late time.Duration
+	if err := tdb.Pool.QueryRow(ctx, `SELECT at - expires_at FROM lease_events WHERE kind = 'expired' AND lease_id = $1`, c.ID).Scan(&late); err != nil {
+		t.Fatal(err)
+	}
+	if late >= time.Second || late < 0 {
+		t.Errorf("the task lease's expiry was recorded %s after its expires_at; want within 1s", late)
 	}
 }
