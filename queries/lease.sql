@@ -1,4 +1,4 @@
--- name: LeaseAcquire :one
+-- name: LeaseAcquire :batchone
 -- LeaseAcquire takes the resource for the holder when it has no lease or its
 -- lease was released or expired, with a new fence (acquired = true). When
 -- someone holds a live lease on it, that lease comes back unchanged
@@ -42,7 +42,7 @@ WHERE cur.resource = @resource
   AND cur.expires_at > now()
   AND NOT EXISTS (SELECT 1 FROM taken);
 
--- name: LeaseRenew :one
+-- name: LeaseRenew :batchone
 -- LeaseRenew extends the holder's live lease to now() + TTL (the lease's own
 -- TTL unless a new one is given). A compare-and-set: no row back means the
 -- holder does not hold it. A HOT update: no indexed column changes.
@@ -58,7 +58,7 @@ WHERE resource = @resource
   AND expires_at > now()
 RETURNING *;
 
--- name: LeaseRelease :one
+-- name: LeaseRelease :batchone
 -- LeaseRelease ends the holder's live lease now; with an id, only that lease.
 -- The row is locked before the time is taken: a statement holding it (a
 -- fenced insert under this lease) commits first, and released_at must not

@@ -117,13 +117,16 @@ func FormatTimePtr(t *time.Time) *string {
 	return &s
 }
 
-// Store is the lease service on the database.
+// Store is the lease service on the database. Its acquisitions, renewals
+// and releases that arrive together share commits (see committer), each
+// made by the statement it would run alone.
 type Store struct {
-	q *db.Queries
+	q     *db.Queries
+	group *committer
 }
 
 // NewStore returns a store on the pool.
-func NewStore(pool *pgxpool.Pool) *Store { return &Store{q: db.New(pool)} }
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{q: db.New(pool), group: newCommitter(pool)} }
 
 // AcquireParams names what to acquire, for whom and for how long.
 type AcquireParams struct {
@@ -146,35 +149,32 @@ type Acquisition struct {
 // been leased, or its lease was released or expired. When another holder
 // holds it, the error is a *HeldError carrying that holder's lease.
 func (s *Store) Acquire(ctx context.Context, p AcquireParams) (Acquisition, error) {
-	// Zero rows means the lease changed between the statement's two halves
-	// (taken by a concurrent insert, or expired): look again.
-	for range 10 {
-		row, err := s.q.LeaseAcquire(ctx, db.LeaseAcquireParams{
-			Resource:   p.Resource,
-			Holder:     p.Holder,
-			TTLSeconds: ttlSeconds(p.TTL),
-		})
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue
-		}
-		if err != nil {
-			return Acquisition{}, fmt.Errorf("acquire %s: %w", p.Resource, err)
-		}
-		l := Lease{
-			ID: row.ID, Resource: row.Resource, Holder: row.Holder, Fence: row.Fence,
-			State: StateActive, TTLSeconds: row.TTLSeconds, CreatedAt: row.CreatedAt,
-			RenewedAt: row.RenewedAt, ReleasedAt: row.ReleasedAt, ExpiresAt: row.ExpiresAt,
-		}
-		switch {
-		case row.Acquired:
-			return Acquisition{Lease: l, New: true, DBNow: row.DBNow}, nil
-		case row.Holder == p.Holder:
-			return Acquisition{Lease: l, DBNow: row.DBNow}, nil
-		default:
-			return Acquisition{Lease: l, DBNow: row.DBNow}, &HeldError{Lease: l}
-		}
+	op := &groupOp{resource: p.Resource, kind: opAcquire, acquire: db.LeaseAcquireParams{
+		Resource: p.Resource, Holder: p.Holder, TTLSeconds: ttlSeconds(p.TTL),
+	}}
+	s.group.do(ctx, op)
+	switch {
+	case errors.Is(op.err, pgx.ErrNoRows):
+		// Every try found the lease changing between the statement's two
+		// halves (taken by a concurrent insert, or expired).
+		return Acquisition{}, fmt.Errorf("acquire %s: the lease kept changing under contention; retry", p.Resource)
+	case op.err != nil:
+		return Acquisition{}, fmt.Errorf("acquire %s: %w", p.Resource, op.err)
 	}
-	return Acquisition{}, fmt.Errorf("acquire %s: the lease kept changing under contention; retry", p.Resource)
+	row := op.acquired
+	l := Lease{
+		ID: row.ID, Resource: row.Resource, Holder: row.Holder, Fence: row.Fence,
+		State: StateActive, TTLSeconds: row.TTLSeconds, CreatedAt: row.CreatedAt,
+		RenewedAt: row.RenewedAt, ReleasedAt: row.ReleasedAt, ExpiresAt: row.ExpiresAt,
+	}
+	switch {
+	case row.Acquired:
+		return Acquisition{Lease: l, New: true, DBNow: row.DBNow}, nil
+	case row.Holder == p.Holder:
+		return Acquisition{Lease: l, DBNow: row.DBNow}, nil
+	default:
+		return Acquisition{Lease: l, DBNow: row.DBNow}, &HeldError{Lease: l}
+	}
 }
 
 func ttlSeconds(d time.Duration) int32 { return int32(d / time.Second) }
@@ -196,11 +196,12 @@ func (s *Store) Renew(ctx context.Context, p RenewParams) (Lease, error) {
 		ttl := ttlSeconds(p.TTL)
 		params.TTLSeconds = &ttl
 	}
-	row, err := s.q.LeaseRenew(ctx, params)
-	if err != nil {
-		return Lease{}, notHeld("renew", p.Resource, err)
+	op := &groupOp{resource: p.Resource, kind: opRenew, renew: params}
+	s.group.do(ctx, op)
+	if op.err != nil {
+		return Lease{}, notHeld("renew", p.Resource, op.err)
 	}
-	return fromRow(row, StateActive), nil
+	return fromRow(op.row, StateActive), nil
 }
 
 // ReleaseParams names the lease to release. Fence and ID, when not zero,
@@ -215,13 +216,14 @@ type ReleaseParams struct {
 // Release ends the holder's active lease now. ErrNotHeld when the holder
 // holds no active lease on the resource (a second release included).
 func (s *Store) Release(ctx context.Context, p ReleaseParams) (Lease, error) {
-	row, err := s.q.LeaseRelease(ctx, db.LeaseReleaseParams{
+	op := &groupOp{resource: p.Resource, kind: opRelease, release: db.LeaseReleaseParams{
 		Resource: p.Resource, Holder: p.Holder, Fence: optional(p.Fence), ID: optional(p.ID),
-	})
-	if err != nil {
-		return Lease{}, notHeld("release", p.Resource, err)
+	}}
+	s.group.do(ctx, op)
+	if op.err != nil {
+		return Lease{}, notHeld("release", p.Resource, op.err)
 	}
-	return fromRow(row, StateReleased), nil
+	return fromRow(op.row, StateReleased), nil
 }
 
 func notHeld(op, resource string, err error) error {

@@ -1,6 +1,7 @@
 package lease_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -288,10 +289,15 @@ func TestRenewIsHOT(t *testing.T) {
 	err := pgx.BeginFunc(ctx, tdb.Pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
 		const renewals = 5
-		for range renewals {
-			if _, err := q.LeaseRenew(ctx, db.LeaseRenewParams{Resource: "hot", Holder: "a"}); err != nil {
-				return err
-			}
+		params := make([]db.LeaseRenewParams, renewals)
+		for i := range params {
+			params[i] = db.LeaseRenewParams{Resource: "hot", Holder: "a"}
+		}
+		var renewErr error
+		br := q.LeaseRenew(ctx, params)
+		br.QueryRow(func(_ int, _ db.Lease, err error) { renewErr = cmp.Or(renewErr, err) })
+		if err := cmp.Or(br.Close(), renewErr); err != nil {
+			return err
 		}
 		var updated, hot int64
 		if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_updated('leases'::regclass),
