@@ -1,0 +1,48 @@
+package task_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/task"
+)
+
+// BenchmarkClaimCompleteBatch: one op is a task inserted, claimed and completed, in
+// batches of 100 (one insert, one claim and one CompleteMany statement per batch),
+// as a replica with 100 idle workers does; for benchstat:
+//
+//	go test -run '^$' -bench ClaimCompleteBatch -count 6 ./internal/task/
+func BenchmarkClaimCompleteBatch(b *testing.B) {
+	const batch = 100
+	ctx := context.Background()
+	s := task.NewStore(pgtest.New(b).Pool)
+	workers := make([]string, batch)
+	for i := range workers {
+		workers[i] = fmt.Sprintf("bench/w%d", i+1)
+	}
+	data := make([]task.NewTask, batch)
+	for i := range data {
+		data[i] = task.NewTask{TaskData: json.RawMessage(`{}`)}
+	}
+	b.ResetTimer()
+	for done := 0; done < b.N; done += batch {
+		if _, err := s.Insert(ctx, data); err != nil {
+			b.Fatal(err)
+		}
+		claimed, err := s.Claim(ctx, workers, time.Minute)
+		if err != nil || len(claimed) != batch {
+			b.Fatalf("claim: %d tasks, %v", len(claimed), err)
+		}
+		cs := make([]task.Completion, len(claimed))
+		for i, t := range claimed {
+			cs[i] = task.Completion{ID: t.ID, Processor: *t.Processor, Fence: *t.Fence}
+		}
+		if got, err := s.CompleteMany(ctx, cs); err != nil || len(got) != batch {
+			b.Fatalf("complete: %d tasks, %v", len(got), err)
+		}
+	}
+}
