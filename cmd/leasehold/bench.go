@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +30,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		rate      = fs.Int("steady-rate", 1000, "tasks per second steady offers")
 		fanout    = fs.Int("fanout", 200, "websocket clients of fanout")
 		asJSON    = fs.Bool("json", false, "print JSON instead of a table")
+		processes = fs.Bool("processes", false, "drain also with each replica a process of this binary")
 	)
 	if err := parse(fs, args, stderr); err != nil {
 		return err
@@ -51,6 +54,13 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
+	}
+	if *processes {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find this binary for --processes: %w", err)
+		}
+		cfg.Executable = exe
 	}
 	if cfg.DatabaseURL == "" {
 		url, err := localpg.Ensure(ctx, stderr)

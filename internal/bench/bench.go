@@ -43,6 +43,9 @@ type Config struct {
 	Samples     int           // tasks latency inserts one at a time
 	SteadyRate  int           // tasks per second steady inserts
 	Fanout      int           // websocket clients of fanout
+	// Executable, when set, is a leasehold binary: drain then also runs its replicas as
+	// processes of it (`serve --roles worker`), as production does.
+	Executable string
 	// Log receives progress lines (nil discards).
 	Log io.Writer
 }
