@@ -50,7 +50,7 @@ type Config struct {
 	Log io.Writer
 }
 
-// Defaults fills the zero fields of c.
+// withDefaults fills the zero fields of c.
 func (c Config) withDefaults() Config {
 	if len(c.Scenarios) == 0 {
 		c.Scenarios = Scenarios
@@ -210,7 +210,7 @@ func newDB(ctx context.Context, base string, maxConns int32) (*freshDB, error) {
 		return nil, fmt.Errorf("connect to the database: %w", err)
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create a database for the scenario (the role needs CREATEDB): %w", err)
 	}
 	u.Path = "/" + name
@@ -221,7 +221,7 @@ func newDB(ctx context.Context, base string, maxConns int32) (*freshDB, error) {
 			d.Pool.Close()
 		}
 		if conn, err := pgx.Connect(ctx, base); err == nil {
-			_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 			_ = conn.Close(ctx)
 		}
 	}

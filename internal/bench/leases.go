@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -258,7 +259,7 @@ func (a *apiServer) call(ctx context.Context, method, path, body string, want in
 		return fmt.Errorf("%s %s: status %d, want %d: %s", method, path, resp.StatusCode, want, b)
 	}
 	if out != nil {
-		return jsonUnmarshal(b, out)
+		return json.Unmarshal(b, out)
 	}
 	return nil
 }

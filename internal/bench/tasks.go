@@ -247,11 +247,7 @@ func runSteady(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 				continue
 			}
 			owed -= float64(n)
-			batch := make([]task.NewTask, n)
-			for i := range batch {
-				batch[i] = task.NewTask{TaskData: zeroWork}
-			}
-			if _, err := tasks.Insert(runCtx, batch); err != nil {
+			if err := insertMany(runCtx, tasks, n); err != nil {
 				if runCtx.Err() == nil {
 					insErr = err
 					cancel()
@@ -394,5 +390,3 @@ func runNotifyCost(ctx context.Context, c Config, _ []Result) ([]Result, error) 
 		{Scenario: "notify-cost", Case: "on ÷ off", Clients: clients, Value: 100 * on / off, Unit: "%"},
 	}, nil
 }
-
-func jsonUnmarshal(b []byte, out any) error { return json.Unmarshal(b, out) }
