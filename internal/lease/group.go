@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/internal/db"
 )
@@ -44,8 +43,7 @@ const groupTimeout = 30 * time.Second
 // operations that arrive meanwhile queue, and when the group is done the
 // first of them leads the next, all of them in it.
 type committer struct {
-	pool *pgxpool.Pool
-	q    *db.Queries
+	q *db.Queries
 
 	mu      sync.Mutex
 	leading bool
@@ -77,7 +75,7 @@ type groupOp struct {
 	lead chan struct{}
 }
 
-func newCommitter(pool *pgxpool.Pool) *committer { return &committer{pool: pool, q: db.New(pool)} }
+func newCommitter(q *db.Queries) *committer { return &committer{q: q} }
 
 // do runs op in the next group and returns once its outcome is known.
 func (c *committer) do(ctx context.Context, op *groupOp) {

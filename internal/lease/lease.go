@@ -126,7 +126,10 @@ type Store struct {
 }
 
 // NewStore returns a store on the pool.
-func NewStore(pool *pgxpool.Pool) *Store { return &Store{q: db.New(pool), group: newCommitter(pool)} }
+func NewStore(pool *pgxpool.Pool) *Store {
+	q := db.New(pool)
+	return &Store{q: q, group: newCommitter(q)}
+}
 
 // AcquireParams names what to acquire, for whom and for how long.
 type AcquireParams struct {
