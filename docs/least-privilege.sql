@@ -16,7 +16,7 @@ GRANT CONNECT ON DATABASE :"DBNAME" TO :"role";
 GRANT USAGE ON SCHEMA public TO :"role";
 
 -- Leases and tasks are taken, renewed, released and finished in place;
--- nothing is ever deleted.
+-- the role deletes nothing itself (retention, below, does).
 GRANT SELECT, INSERT, UPDATE ON leases, tasks TO :"role";
 -- The audit history: triggers append to it as the role; no UPDATE or
 -- DELETE, so the runtime role cannot rewrite history.
@@ -30,6 +30,14 @@ GRANT SELECT ON leasehold_migrations TO :"role";
 -- Fences: nextval('lease_fence_seq'). The identity columns' own sequences
 -- need no grant.
 GRANT USAGE ON SEQUENCE lease_fence_seq TO :"role";
+-- Retention: the elected reaper deletes finished tasks and lease history
+-- older than their retention through these functions, which run as their
+-- owner and delete only that (schema/0007_retention.sql): at most a batch
+-- per call, nothing under a minute old, never a live lease or an
+-- unfinished task. They are not PUBLIC's to execute.
+GRANT EXECUTE ON FUNCTION prune_tasks(interval, integer),
+                          prune_lease_events(interval, integer),
+                          prune_leases(interval, integer) TO :"role";
 
 -- The trigger functions and pg_notify run with EXECUTE granted to PUBLIC,
 -- which PostgreSQL does by default, and LISTEN needs no privilege.

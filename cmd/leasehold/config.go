@@ -12,6 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/internal/retention"
 )
 
 // config is a replica's configuration (contract §2): flag, then
@@ -28,6 +32,10 @@ type config struct {
 	SimSpikeRate float64
 	LogLevel     string
 	LogFormat    string
+	// ListenDatabaseURL is the URL of the LISTEN session and the
+	// migrations when it is not DatabaseURL's (empty: DatabaseURL), so that
+	// DatabaseURL may point at a transaction-mode pooler, which breaks both.
+	ListenDatabaseURL string
 	// GeneratorRate is the tasks per second the generator creates while
 	// started; GeneratorSleepMin/Max bound each task's sleep.
 	GeneratorRate     float64
@@ -47,6 +55,11 @@ type config struct {
 	RateLimit      float64
 	RateBurst      int
 	TrustedProxies []netip.Prefix
+	// TaskRetention is how long a finished task is kept, and
+	// LeaseHistoryRetention how long lease events and the rows of ended
+	// leases are (0: forever); the elected reaper deletes older ones.
+	TaskRetention         time.Duration
+	LeaseHistoryRetention time.Duration
 }
 
 var allRoles = []string{"api", "worker", "generator", "reaper"}
@@ -72,7 +85,9 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 		origins, stmtTimeout           string
 		rateLimit, rateBurst, proxies  string
 	)
+	var taskRetention, historyRetention string
 	fs.StringVar(&c.DatabaseURL, "database-url", getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
+	fs.StringVar(&c.ListenDatabaseURL, "listen-database-url", getenv("LEASEHOLD_LISTEN_DATABASE_URL"), "PostgreSQL URL of the LISTEN session and the migrations, which a transaction-mode pooler breaks: straight to the server or through a session-mode pooler, on the same database as the database URL, which may then point at a transaction-mode pooler (env LEASEHOLD_LISTEN_DATABASE_URL; default: the database URL)")
 	fs.StringVar(&c.Addr, "addr", env("LEASEHOLD_ADDR", ":8080"), "listen address (env LEASEHOLD_ADDR)")
 	fs.StringVar(&c.Instance, "instance", getenv("LEASEHOLD_INSTANCE"), "instance id (env LEASEHOLD_INSTANCE; default <hostname>-<pid>)")
 	fs.StringVar(&workers, "workers", env("LEASEHOLD_WORKERS", "4"), "task workers per replica (env LEASEHOLD_WORKERS)")
@@ -89,6 +104,8 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 	fs.StringVar(&rateLimit, "rate-limit", env("LEASEHOLD_RATE_LIMIT", "100"), "API requests a second each client (IPv4 address or IPv6 /64) may make once its burst is spent; 429 beyond; 0 turns the limit off (env LEASEHOLD_RATE_LIMIT)")
 	fs.StringVar(&rateBurst, "rate-burst", env("LEASEHOLD_RATE_BURST", "200"), "API requests a client may make at once (env LEASEHOLD_RATE_BURST)")
 	fs.StringVar(&proxies, "trusted-proxies", getenv("LEASEHOLD_TRUSTED_PROXIES"), "proxies (CIDRs or addresses, comma-separated) whose X-Forwarded-For names the client for the rate limit, e.g. 10.0.0.0/8 (env LEASEHOLD_TRUSTED_PROXIES)")
+	fs.StringVar(&taskRetention, "task-retention", env("LEASEHOLD_TASK_RETENTION", "168h"), "how long a finished (done or dead) task is kept before the reaper deletes it; 0 keeps tasks forever (env LEASEHOLD_TASK_RETENTION)")
+	fs.StringVar(&historyRetention, "lease-history-retention", env("LEASEHOLD_LEASE_HISTORY_RETENTION", "168h"), "how long lease events, and the rows of released or expired leases, are kept before the reaper deletes them; 0 keeps them forever (env LEASEHOLD_LEASE_HISTORY_RETENTION)")
 	fs.StringVar(&c.LogLevel, "log-level", env("LEASEHOLD_LOG_LEVEL", "info"), "debug, info, warn or error (env LEASEHOLD_LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", env("LEASEHOLD_LOG_FORMAT", "json"), "json or console (env LEASEHOLD_LOG_FORMAT)")
 
@@ -163,6 +180,17 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 		} else {
 			c.RateBurst = b
 		}
+		for _, r := range []struct {
+			flag, raw string
+			to        *time.Duration
+		}{{"--task-retention", taskRetention, &c.TaskRetention}, {"--lease-history-retention", historyRetention, &c.LeaseHistoryRetention}} {
+			d, err := time.ParseDuration(r.raw)
+			if err != nil || d < 0 || retention.ValidateAge(d) != nil {
+				errs = append(errs, fmt.Errorf("%s %q must be 0 (keep forever) or a duration of at least 1m, e.g. 168h for a week", r.flag, r.raw))
+				continue
+			}
+			*r.to = d
+		}
 		for _, p := range strings.Split(proxies, ",") {
 			if p = strings.TrimSpace(p); p == "" {
 				continue
@@ -177,6 +205,11 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 				prefix = netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen())
 			}
 			c.TrustedProxies = append(c.TrustedProxies, prefix.Masked())
+		}
+		if c.ListenDatabaseURL != "" {
+			if _, err := pgxpool.ParseConfig(c.ListenDatabaseURL); err != nil {
+				errs = append(errs, fmt.Errorf("--listen-database-url (env LEASEHOLD_LISTEN_DATABASE_URL): %w; give a URL such as postgres://user:pass@host:5432/db", err))
+			}
 		}
 		if c.LogFormat != "json" && c.LogFormat != "console" {
 			errs = append(errs, fmt.Errorf("--log-format %q must be json or console", c.LogFormat))

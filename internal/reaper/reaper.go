@@ -4,16 +4,21 @@
 // then marks what has expired: the leases trigger records an "expired" event
 // and NOTIFYs it. Correctness never depends on the reaper: an expired lease
 // is free to acquire whether or not it was marked.
+//
+// The elected reaper also runs retention (internal/retention) while it
+// holds its lease: one replica at a time deletes what is too old to keep.
 package reaper
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/internal/retention"
 )
 
 // Resource is the lease that elects the reaper.
@@ -32,6 +37,9 @@ type Reaper struct {
 	// Marked, if set, is called with each lease the reaper announced as
 	// expired and the delay from its expires_at to the announcement.
 	Marked func(l lease.Lease, lag time.Duration)
+	// Retention, if set, runs while this reaper holds the reaper lease, and
+	// stops as soon as the lease is lost.
+	Retention *retention.Pruner
 
 	offset time.Duration // database clock − this process's clock, as last measured
 }
@@ -48,6 +56,16 @@ func (r *Reaper) Run(ctx context.Context) error {
 // reap runs one term as the reaper. It ends when the reaper lease is lost,
 // at the latest at its local deadline when the database cannot be reached.
 func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
+	if r.Retention != nil {
+		// ctx ends with the term; reap returns only then, and waits for it.
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() {
+			if err := r.Retention.Run(ctx); err != nil {
+				r.Log.Error().Err(err).Msg("retention stopped")
+			}
+		})
+	}
 	// Subscribe before the first pass so that no change falls between.
 	sub := r.Listener.Subscribe(notify.ChannelLease, 1024)
 	defer sub.Close()

@@ -24,6 +24,7 @@ import (
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/retention"
 	"github.com/leasehold/leasehold/internal/server"
 	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/schema"
@@ -103,8 +104,8 @@ func TestSecurityDocShowsTheGrants(t *testing.T) {
 // database as a role with exactly the grants of docs/least-privilege.sql:
 // the API (leases, tasks, generator, instances, readiness), instance
 // registration, the reaper's marking, the generator's fenced insert, the
-// workers' task operations and LISTEN. Then it checks what the role must
-// not be able to do.
+// workers' task operations, retention's pruning and LISTEN. Then it checks
+// what the role must not be able to do.
 func TestLeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -230,6 +231,41 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	}
 	b.generator(t, "POST", "/api/generator/stop", http.StatusAccepted)
 
+	// Retention, through the functions granted to the role: old finished
+	// tasks, lease events and ended leases go, and nothing else (the owner
+	// ages the rows, standing in for a week passing).
+	for _, sql := range []string{
+		`UPDATE tasks SET processed_at = now() - interval '8 days' WHERE state IN ('done', 'dead')`,
+		`UPDATE lease_events SET at = now() - interval '8 days' WHERE resource = 'report:nightly'`,
+		`UPDATE leases SET released_at = now() - interval '8 days', expires_at = now() - interval '8 days' WHERE resource = 'report:nightly'`,
+	} {
+		if _, err := db.Pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	pruner := retention.NewStore(app.Pool)
+	for _, p := range []struct {
+		what  string
+		prune func(context.Context, time.Duration, int32) (int64, error)
+		left  string
+	}{
+		{"tasks", pruner.PruneTasks, `SELECT count(*) FROM tasks WHERE state IN ('done', 'dead')`},
+		{"lease events", pruner.PruneLeaseEvents, `SELECT count(*) FROM lease_events WHERE resource = 'report:nightly'`},
+		{"leases", pruner.PruneLeases, `SELECT count(*) FROM leases WHERE resource = 'report:nightly'`},
+	} {
+		n, err := p.prune(ctx, retention.DefaultAge, 100)
+		var left int
+		if qerr := db.Pool.QueryRow(ctx, p.left).Scan(&left); qerr != nil {
+			t.Fatal(qerr)
+		}
+		if err != nil || n == 0 || left != 0 {
+			t.Errorf("prune %s as the runtime role: %d pruned, %d old left, %v; want all of them pruned", p.what, n, left, err)
+		}
+	}
+	if live, err := tasks.Get(ctx, again[0].ID); err != nil || live.State != "pending" {
+		t.Errorf("the requeued task after pruning: %+v, %v; want it kept, pending", live, err)
+	}
+
 	// What the role must not do. Every statement is its own transaction.
 	for _, sql := range []string{
 		`DROP TABLE leases`,
@@ -241,6 +277,9 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		`DELETE FROM lease_events`,
 		`UPDATE lease_events SET holder = 'someone else'`,
 		`TRUNCATE tasks`,
+		`DELETE FROM tasks WHERE state = 'done'`,
+		`CREATE OR REPLACE FUNCTION prune_tasks(age interval, batch integer) RETURNS bigint LANGUAGE sql AS 'DELETE FROM tasks RETURNING 1::bigint'`,
+		`ALTER FUNCTION prune_leases(interval, integer) RESET search_path`,
 		`INSERT INTO leasehold_migrations (version, name) VALUES (9999, 'evil')`,
 		`CREATE SCHEMA evil`,
 		`CREATE ROLE evil`,
@@ -250,6 +289,23 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
 			t.Errorf("%s as the runtime role: %v, want insufficient_privilege (42501)", sql, err)
 		}
+	}
+
+	// The retention functions run as their owner with a pinned search_path,
+	// and only the runtime role (not PUBLIC) may execute them.
+	var fns, secure, granted, public int
+	if err := db.Pool.QueryRow(ctx, `
+		SELECT count(*),
+		       count(*) FILTER (WHERE p.prosecdef AND EXISTS (SELECT 1 FROM unnest(p.proconfig) AS c WHERE c LIKE 'search_path=%')),
+		       count(*) FILTER (WHERE has_function_privilege($1, p.oid, 'EXECUTE')),
+		       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a
+		                                      WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
+		FROM pg_proc AS p
+		WHERE p.proname IN ('prune_tasks', 'prune_lease_events', 'prune_leases')`, user).Scan(&fns, &secure, &granted, &public); err != nil {
+		t.Fatal(err)
+	}
+	if fns != 3 || secure != 3 || granted != 3 || public != 0 {
+		t.Errorf("retention functions: %d, %d SECURITY DEFINER with search_path, %d executable by the role, %d by PUBLIC; want 3, 3, 3, 0", fns, secure, granted, public)
 	}
 
 	// Every table is readable by the role (a new migration's table must be

@@ -1,0 +1,517 @@
+package retention_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/retention"
+	"github.com/leasehold/leasehold/internal/task"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// week is the default retention; rows "8 days old" are past it.
+const week = retention.DefaultAge
+
+// owner runs test setup as the tables' owner: it stands in for time passing.
+func owner(t *testing.T, tdb pgtest.DB, sql string, args ...any) {
+	t.Helper()
+	if _, err := tdb.Pool.Exec(t.Context(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func ids(t *testing.T, tdb pgtest.DB, sql string) []int64 {
+	t.Helper()
+	rows, err := tdb.Pool.Query(t.Context(), sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func strs(t *testing.T, tdb pgtest.DB, sql string) []string {
+	t.Helper()
+	rows, err := tdb.Pool.Query(t.Context(), sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func data(n int) json.RawMessage { return json.RawMessage(fmt.Sprintf(`{"n":%d}`, n)) }
+
+// TestPruneTasks: tasks that ended (done or dead) more than the age ago
+// are deleted; a task that ended recently, and pending and running tasks
+// however old (even with a processed_at set), are kept.
+func TestPruneTasks(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tdb := pgtest.New(t)
+	tasks := task.NewStore(tdb.Pool)
+
+	// One task at a time, so that each claim takes the one just inserted.
+	run := func(maxAttempts int32) task.Task {
+		t.Helper()
+		ins, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data(1), MaxAttempts: maxAttempts}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimed, err := tasks.Claim(ctx, []string{"w/1"}, time.Minute)
+		if err != nil || len(claimed) != 1 || claimed[0].ID != ins[0].ID {
+			t.Fatalf("claim: %+v, %v; want task %d", claimed, err, ins[0].ID)
+		}
+		return claimed[0]
+	}
+	complete := func(tk task.Task) int64 {
+		t.Helper()
+		if _, err := tasks.Complete(ctx, tk.ID, "w/1", *tk.Fence, json.RawMessage(`{"ok":true}`)); err != nil {
+			t.Fatal(err)
+		}
+		return tk.ID
+	}
+	oldDone := complete(run(5))
+	newDone := complete(run(5))
+	dying := run(1)
+	if got, err := tasks.Fail(ctx, dying.ID, "w/1", *dying.Fence, "boom"); err != nil || got.State != "dead" {
+		t.Fatalf("fail the last attempt: %+v, %v; want dead", got, err)
+	}
+	oldDead := dying.ID
+	running := run(5).ID
+	ins, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data(2), ScheduledAt: time.Now().Add(-30 * 24 * time.Hour)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := ins[0].ID
+
+	// Everything but newDone ended, or says so, eight days ago.
+	owner(t, tdb, `UPDATE tasks SET processed_at = now() - interval '8 days', created_at = now() - interval '30 days' WHERE id <> $1`, newDone)
+
+	store := retention.NewStore(tdb.Pool)
+	n, err := store.PruneTasks(ctx, week, 1000)
+	if err != nil || n != 2 {
+		t.Fatalf("prune tasks: %d, %v; want 2 (the old done and dead tasks)", n, err)
+	}
+	got := ids(t, tdb, `SELECT id FROM tasks ORDER BY id`)
+	want := []int64{newDone, running, pending}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("tasks left: %v, want %v (pruned %d done, %d dead)", got, want, oldDone, oldDead)
+	}
+	if n, err := store.PruneTasks(ctx, week, 1000); err != nil || n != 0 {
+		t.Errorf("prune tasks again: %d, %v; want 0", n, err)
+	}
+	// The running task is still the worker's to complete.
+	if _, err := tasks.Heartbeat(ctx, running, "w/1", 0); err != nil {
+		t.Errorf("heartbeat of the running task after pruning: %v", err)
+	}
+}
+
+// TestPruneLeaseEvents: events recorded more than the age ago are deleted,
+// recent ones kept; the leases themselves are another matter.
+func TestPruneLeaseEvents(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tdb := pgtest.New(t)
+	leases := lease.NewStore(tdb.Pool)
+	for _, r := range []string{"old", "new"} {
+		if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: r, Holder: "h", TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := leases.Renew(ctx, lease.RenewParams{Resource: r, Holder: "h"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: "old", Holder: "h"}); err != nil {
+		t.Fatal(err)
+	}
+	owner(t, tdb, `UPDATE lease_events SET at = at - interval '8 days' WHERE resource = 'old'`)
+
+	n, err := retention.NewStore(tdb.Pool).PruneLeaseEvents(ctx, week, 1000)
+	if err != nil || n != 3 {
+		t.Fatalf("prune lease events: %d, %v; want 3 (old's acquired, renewed, released)", n, err)
+	}
+	if got := strs(t, tdb, `SELECT resource || ':' || kind FROM lease_events ORDER BY id`); !slices.Equal(got, []string{"new:acquired", "new:renewed"}) {
+		t.Errorf("events left: %q, want new's two", got)
+	}
+	if got := strs(t, tdb, `SELECT resource FROM leases ORDER BY resource`); !slices.Equal(got, []string{"new", "old"}) {
+		t.Errorf("leases: %q, want both kept by event pruning", got)
+	}
+}
+
+// TestPruneLeases: the rows of leases released, or announced expired, more
+// than the age ago are deleted; live leases (even very old, long-TTL ones,
+// or old rows taken over since), recent ends and expiries not yet
+// announced are kept. A pruned resource acquired again gets a greater
+// fence than any before: fences come from one sequence.
+func TestPruneLeases(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tdb := pgtest.New(t)
+	leases := lease.NewStore(tdb.Pool)
+	acquire := func(resource, holder string, ttl time.Duration) lease.Lease {
+		t.Helper()
+		acq, err := leases.Acquire(ctx, lease.AcquireParams{Resource: resource, Holder: holder, TTL: ttl})
+		if err != nil || !acq.New {
+			t.Fatalf("acquire %s: %+v, %v", resource, acq, err)
+		}
+		return acq.Lease
+	}
+	release := func(resource, holder string) {
+		t.Helper()
+		if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: resource, Holder: holder}); err != nil {
+			t.Fatalf("release %s: %v", resource, err)
+		}
+	}
+
+	released := acquire("released-old", "h", time.Minute)
+	release("released-old", "h")
+	acquire("released-new", "h", time.Minute)
+	release("released-new", "h")
+	acquire("expired-old", "h", time.Minute)
+	acquire("expired-unannounced", "h", time.Minute)
+	acquire("active-old", "h", time.Hour)
+	acquire("retaken", "h", time.Minute)
+	release("retaken", "h")
+
+	// Eight days pass for all but the recent ones (owner's setup).
+	owner(t, tdb, `UPDATE leases SET created_at = created_at - interval '30 days' WHERE resource <> 'released-new'`)
+	owner(t, tdb, `UPDATE leases SET released_at = now() - interval '8 days', expires_at = now() - interval '8 days'
+		WHERE resource IN ('released-old', 'retaken')`)
+	owner(t, tdb, `UPDATE leases SET expires_at = now() - interval '8 days' - interval '1 minute',
+		expired_at = now() - interval '8 days' WHERE resource = 'expired-old'`)
+	owner(t, tdb, `UPDATE leases SET expires_at = now() - interval '8 days' WHERE resource = 'expired-unannounced'`)
+	// Taken over since: live again, its old end forgotten.
+	retaken := acquire("retaken", "other", time.Minute)
+
+	store := retention.NewStore(tdb.Pool)
+	n, err := store.PruneLeases(ctx, week, 1000)
+	if err != nil || n != 2 {
+		t.Fatalf("prune leases: %d, %v; want 2", n, err)
+	}
+	want := []string{"active-old", "expired-unannounced", "released-new", "retaken"}
+	if got := strs(t, tdb, `SELECT resource FROM leases ORDER BY resource`); !slices.Equal(got, want) {
+		t.Errorf("leases left: %q, want %q", got, want)
+	}
+	for _, r := range []string{"active-old", "retaken"} {
+		if _, err := leases.Renew(ctx, lease.RenewParams{Resource: r, Holder: map[string]string{"active-old": "h", "retaken": "other"}[r]}); err != nil {
+			t.Errorf("renew %s after pruning: %v", r, err)
+		}
+	}
+
+	// The unannounced expiry is announced now: it is kept for the age from
+	// there, so its "expired" event is never lost.
+	if marked, err := leases.MarkExpired(ctx, 100); err != nil || len(marked) != 1 {
+		t.Fatalf("mark expired: %+v, %v; want expired-unannounced", marked, err)
+	}
+	if n, err := store.PruneLeases(ctx, week, 1000); err != nil || n != 0 {
+		t.Errorf("prune leases after the announcement: %d, %v; want 0", n, err)
+	}
+
+	var maxFence int64
+	if err := tdb.Pool.QueryRow(ctx, `SELECT max(fence) FROM lease_events`).Scan(&maxFence); err != nil {
+		t.Fatal(err)
+	}
+	again := acquire("released-old", "h2", time.Minute)
+	if again.Fence <= released.Fence || again.Fence <= maxFence || again.ID == released.ID {
+		t.Errorf("acquisition after its row was pruned: id %d fence %d; want a new row and a fence above %d (its last) and %d (any before)",
+			again.ID, again.Fence, released.Fence, maxFence)
+	}
+	if retaken.Fence <= released.Fence {
+		t.Errorf("retaken fence %d, want above %d", retaken.Fence, released.Fence)
+	}
+}
+
+// TestPruneBatches: each call deletes at most its batch; a round goes on
+// until a batch comes back short, and a round that reaches its bound says
+// there is more.
+func TestPruneBatches(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tdb := pgtest.New(t)
+	tasks := task.NewStore(tdb.Pool)
+	leases := lease.NewStore(tdb.Pool)
+	batch := make([]task.NewTask, 25)
+	for i := range batch {
+		batch[i] = task.NewTask{TaskData: data(i)}
+	}
+	if _, err := tasks.Insert(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	// 25 tasks finished, 25 events recorded, eight days ago.
+	owner(t, tdb, `UPDATE tasks SET state = 'done', processed_at = now() - interval '8 days'`)
+	for i := range 25 {
+		if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: fmt.Sprintf("r%d", i), Holder: "h", TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owner(t, tdb, `UPDATE lease_events SET at = at - interval '8 days'`)
+
+	store := retention.NewStore(tdb.Pool)
+	var calls []int64
+	for {
+		n, err := store.PruneLeaseEvents(ctx, week, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, n)
+		if n == 0 || len(calls) > 10 {
+			break
+		}
+	}
+	if !slices.Equal(calls, []int64{10, 10, 5, 0}) {
+		t.Errorf("events pruned per call of batch 10: %v, want [10 10 5 0]", calls)
+	}
+
+	p := &retention.Pruner{Store: store, Config: retention.Config{TaskAge: week, Batch: 10, Pause: time.Millisecond}}
+	counts, err := p.Round(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts.Tasks != 25 || counts.Batches != 3 || counts.More || counts.Leases != 0 || counts.LeaseEvents != 0 {
+		t.Errorf("round of batch 10 over 25 tasks: %+v; want 25 tasks in 3 batches, nothing more", counts)
+	}
+	if left := ids(t, tdb, `SELECT id FROM tasks`); len(left) != 0 {
+		t.Errorf("tasks left after the round: %v", left)
+	}
+
+	// A backlog beyond a round's bound (100 batches): the round says so.
+	owner(t, tdb, `INSERT INTO lease_events (at, lease_id, resource, holder, fence, kind, expires_at)
+		SELECT now() - interval '8 days', 0, 'gone', 'h', g, 'released', now() - interval '8 days'
+		FROM generate_series(1, 101) AS g`)
+	p.Config = retention.Config{LeaseHistoryAge: week, Batch: 1, Pause: time.Millisecond}
+	first, err := p.Round(ctx)
+	if err != nil || first.LeaseEvents != 100 || !first.More {
+		t.Errorf("round of batch 1 over 101 events: %+v, %v; want 100 and more to do", first, err)
+	}
+	second, err := p.Round(ctx)
+	if err != nil || second.LeaseEvents != 1 || second.More {
+		t.Errorf("next round: %+v, %v; want the last event, nothing more", second, err)
+	}
+}
+
+// TestRetentionZeroKeepsForever: an age of 0 prunes nothing of its kind.
+func TestRetentionZeroKeepsForever(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tdb := pgtest.New(t)
+	if _, err := task.NewStore(tdb.Pool).Insert(ctx, []task.NewTask{{TaskData: data(0)}}); err != nil {
+		t.Fatal(err)
+	}
+	leases := lease.NewStore(tdb.Pool)
+	if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "h", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: "r", Holder: "h"}); err != nil {
+		t.Fatal(err)
+	}
+	// Ended a year ago.
+	owner(t, tdb, `UPDATE tasks SET state = 'done', processed_at = now() - interval '365 days'`)
+	owner(t, tdb, `UPDATE leases SET released_at = now() - interval '365 days', expires_at = now() - interval '365 days'`)
+	owner(t, tdb, `UPDATE lease_events SET at = now() - interval '365 days'`)
+	count := func() (tasks, leases, events int) {
+		t.Helper()
+		if err := tdb.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM leases), (SELECT count(*) FROM lease_events)`).Scan(&tasks, &leases, &events); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	tasksBefore, leasesBefore, eventsBefore := count()
+
+	store := retention.NewStore(tdb.Pool)
+	off := &retention.Pruner{Store: store, Config: retention.Config{}}
+	if off.Config.Enabled() {
+		t.Error("a config of zero ages says it prunes")
+	}
+	if counts, err := off.Round(ctx); err != nil || counts != (retention.Counts{}) {
+		t.Errorf("round with both ages 0: %+v, %v; want nothing done", counts, err)
+	}
+	// Run with nothing to do returns at once.
+	if err := off.Run(ctx); err != nil {
+		t.Errorf("run with both ages 0: %v", err)
+	}
+	if tk, l, e := count(); tk != tasksBefore || l != leasesBefore || e != eventsBefore {
+		t.Errorf("rows after a round keeping everything: %d tasks, %d leases, %d events; want %d, %d, %d", tk, l, e, tasksBefore, leasesBefore, eventsBefore)
+	}
+
+	// Tasks kept forever, lease history a week.
+	p := &retention.Pruner{Store: store, Config: retention.Config{LeaseHistoryAge: week, Pause: time.Millisecond}}
+	counts, err := p.Round(ctx)
+	if err != nil || counts.Tasks != 0 || counts.Leases != 1 || counts.LeaseEvents != int64(eventsBefore) {
+		t.Errorf("round with task retention 0: %+v, %v; want no tasks, 1 lease, %d events", counts, err, eventsBefore)
+	}
+	if tk, _, _ := count(); tk != tasksBefore {
+		t.Errorf("tasks after a round with task retention 0: %d, want %d", tk, tasksBefore)
+	}
+}
+
+// TestBadRetention: the configuration and the database both refuse an age
+// under a minute, a negative one, and a batch out of range, saying what to
+// pass instead.
+func TestBadRetention(t *testing.T) {
+	t.Parallel()
+	for _, c := range []retention.Config{
+		{TaskAge: -time.Hour},
+		{TaskAge: 30 * time.Second},
+		{LeaseHistoryAge: time.Minute - time.Nanosecond},
+		{TaskAge: week, Batch: -1},
+		{TaskAge: week, Batch: retention.MaxBatch + 1},
+		{TaskAge: week, Pause: -time.Second},
+		{TaskAge: week, Interval: -time.Second},
+	} {
+		err := c.Validate()
+		if err == nil {
+			t.Errorf("%+v: valid, want an error", c)
+			continue
+		}
+		if p := (&retention.Pruner{Config: c}); p.Run(t.Context()) == nil {
+			t.Errorf("%+v: Run started, want the error", c)
+		}
+		t.Logf("%+v: %v", c, err)
+	}
+	for _, c := range []retention.Config{{}, {TaskAge: time.Minute, LeaseHistoryAge: 365 * 24 * time.Hour, Batch: 1}} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%+v: %v, want valid", c, err)
+		}
+	}
+
+	// The database's own floor, whatever the caller passes.
+	tdb := pgtest.New(t)
+	store := retention.NewStore(tdb.Pool)
+	for name, prune := range map[string]func(context.Context, time.Duration, int32) (int64, error){
+		"tasks": store.PruneTasks, "leases": store.PruneLeases, "lease events": store.PruneLeaseEvents,
+	} {
+		for _, tc := range []struct {
+			age   time.Duration
+			batch int32
+			want  string
+		}{
+			{30 * time.Second, 10, "too short"},
+			{-week, 10, "too short"},
+			{week, 0, "out of range"},
+			{week, retention.MaxBatch + 1, "out of range"},
+		} {
+			_, err := prune(t.Context(), tc.age, tc.batch)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "22023" || !strings.Contains(pgErr.Message, tc.want) || pgErr.Hint == "" {
+				t.Errorf("prune %s (age %s, batch %d): %v; want invalid_parameter_value (22023) %q with a hint", name, tc.age, tc.batch, err, tc.want)
+			}
+		}
+	}
+}
+
+// syncBuffer is a log sink the pruner and the test share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+// TestRunLogsOneLinePerRound: Run prunes at once, in batches, and logs the
+// round once at info level with its counts, however many batches it took;
+// a round that found nothing logs nothing at info.
+func TestRunLogsOneLinePerRound(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	tdb := pgtest.New(t)
+	batch := make([]task.NewTask, 12)
+	for i := range batch {
+		batch[i] = task.NewTask{TaskData: data(i)}
+	}
+	if _, err := task.NewStore(tdb.Pool).Insert(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	owner(t, tdb, `UPDATE tasks SET state = 'dead', processed_at = now() - interval '8 days'`)
+
+	var logs syncBuffer
+	rounds := make(chan retention.Counts, 10)
+	p := &retention.Pruner{
+		Store:  retention.NewStore(tdb.Pool),
+		Config: retention.Config{TaskAge: week, LeaseHistoryAge: week, Batch: 5, Pause: time.Millisecond, Interval: time.Hour},
+		Log:    zerolog.New(&logs).Level(zerolog.InfoLevel),
+		Pruned: func(c retention.Counts) { rounds <- c },
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var first retention.Counts
+	select {
+	case first = <-rounds:
+	case <-time.After(30 * time.Second): // keeps a broken test from hanging; asserts no speed
+		t.Fatal("no round")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if first.Tasks != 12 || first.Batches != 5 { // tasks 5+5+2, leases 0, events 0
+		t.Errorf("first round: %+v, want 12 tasks in 5 batches", first)
+	}
+	var lines []map[string]any
+	for l := range strings.Lines(logs.String()) {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		lines = append(lines, m)
+	}
+	if len(lines) != 1 || lines[0]["level"] != "info" || lines[0]["tasks"] != float64(12) || lines[0]["batches"] != float64(5) {
+		t.Errorf("logs: %v; want one info line with tasks 12 and batches 5", lines)
+	}
+
+	// Nothing left: a round logs nothing at info.
+	var quietLogs syncBuffer
+	quiet := *p
+	quiet.Log = zerolog.New(&quietLogs).Level(zerolog.InfoLevel)
+	ctx2, cancel2 := context.WithCancel(t.Context())
+	done2 := make(chan error, 1)
+	go func() { done2 <- quiet.Run(ctx2) }()
+	select {
+	case c := <-rounds:
+		if c.Total() != 0 {
+			t.Errorf("second run: %+v, want nothing pruned", c)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no round")
+	}
+	cancel2()
+	if err := <-done2; err != nil {
+		t.Fatal(err)
+	}
+	if s := quietLogs.String(); s != "" {
+		t.Errorf("an empty round logged at info: %s", s)
+	}
+}
