@@ -99,6 +99,7 @@ type feed struct {
 	sentOrder []int64
 
 	changes   []lease.Change // non-task lease changes waiting for leaseBatch
+	received  []time.Time    // when the notification of each of changes arrived
 	generator bool           // a generator message is due with the batch
 	instances bool           // an instances message is due with the batch
 	resynced  bool           // the listener resynced: catch up on missed events
@@ -165,6 +166,7 @@ func (f *feed) run(ctx context.Context) {
 				f.instances = true
 			}
 			f.changes = append(f.changes, ch)
+			f.received = append(f.received, n.Received)
 			armLease()
 		case <-taskSub.C():
 			f.tasksDirty = true
@@ -220,8 +222,8 @@ func (f *feed) remember(id int64) {
 func (f *feed) flushLeases(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	changes, resynced := f.changes, f.resynced
-	f.changes, f.resynced = nil, false
+	changes, received, resynced := f.changes, f.received, f.resynced
+	f.changes, f.received, f.resynced = nil, nil, false
 
 	// The events the notifications announce, and after a resync those
 	// whose notifications may have been lost.
@@ -233,6 +235,7 @@ func (f *feed) flushLeases(ctx context.Context) {
 	if err != nil {
 		f.h.d.Log.Warn().Err(err).Msg("reading lease events")
 	}
+	f.observeLag(changes, received, evs)
 	if resynced {
 		missed, err := f.h.d.Leases.NonTaskEvents(ctx, f.lastEvent, maxMissedEvents)
 		if err != nil {
@@ -279,6 +282,24 @@ func (f *feed) flushLeases(ctx context.Context) {
 			f.h.d.Log.Warn().Err(err).Msg("listing instances")
 		} else {
 			f.send(ctx, instancesMsg{Type: "instances", Instances: nonNil(is)})
+		}
+	}
+}
+
+// observeLag reports the notify lag of each change whose event was read:
+// from the event's time (the database clock) to the arrival of its
+// notification (this process's clock), never below zero.
+func (f *feed) observeLag(changes []lease.Change, received []time.Time, evs []lease.Event) {
+	if f.h.d.NotifyLag == nil || len(evs) == 0 {
+		return
+	}
+	at := make(map[int64]time.Time, len(evs))
+	for _, e := range evs {
+		at[e.ID] = e.At
+	}
+	for i, c := range changes {
+		if t, ok := at[c.EventID]; ok {
+			f.h.d.NotifyLag(max(received[i].Sub(t), 0))
 		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gorilla/websocket"
 	"github.com/rs/zerolog"
@@ -57,6 +58,12 @@ type Deps struct {
 	// DefaultSendBuffer.
 	SendBuffer int
 	Log        zerolog.Logger
+	// NotifyLag, if set, is called with the delay from each lease change
+	// the feed was notified of to the notification's arrival: the change's
+	// time as its event records it (the database clock) to the arrival (this
+	// process's clock), so a skew between the two clocks shifts it. Called
+	// from the feed's goroutine; it must be quick.
+	NotifyLag func(lag time.Duration)
 }
 
 // Hub keeps the websocket clients of one replica and feeds them.

@@ -50,6 +50,7 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Leas
 			failures = 0
 			sub.Close()
 			log.Info().Int64("fence", acq.Lease.Fence).Msg("won the lease")
+			keep.won(acq.Lease)
 			e.hold(ctx, acq.Lease, sent, lead)
 			sub = e.Listener.Subscribe(notify.ChannelLease, 64)
 			log.Info().Int64("fence", acq.Lease.Fence).Msg("gave up the lease")
@@ -155,7 +156,11 @@ func (e *Elector) hold(ctx context.Context, l Lease, sent time.Time, lead func(c
 func (e *Elector) release(ctx context.Context, p ReleaseParams) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	if _, err := e.Store.Release(rctx, p); err != nil && !errors.Is(err, ErrNotHeld) {
+	l, err := e.Store.Release(rctx, p)
+	switch {
+	case err == nil:
+		e.Keep.released(l)
+	case !errors.Is(err, ErrNotHeld):
 		e.Log.Warn().Err(err).Str("resource", p.Resource).Msg("release failed; the lease will expire on its own")
 	}
 }

@@ -22,6 +22,53 @@ type KeepConfig struct {
 	// Margin is taken off the holder's deadline to cover clock rate
 	// differences and the time a request takes to arrive (default TTL/10).
 	Margin time.Duration
+	// Observer, if set, hears what becomes of the lease (metrics).
+	Observer KeepObserver
+}
+
+// KeepObserver hears what becomes of the leases a holder keeps, so that
+// metrics can count them without this package knowing about metrics. Its
+// methods are called from the holder's goroutines: they must be quick and
+// safe for concurrent use.
+type KeepObserver interface {
+	// Won is called with the lease each time an Elector wins it.
+	Won(l Lease)
+	// RenewFailed is called for each renewal that did not succeed: refused
+	// (err wraps ErrNotHeld), or failed (the database could not be reached
+	// or did not answer in time).
+	RenewFailed(err error)
+	// Lost is called once when the lease counts as lost: reason is
+	// ErrNotHeld (a renewal was refused) or wraps ErrDeadline (no renewal
+	// succeeded before the holder's deadline).
+	Lost(reason error)
+	// Released is called with the lease as an Elector released it.
+	Released(l Lease)
+}
+
+func (c KeepConfig) won(l Lease) {
+	if c.Observer != nil {
+		c.Observer.Won(l)
+	}
+}
+
+func (c KeepConfig) renewFailed(err error) {
+	if c.Observer != nil {
+		c.Observer.RenewFailed(err)
+	}
+}
+
+// lost reports reason to the observer and returns it.
+func (c KeepConfig) lost(reason error) error {
+	if c.Observer != nil {
+		c.Observer.Lost(reason)
+	}
+	return reason
+}
+
+func (c KeepConfig) released(l Lease) {
+	if c.Observer != nil {
+		c.Observer.Released(l)
+	}
 }
 
 // withDefaults fills the zero fields.
@@ -69,6 +116,7 @@ var ErrDeadline = errors.New("lease deadline passed without a successful renewal
 // gives the lease up before the server can hand it to another. A renewal
 // that hangs (an unreachable database) is cut short at that deadline.
 // renew must return ErrNotHeld (wrapped or not) when the server refused.
+// c.Observer hears of every failed renewal and of the loss.
 func keep(ctx context.Context, c KeepConfig, sent time.Time, renew func(ctx context.Context) error) error {
 	c = c.withDefaults()
 	deadline := sent.Add(c.TTL - c.Margin)
@@ -87,9 +135,9 @@ func keep(ctx context.Context, c KeepConfig, sent time.Time, renew func(ctx cont
 		}
 		if !time.Now().Before(deadline) {
 			if last != nil {
-				return fmt.Errorf("%w; the last renewal failed: %w", ErrDeadline, last)
+				return c.lost(fmt.Errorf("%w; the last renewal failed: %w", ErrDeadline, last))
 			}
-			return ErrDeadline
+			return c.lost(ErrDeadline)
 		}
 		attempt := time.Now()
 		rctx, cancel := context.WithDeadline(ctx, deadline)
@@ -101,10 +149,12 @@ func keep(ctx context.Context, c KeepConfig, sent time.Time, renew func(ctx cont
 			due = attempt.Add(jitter(c.RenewInterval))
 			last = nil
 		case errors.Is(err, ErrNotHeld):
-			return ErrNotHeld
+			c.renewFailed(err)
+			return c.lost(ErrNotHeld)
 		case ctx.Err() != nil:
 			return nil
 		default:
+			c.renewFailed(err)
 			due = time.Now().Add(c.RetryInterval)
 			last = err
 		}

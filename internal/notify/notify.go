@@ -34,6 +34,10 @@ const (
 type Notification struct {
 	Channel string
 	Payload string
+	// Received is when the notification arrived from the server, by this
+	// process's clock: a subscriber that reads when the change happened
+	// (by the database clock) measures the delivery lag from it.
+	Received time.Time
 }
 
 // The payloads of ChannelTask, each sent at most once per statement
@@ -236,7 +240,7 @@ type handler struct {
 }
 
 func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
-	h.l.dispatch(Notification{Channel: n.Channel, Payload: n.Payload})
+	h.l.dispatch(Notification{Channel: n.Channel, Payload: n.Payload, Received: time.Now()})
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strconv"
@@ -10,11 +11,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/leasehold/leasehold/internal/db"
 	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/task"
+	"github.com/leasehold/leasehold/internal/worker"
 )
 
 // Metrics are the replica's Prometheus metrics, on a registry of its own.
+// docs/metrics.md is their catalogue, with what to alert on; a test keeps
+// the two in step.
+//
+// Every label takes a few values fixed by the code (no ids, no names from
+// requests), and the series of each known label value exist from the start
+// at 0, so that rate() and increase() see the first event.
 type Metrics struct {
 	reg       *prometheus.Registry
 	requests  *prometheus.CounterVec
@@ -23,7 +32,35 @@ type Metrics struct {
 	taskOps   *prometheus.CounterVec
 	expiries  prometheus.Counter
 	expiryLag prometheus.Histogram
+
+	releaseAge    *prometheus.HistogramVec
+	won           *prometheus.CounterVec
+	renewFailures *prometheus.CounterVec
+	lost          *prometheus.CounterVec
+	claimed       prometheus.Counter
+	finished      *prometheus.CounterVec
+	claimWait     prometheus.Histogram
+	notifyLag     prometheus.Histogram
 }
+
+// The kinds of lease holder in the metrics' holder label: the REST API's
+// clients, this replica's electors, and its workers' task leases.
+const (
+	HolderAPI       = "api"
+	HolderGenerator = "generator"
+	HolderReaper    = "reaper"
+	HolderInstance  = "instance"
+	HolderTask      = "task"
+)
+
+// The values of the metrics' reason label for a lost lease.
+const (
+	lostRefused  = "refused"  // a renewal (heartbeat, completion) was refused: the lease had lapsed or been taken over
+	lostDeadline = "deadline" // no renewal succeeded before the holder's local deadline
+)
+
+// The outcomes of leasehold_worker_tasks_finished_total.
+var workerOutcomes = []string{"completed", "failed", "dead", "handed_back", "lease_lost", "crashed"}
 
 // NewMetrics registers leasehold's metrics. listenerUp and reconnects read
 // the LISTEN connection's state at scrape time.
@@ -39,7 +76,7 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 		}, []string{"route"}),
 		leaseOps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_lease_operations_total",
-			Help: "Lease operations by op (acquire, renew, release) and outcome (ok, conflict, not_held, error).",
+			Help: "Lease operations over the API by op (acquire, renew, release) and outcome (ok, conflict, not_held, error).",
 		}, []string{"op", "outcome"}),
 		taskOps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_task_operations_total",
@@ -52,8 +89,44 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 			Name: "leasehold_lease_expiry_announce_lag_seconds", Help: "Time from a lease's expires_at to the reaper announcing it.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}),
+		releaseAge: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "leasehold_lease_age_at_release_seconds",
+			Help:    "Age of a lease (released_at − created_at, by the database clock) when its holder released it, by kind of holder (api, generator, reaper, instance).",
+			Buckets: []float64{.01, .1, .5, 1, 5, 15, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600},
+		}, []string{"holder"}),
+		won: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_leases_won_total",
+			Help: "Leases this replica's electors won, by kind of holder (generator, reaper, instance).",
+		}, []string{"holder"}),
+		renewFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_lease_renew_failures_total",
+			Help: "Renewals (task heartbeats included) of leases this replica holds that were refused or failed, by kind of holder (generator, reaper, instance, task).",
+		}, []string{"holder"}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_leases_lost_total",
+			Help: "Leases this replica held and lost, by kind of holder (generator, reaper, instance, task) and reason (refused, deadline).",
+		}, []string{"holder", "reason"}),
+		claimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_worker_tasks_claimed_total", Help: "Tasks this replica's workers claimed.",
+		}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_worker_tasks_finished_total",
+			Help: "Tasks this replica's workers were done with, by outcome (completed, failed, dead, handed_back, lease_lost, crashed).",
+		}, []string{"outcome"}),
+		claimWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "leasehold_task_insert_to_claim_seconds",
+			Help:    "Time from a task's insert, or its scheduled_at when later, to its first claim by this replica's workers, by the database clock.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+		}),
+		notifyLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "leasehold_notify_lag_seconds",
+			Help:    "Time from a lease change (its event's time, database clock) to the arrival of its NOTIFY in this process (this host's clock).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}),
 	}
+	m.initSeries()
 	m.reg.MustRegister(m.requests, m.duration, m.leaseOps, m.taskOps, m.expiries, m.expiryLag,
+		m.releaseAge, m.won, m.renewFailures, m.lost, m.claimed, m.finished, m.claimWait, m.notifyLag,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "leasehold_listener_connected", Help: "1 while the LISTEN connection is up.",
@@ -70,12 +143,65 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 	return m
 }
 
+// initSeries creates the series of every known label value at 0.
+func (m *Metrics) initSeries() {
+	for op, outcomes := range map[string][]string{
+		"acquire": {"ok", "conflict", "error"},
+		"renew":   {"ok", "not_held", "error"},
+		"release": {"ok", "not_held", "error"},
+	} {
+		for _, o := range outcomes {
+			m.leaseOps.WithLabelValues(op, o)
+		}
+	}
+	for op, outcomes := range map[string][]string{
+		"insert":    {"ok", "error"},
+		"claim":     {"ok", "empty", "error"},
+		"heartbeat": {"ok", "lease_lost", "not_found", "error"},
+		"complete":  {"ok", "lease_lost", "not_found", "error"},
+		"fail":      {"ok", "lease_lost", "not_found", "error"},
+	} {
+		for _, o := range outcomes {
+			m.taskOps.WithLabelValues(op, o)
+		}
+	}
+	for _, h := range []string{HolderAPI, HolderGenerator, HolderReaper, HolderInstance} {
+		m.releaseAge.WithLabelValues(h)
+	}
+	for _, h := range []string{HolderGenerator, HolderReaper, HolderInstance} {
+		m.won.WithLabelValues(h)
+	}
+	for _, h := range []string{HolderGenerator, HolderReaper, HolderInstance, HolderTask} {
+		m.renewFailures.WithLabelValues(h)
+		m.lost.WithLabelValues(h, lostRefused)
+		m.lost.WithLabelValues(h, lostDeadline)
+	}
+	for _, o := range workerOutcomes {
+		m.finished.WithLabelValues(o)
+	}
+}
+
 // WatchClients exports clients, read at scrape time, as the gauge of
 // connected websocket clients.
 func (m *Metrics) WatchClients(clients func() int) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "leasehold_ws_clients", Help: "Websocket clients connected to /ws.",
 	}, func() float64 { return float64(clients()) }))
+}
+
+// maxGaugeCount bounds each count of the database gauges: a count stops
+// there, so that a scrape stays cheap whatever the backlog; a gauge at
+// maxGaugeCount means "at least that many".
+const maxGaugeCount = 100_000
+
+// WatchDatabase exports the state gauges read from the database at scrape
+// time (leases and tasks by state, the oldest due task, the oldest
+// unannounced expiry, the tables' estimated sizes) and leasehold_db_up.
+// Each scrape runs one cheap statement (queries/metrics.sql) bounded by
+// timeout: when the database does not answer in time the scrape still
+// answers, with leasehold_db_up 0 and without the state gauges.
+func (m *Metrics) WatchDatabase(conn db.DBTX, timeout time.Duration) {
+	m.reg.MustRegister(newDBCollector(db.New(conn), timeout))
 }
 
 // Handler serves the metrics in the Prometheus text format.
@@ -87,6 +213,82 @@ func (m *Metrics) Handler() http.Handler {
 func (m *Metrics) ExpiryAnnounced(_ lease.Lease, lag time.Duration) {
 	m.expiries.Inc()
 	m.expiryLag.Observe(lag.Seconds())
+}
+
+// NotifyLag records the delay from a lease change to the arrival of its
+// notification (hub.Deps.NotifyLag).
+func (m *Metrics) NotifyLag(lag time.Duration) { m.notifyLag.Observe(lag.Seconds()) }
+
+// KeepObserver returns the observer of the leases one kind of in-process
+// holder keeps (lease.KeepConfig.Observer): holder is HolderGenerator,
+// HolderReaper or HolderInstance.
+func (m *Metrics) KeepObserver(holder string) lease.KeepObserver {
+	return keepObserver{
+		won:           m.won.WithLabelValues(holder),
+		renewFailures: m.renewFailures.WithLabelValues(holder),
+		lostRefused:   m.lost.WithLabelValues(holder, lostRefused),
+		lostDeadline:  m.lost.WithLabelValues(holder, lostDeadline),
+		releaseAge:    m.releaseAge.WithLabelValues(holder),
+	}
+}
+
+type keepObserver struct {
+	won, renewFailures, lostRefused, lostDeadline prometheus.Counter
+	releaseAge                                    prometheus.Observer
+}
+
+func (o keepObserver) Won(lease.Lease)        { o.won.Inc() }
+func (o keepObserver) RenewFailed(error)      { o.renewFailures.Inc() }
+func (o keepObserver) Released(l lease.Lease) { observeAge(o.releaseAge, l) }
+
+func (o keepObserver) Lost(reason error) {
+	if errors.Is(reason, lease.ErrDeadline) {
+		o.lostDeadline.Inc()
+		return
+	}
+	o.lostRefused.Inc()
+}
+
+// observeAge records a released lease's age by the database clock.
+func observeAge(h prometheus.Observer, l lease.Lease) {
+	if l.ReleasedAt != nil {
+		h.Observe(max(l.ReleasedAt.Sub(l.CreatedAt), 0).Seconds())
+	}
+}
+
+// WorkerEvent counts what a worker pool did (worker.Pool.OnEvent): claims,
+// the insert→claim wait of first attempts (a task claimed again after its
+// lease lapsed waited through its earlier attempt too), the outcome of each
+// task, failed heartbeats and lost task leases.
+func (m *Metrics) WorkerEvent(ev worker.Event) {
+	switch ev.Kind {
+	case worker.EventClaimed:
+		m.claimed.Inc()
+		if ev.Attempts == 1 {
+			m.claimWait.Observe(ev.Waited.Seconds())
+		}
+	case worker.EventCompleted:
+		m.finished.WithLabelValues("completed").Inc()
+	case worker.EventFailed:
+		if ev.State == task.StateDead {
+			m.finished.WithLabelValues("dead").Inc()
+		} else {
+			m.finished.WithLabelValues("failed").Inc()
+		}
+	case worker.EventRequeued:
+		m.finished.WithLabelValues("handed_back").Inc()
+	case worker.EventCrashed:
+		m.finished.WithLabelValues("crashed").Inc()
+	case worker.EventLeaseLost:
+		m.finished.WithLabelValues("lease_lost").Inc()
+		reason := lostRefused
+		if errors.Is(ev.Err, lease.ErrDeadline) {
+			reason = lostDeadline
+		}
+		m.lost.WithLabelValues(HolderTask, reason).Inc()
+	case worker.EventHeartbeatFailed:
+		m.renewFailures.WithLabelValues(HolderTask).Inc()
+	}
 }
 
 func (m *Metrics) observeRequest(route, method string, status int, d time.Duration) {
@@ -108,6 +310,15 @@ func (m *Metrics) leaseOp(op string, err error) {
 	m.leaseOps.WithLabelValues(op, outcome).Inc()
 }
 
+// leaseReleased counts a release over the API and, when it succeeded,
+// records the age of the lease it released.
+func (m *Metrics) leaseReleased(l lease.Lease, err error) {
+	m.leaseOp("release", err)
+	if err == nil {
+		observeAge(m.releaseAge.WithLabelValues(HolderAPI), l)
+	}
+}
+
 // taskOp counts one task operation by its outcome; a claim that found
 // nothing ready counts as "empty".
 func (m *Metrics) taskOp(op string, err error) {
@@ -124,4 +335,69 @@ func (m *Metrics) taskOp(op string, err error) {
 		outcome = "error"
 	}
 	m.taskOps.WithLabelValues(op, outcome).Inc()
+}
+
+// dbCollector reads the database gauges at scrape time.
+type dbCollector struct {
+	q       *db.Queries
+	timeout time.Duration
+
+	up, leases, oldestExpiry, tasks, oldestDue, rows *prometheus.Desc
+}
+
+func newDBCollector(q *db.Queries, timeout time.Duration) *dbCollector {
+	return &dbCollector{
+		q: q, timeout: timeout,
+		up: prometheus.NewDesc("leasehold_db_up",
+			"1 when the database answered this scrape's gauge query in time, else 0 (and the database gauges are absent).", nil, nil),
+		leases: prometheus.NewDesc("leasehold_leases",
+			"Leases by state: active (held), expired_unannounced (expired, not yet announced by a reaper), counted up to 100000.",
+			[]string{"state"}, nil),
+		oldestExpiry: prometheus.NewDesc("leasehold_lease_oldest_unannounced_expiry_seconds",
+			"How long ago the oldest expired lease that no reaper announced yet expired (0 when none), by the database clock.", nil, nil),
+		tasks: prometheus.NewDesc("leasehold_tasks",
+			"Tasks by state (pending, running, dead), counted up to 100000.", []string{"state"}, nil),
+		oldestDue: prometheus.NewDesc("leasehold_task_oldest_due_seconds",
+			"How long the oldest due pending task has been due (0 when none), by the database clock.", nil, nil),
+		rows: prometheus.NewDesc("leasehold_table_rows_estimate",
+			"The planner's estimate of a table's rows (pg_class.reltuples, refreshed by VACUUM and ANALYZE; absent before the first).",
+			[]string{"table"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.up, c.leases, c.oldestExpiry, c.tasks, c.oldestDue, c.rows} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. The scrape's own context does
+// not reach a collector: the statement is bounded by the timeout instead.
+func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	g, err := c.q.MetricsGauges(ctx, maxGaugeCount)
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(c.up, 1)
+	gauge(c.leases, float64(g.LeasesActive), "active")
+	gauge(c.leases, float64(g.LeasesExpiredUnannounced), "expired_unannounced")
+	gauge(c.oldestExpiry, g.OldestUnannouncedExpirySeconds)
+	gauge(c.tasks, float64(g.TasksPending), task.StatePending)
+	gauge(c.tasks, float64(g.TasksRunning), task.StateRunning)
+	gauge(c.tasks, float64(g.TasksDead), task.StateDead)
+	gauge(c.oldestDue, g.OldestDueTaskSeconds)
+	for table, n := range map[string]float64{
+		"leases": g.LeasesRowsEstimate, "lease_events": g.LeaseEventsRowsEstimate, "tasks": g.TasksRowsEstimate,
+	} {
+		if n >= 0 {
+			gauge(c.rows, n, table)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // Wake says why the dispatcher ran a round of claims: a set of reasons,
@@ -51,6 +52,9 @@ const (
 	EventLeaseLost EventKind = "lease-lost" // a worker lost its task's lease and abandoned the task
 	EventCrashed   EventKind = "crashed"    // a simulated crash: the worker abandoned its task silently
 	EventAsleep    EventKind = "asleep"     // the dispatcher finished a round of claims and waits to be woken
+	// EventHeartbeatFailed: a heartbeat was refused (EventLeaseLost follows)
+	// or failed (retried until the lease's local deadline).
+	EventHeartbeatFailed EventKind = "heartbeat-failed"
 )
 
 // Event is something a Pool did, reported to OnEvent (tests, metrics).
@@ -69,6 +73,15 @@ type Event struct {
 	// Interrupted is set on EventLeaseLost when the task's context was
 	// cancelled before the task ran to its end.
 	Interrupted bool
+	// State is the task's state after the worker's write: done
+	// (EventCompleted), pending (EventRequeued, or EventFailed with a retry
+	// due after a backoff) or dead (EventFailed with no attempt left).
+	State string
+	// Waited is, on EventClaimed, how long the task waited to be claimed:
+	// from the later of its insert and its scheduled_at to the claim, all by
+	// the database clock. For a task claimed again after its lease lapsed
+	// (Attempts > 1) it includes the attempts before.
+	Waited time.Duration
 }
 
 // Counters are a Pool's running totals, for metrics.

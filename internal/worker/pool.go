@@ -386,7 +386,7 @@ func (d *dispatcher) assign(t task.Task, sent time.Time, wake Wake) {
 	}
 	p.log.Debug().Int64("task", t.ID).Str("processor", name).Int64("fence", deref(t.Fence)).
 		Int32("attempt", t.Attempts).Stringer("wake", wake).Msg("claimed task")
-	p.emit(Event{Kind: EventClaimed, Processor: name, TaskID: t.ID, Fence: deref(t.Fence), Attempts: t.Attempts, Wake: wake})
+	p.emit(Event{Kind: EventClaimed, Processor: name, TaskID: t.ID, Fence: deref(t.Fence), Attempts: t.Attempts, Wake: wake, Waited: waited(t)})
 	w.tasks <- claim{task: t, sent: sent, wake: wake}
 }
 
@@ -470,6 +470,19 @@ func (p *Pool) emit(e Event) {
 	if p.OnEvent != nil {
 		p.OnEvent(e)
 	}
+}
+
+// waited is how long a claimed task waited: from the later of its insert
+// and its schedule to its claim (started_at), by the database clock.
+func waited(t task.Task) time.Duration {
+	if t.StartedAt == nil {
+		return 0
+	}
+	ready := t.CreatedAt
+	if t.ScheduledAt.After(ready) {
+		ready = t.ScheduledAt
+	}
+	return max(t.StartedAt.Sub(ready), 0)
 }
 
 func deref[T any](v *T) T {

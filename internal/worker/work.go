@@ -94,6 +94,7 @@ func (p *Pool) finish(ctx context.Context, log zerolog.Logger, ev Event, deadlin
 		cancel()
 		switch {
 		case err == nil:
+			ev.State = t.State
 			switch kind {
 			case EventCompleted:
 				p.counters.completed.Add(1)
@@ -188,11 +189,13 @@ func (p *Pool) heartbeat(ctx context.Context, log zerolog.Logger, id int64, proc
 			expire.Reset(time.Until(deadline))
 			due = attempt.Add(jitter(interval))
 		case errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound):
+			p.emit(Event{Kind: EventHeartbeatFailed, Processor: processor, TaskID: id, Fence: fence, Err: err})
 			lost(fmt.Errorf("task %d: heartbeat refused: %w", id, task.ErrLeaseLost))
 			return deadline
 		case ctx.Err() != nil:
 			return deadline
 		default:
+			p.emit(Event{Kind: EventHeartbeatFailed, Processor: processor, TaskID: id, Fence: fence, Err: err})
 			ev := log.Debug()
 			if !failing {
 				ev = log.Warn()

@@ -1,0 +1,33 @@
+-- name: MetricsGauges :one
+-- MetricsGauges reads the state gauges of a /metrics scrape, in one
+-- statement. It stays cheap however big the tables grow: each count walks
+-- one partial index (pending, running and dead tasks; the leases neither
+-- released nor announced as expired, a set as large as the live leases)
+-- and stops at max_count rows, so a count equal to max_count means "at
+-- least"; the oldest due task is the first entry of tasks_pending_idx; and
+-- the tables' sizes are the planner's estimates (pg_class.reltuples,
+-- refreshed by VACUUM and ANALYZE, -1 before the first), never a count of
+-- every row. Done tasks and past leases have no gauge: they only grow.
+SELECT
+    (SELECT count(*) FROM (
+        SELECT 1 FROM leases
+        WHERE released_at IS NULL AND expired_at IS NULL AND expires_at > now()
+        LIMIT @max_count::bigint) AS a)::bigint AS leases_active,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM leases
+        WHERE released_at IS NULL AND expired_at IS NULL AND expires_at <= now()
+        LIMIT @max_count::bigint) AS e)::bigint AS leases_expired_unannounced,
+    coalesce((SELECT extract(epoch FROM now() - min(expires_at)) FROM leases
+              WHERE released_at IS NULL AND expired_at IS NULL AND expires_at <= now()), 0)::float8
+        AS oldest_unannounced_expiry_seconds,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM tasks WHERE state = 'pending' LIMIT @max_count::bigint) AS p)::bigint AS tasks_pending,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM tasks WHERE state = 'running' LIMIT @max_count::bigint) AS r)::bigint AS tasks_running,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM tasks WHERE state = 'dead' LIMIT @max_count::bigint) AS d)::bigint AS tasks_dead,
+    coalesce((SELECT extract(epoch FROM now() - min(scheduled_at)) FROM tasks
+              WHERE state = 'pending' AND scheduled_at <= now()), 0)::float8 AS oldest_due_task_seconds,
+    (SELECT reltuples FROM pg_catalog.pg_class WHERE oid = 'leases'::regclass)::float8 AS leases_rows_estimate,
+    (SELECT reltuples FROM pg_catalog.pg_class WHERE oid = 'lease_events'::regclass)::float8 AS lease_events_rows_estimate,
+    (SELECT reltuples FROM pg_catalog.pg_class WHERE oid = 'tasks'::regclass)::float8 AS tasks_rows_estimate;
