@@ -22,6 +22,8 @@ usage:
   leasehold demo     [flags]   a local PostgreSQL (unless DATABASE_URL is set), 3 replicas and a round-robin front door on :8080
   leasehold bench    [flags]   measure the hot paths (see docs/performance.md)
   leasehold chaos    [flags]   a chaos soak: replicas on a PostgreSQL of their own under load and random faults, then the history checked
+  leasehold lease    CMD [flags]   acquire, renew, release, get or list leases over a server's REST API (see docs/cli.md)
+  leasehold exec     [flags] -- CMD ARGS...   run CMD only while holding a lease: leasehold exec --resource R -- CMD ARGS...
   leasehold localdb            start or reuse the local development PostgreSQL; print its URL
   leasehold version            print the version
 
@@ -52,9 +54,23 @@ func usagef(format string, args ...any) error {
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	var ctx context.Context
+	var stop context.CancelFunc
+	if len(os.Args) > 1 && os.Args[1] == "exec" {
+		// exec takes the signals itself, to pass them on to its command.
+		ctx, stop = context.WithCancel(context.Background())
+	} else {
+		ctx, stop = signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	}
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
+	var status exitStatus
+	if errors.As(err, &status) {
+		if status.err != nil {
+			fmt.Fprintln(os.Stderr, "leasehold:", status.err)
+		}
+		os.Exit(status.code)
+	}
 	if err != nil {
 		if err != errUsage { //nolint:errorlint // the bare sentinel: usage was printed
 			fmt.Fprintln(os.Stderr, "leasehold:", err)
@@ -86,6 +102,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runChaosSoak(ctx, rest, stdout, stderr)
 	case "localdb":
 		return runLocalDB(ctx, stdout, stderr)
+	case "lease":
+		return runLease(ctx, rest, getenv, stdout, stderr)
+	case "exec":
+		return runExec(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil

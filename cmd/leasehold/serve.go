@@ -24,6 +24,7 @@ import (
 	"github.com/leasehold/leasehold/internal/localpg"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/reaper"
+	"github.com/leasehold/leasehold/internal/retention"
 	"github.com/leasehold/leasehold/internal/server"
 	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/internal/worker"
@@ -149,7 +150,13 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	if err != nil {
 		return err
 	}
-	applied, err := migrate(ctx, poolCfg)
+	// The migrations' advisory lock and LISTEN need a session of their
+	// own: --listen-database-url's when given.
+	sessionCfg, err := sessionConfig(ctx, c, poolCfg)
+	if err != nil {
+		return err
+	}
+	applied, err := migrate(ctx, sessionCfg)
 	if err != nil {
 		return err
 	}
@@ -163,7 +170,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 
 	// The LISTEN session runs no statements worth a timeout; it idles, so
 	// TCP keepalives are what tell it that the server has gone silent.
-	listenCfg := poolCfg.ConnConfig.Copy()
+	listenCfg := sessionCfg.ConnConfig.Copy()
 	listenCfg.RuntimeParams["application_name"] = "leasehold " + c.Instance + " listener"
 	listenCfg.DialFunc = listenDialer.DialContext
 	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) {
@@ -187,12 +194,14 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	genState := generator.NewState(pool)
 	instances := instance.NewStore(pool)
 	metrics := server.NewMetrics(listener.Connected, listener.Reconnects)
+	metrics.WatchDatabase(pool, metricsDBTimeout)
 	startedAt := time.Now().UTC()
 	wsHub := hub.New(hub.Deps{
 		Leases: leases, Tasks: tasks, Generator: genState, Instances: instances, Listener: listener,
-		Instance: c.Instance, AllowedOrigins: c.AllowedOrigins, Log: log,
+		Instance: c.Instance, AllowedOrigins: c.AllowedOrigins, Log: log, NotifyLag: metrics.NotifyLag,
 	})
 	metrics.WatchClients(wsHub.Clients)
+	stopping := make(chan struct{})
 	handler := server.NewServer(server.Deps{
 		Leases:     leases,
 		Tasks:      tasks,
@@ -205,22 +214,11 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		Hub:     wsHub,
 		Log:     log,
 		Metrics: metrics,
-		Ready: func(ctx context.Context) error {
-			if err := pool.Ping(ctx); err != nil {
-				return databaseDown(err)
-			}
-			v, err := schema.Applied(ctx, pool)
-			if err != nil {
-				return databaseDown(err)
-			}
-			if v < latest {
-				return fmt.Errorf("migrations: database at version %d, this binary needs %d", v, latest)
-			}
-			if !listener.Connected() {
-				return errors.New("listener: the LISTEN connection is down")
-			}
-			return nil
-		},
+		// Acquisitions with wait_seconds hear of releases through the
+		// listener, and stop waiting when the replica shuts down.
+		Listener: listener, Stopping: stopping,
+		// What /readyz says is public: the details go to the log.
+		Ready: (&readiness{pool: pool, connected: listener.Connected, latest: latest, log: log}).check,
 	})
 
 	ln, err := net.Listen("tcp", c.Addr)
@@ -259,19 +257,26 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	// The replica is live while it holds its instance lease.
 	background("instance lease", (&lease.Elector{
 		Store: leases, Listener: listener, Resource: instance.LeaseResource(c.Instance),
-		Holder: c.Instance, Keep: lease.KeepConfig{TTL: 10 * time.Second}, Log: log,
+		Holder: c.Instance, Log: log,
+		Keep: lease.KeepConfig{TTL: 10 * time.Second, Observer: metrics.KeepObserver(server.HolderInstance)},
 	}).RunUntilDone)
 	if c.hasRole("reaper") {
 		background("reaper", (&reaper.Reaper{
 			Store: leases, Listener: listener, Instance: c.Instance, Log: log,
-			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Marked: metrics.ExpiryAnnounced,
+			Keep:   lease.KeepConfig{TTL: 5 * time.Second, Observer: metrics.KeepObserver(server.HolderReaper)},
+			Marked: metrics.ExpiryAnnounced,
+			// While it is the reaper: finished tasks and lease history
+			// older than their retention go, a batch at a time.
+			Retention: &retention.Pruner{Store: retention.NewStore(pool), Log: log, Config: retention.Config{
+				TaskAge: c.TaskRetention, LeaseHistoryAge: c.LeaseHistoryRetention,
+			}},
 		}).Run)
 	}
 	if c.hasRole("generator") {
 		background("generator", (&generator.Generator{
 			State: genState, Tasks: tasks, Leases: leases, Listener: listener, Instance: c.Instance,
-			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Rate: c.GeneratorRate,
-			MinSleep: c.GeneratorSleepMin, MaxSleep: c.GeneratorSleepMax, Log: log,
+			Keep: lease.KeepConfig{TTL: 5 * time.Second, Observer: metrics.KeepObserver(server.HolderGenerator)},
+			Rate: c.GeneratorRate, MinSleep: c.GeneratorSleepMin, MaxSleep: c.GeneratorSleepMax, Log: log,
 		}).Run)
 	}
 	if c.hasRole("worker") && c.Workers > 0 {
@@ -282,6 +287,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		background("workers", (&worker.Pool{
 			Tasks: tasks, Listener: listener, Instance: c.Instance, Workers: c.Workers, TTL: c.LeaseTTL,
 			SimCrashRate: c.SimCrashRate, SimSpikeRate: c.SimSpikeRate, ShutdownGrace: grace, Log: log,
+			OnEvent: metrics.WorkerEvent,
 		}).Run)
 	}
 
@@ -297,6 +303,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	case err = <-serveErr:
 	}
 	log.Info().Msg("shutting down")
+	close(stopping)
 	stopBackground()
 	wg.Wait()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -311,6 +318,11 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	return err
 }
 
+// metricsDBTimeout bounds the statement a /metrics scrape runs for the
+// database gauges: a scrape while the database does not answer still
+// answers, with leasehold_db_up 0.
+const metricsDBTimeout = 2 * time.Second
+
 // listenDialer dials the LISTEN session with TCP keepalives that notice a
 // silent server within about 30 s (15 s idle, then 3 probes 5 s apart), so
 // that the listener reconnects instead of waiting forever for a
@@ -318,14 +330,6 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 var listenDialer = &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{
 	Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3,
 }}
-
-// databaseDown words a failed readiness check of the database.
-func databaseDown(err error) error {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return errors.New("database: no answer in time")
-	}
-	return fmt.Errorf("database: %w", err)
-}
 
 // apiBudget is how long an API request may wait on the database: time to
 // connect and for one statement to run out its statement_timeout. Without
@@ -340,15 +344,17 @@ func apiBudget(c config, connectTimeout time.Duration) time.Duration {
 // boundAPIRequests gives every /api/ request a deadline budget away, so
 // that none waits forever on a database that does not answer: when the
 // deadline passes the request is answered 503. The websocket, which lives
-// long, and the probes, which bound themselves, are left alone.
+// long, and the probes, which bound themselves, are left alone. An
+// acquisition with wait_seconds waits past the deadline, each of its
+// statements bounded by the budget (server.BoundRequest).
 func boundAPIRequests(next http.Handler, budget time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.HasPrefix(r.URL.Path, "/api/") {
 			next.ServeHTTP(w, r)
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), budget)
+		r, cancel := server.BoundRequest(r, budget)
 		defer cancel()
-		next.ServeHTTP(w, r.WithContext(ctx))
+		next.ServeHTTP(w, r)
 	})
 }

@@ -53,7 +53,8 @@ func WithToken(token string) ClientOption {
 // WithHTTPClient makes the client send its requests with hc instead of its
 // own http.Client (which uses http.DefaultTransport and gives up on a request
 // after 30 s). Set hc's Timeout, if any, well above the renew interval of the
-// leases you Hold: a renewal is bounded by the holder's deadline anyway.
+// leases you Hold: a renewal is bounded by the holder's deadline anyway. An
+// Acquire with a Wait adds the time the server may wait to the Timeout.
 func WithHTTPClient(hc *http.Client) ClientOption {
 	return func(c *Client) { c.http = hc }
 }
@@ -145,18 +146,83 @@ func IsTransient(err error) bool {
 // unchanged, same fence). Acquisition.DBNow is zero: the API does not report
 // the database clock. When another holder holds the resource the error is a
 // *HeldError carrying that holder's lease.
+//
+// With p.Wait, a resource held by another holder is waited for, up to
+// p.Wait: the server waits (woken by the release or expiry) and answers as
+// soon as it took the lease, in requests of at most MaxWaitPerRequest each.
+// Failures that IsTransient (a replica restarting or shutting down, the
+// network) are retried with backoff meanwhile. When p.Wait runs out the
+// error is the last answer's: a *HeldError, or the transient failure. Each
+// request's time limit (30 s, or the Timeout of WithHTTPClient's client)
+// counts on top of the time it waits.
 func (c *Client) Acquire(ctx context.Context, p AcquireParams) (Acquisition, error) {
 	ttl, err := ttlField(p.TTL)
 	if err != nil {
 		return Acquisition{}, err
 	}
+	if p.Wait < 0 {
+		return Acquisition{}, fmt.Errorf("lease wait %s must not be negative", p.Wait)
+	}
+	if p.Wait == 0 {
+		return c.acquire(ctx, p, ttl, 0)
+	}
+	deadline := time.Now().Add(p.Wait)
+	backoff := minWaitRetry
+	for {
+		// Whole seconds on the wire: round up, so as not to give up early.
+		wait := min((time.Until(deadline)+time.Second-1)/time.Second*time.Second, MaxWaitPerRequest)
+		acq, err := c.acquire(ctx, p, ttl, max(wait, time.Second))
+		transient := IsTransient(err) && ctx.Err() == nil
+		if err == nil || !(transient || errors.Is(err, ErrHeld)) || !time.Now().Before(deadline) {
+			return acq, err
+		}
+		if !transient {
+			backoff = minWaitRetry
+			continue
+		}
+		timer := time.NewTimer(min(backoff, time.Until(deadline)))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return Acquisition{}, context.Cause(ctx)
+		case <-timer.C:
+		}
+		backoff = min(2*backoff, maxWaitRetry)
+	}
+}
+
+// MaxWaitPerRequest is the longest wait the server takes in one acquisition
+// (its wait_seconds bound); Acquire waits longer by asking again.
+const MaxWaitPerRequest = 300 * time.Second
+
+// Bounds of the backoff between the tries of a waiting Acquire after a
+// transient failure.
+const (
+	minWaitRetry = 100 * time.Millisecond
+	maxWaitRetry = 5 * time.Second
+)
+
+// acquire sends one acquisition, which the server holds up to wait (whole
+// seconds) while another holder holds the resource.
+func (c *Client) acquire(ctx context.Context, p AcquireParams, ttl *int64, wait time.Duration) (Acquisition, error) {
 	body := struct {
-		Resource   string `json:"resource"`
-		Holder     string `json:"holder"`
-		TTLSeconds *int64 `json:"ttl_seconds,omitempty"`
-	}{p.Resource, p.Holder, ttl}
+		Resource    string `json:"resource"`
+		Holder      string `json:"holder"`
+		TTLSeconds  *int64 `json:"ttl_seconds,omitempty"`
+		WaitSeconds int64  `json:"wait_seconds,omitempty"`
+	}{p.Resource, p.Holder, ttl, int64(wait / time.Second)}
+	sender := c
+	if wait > 0 && c.http.Timeout > 0 {
+		// The request's time limit counts from when the server stops
+		// waiting, not from when it starts.
+		hc := *c.http
+		hc.Timeout += wait
+		waiting := *c
+		waiting.http = &hc
+		sender = &waiting
+	}
 	var l Lease
-	status, err := c.do(ctx, http.MethodPost, "/api/leases", nil, body, &l, errorsOf(http.StatusConflict))
+	status, err := sender.do(ctx, http.MethodPost, "/api/leases", nil, body, &l, errorsOf(http.StatusConflict))
 	if err != nil {
 		return Acquisition{}, err
 	}

@@ -483,6 +483,55 @@ func TestClientAcquire(t *testing.T) {
 	}
 }
 
+// Acquire with Wait has the server wait for the holder's lease to run out,
+// retries transient failures meanwhile, and gives up with the holder's lease
+// when Wait runs out.
+func TestClientAcquireWait(t *testing.T) {
+	t.Parallel()
+	s := startClientServer(t, "")
+	c := s.client()
+	ctx := t.Context()
+
+	if _, err := c.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "a", Wait: -time.Second}); err == nil || !strings.Contains(err.Error(), "negative") {
+		t.Errorf("Acquire with a negative Wait: got %v, want an error saying so", err)
+	}
+	first, err := c.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "a", TTL: time.Second})
+	if err != nil {
+		t.Fatalf("a's Acquire: %v", err)
+	}
+	// No listener behind this server: its timer at a's expires_at wakes b.
+	got, err := c.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "b", TTL: time.Minute, Wait: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("b's Acquire with Wait: %v", err)
+	}
+	if !got.New || got.Lease.Holder != "b" || got.Lease.Fence <= first.Lease.Fence || got.Lease.CreatedAt.Before(first.Lease.ExpiresAt) {
+		t.Errorf("b's Acquire with Wait: got %+v, want a new lease of b, fence above %d, from a's expiry %s on",
+			got, first.Lease.Fence, first.Lease.ExpiresAt)
+	}
+
+	_, err = c.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "c", Wait: time.Second})
+	var held *lease.HeldError
+	if !errors.As(err, &held) || held.Lease.Holder != "b" || held.Lease.Fence != got.Lease.Fence {
+		t.Errorf("c's Acquire while b holds for a minute, Wait 1s: got %v, want a *HeldError with b's lease", err)
+	}
+
+	s.failWith.Store(http.StatusServiceUnavailable)
+	type result struct {
+		acq lease.Acquisition
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		acq, err := c.Acquire(ctx, lease.AcquireParams{Resource: "free", Holder: "d", Wait: 30 * time.Second})
+		done <- result{acq, err}
+	}()
+	waitFor(t, 15*time.Second, "two tries answered 503", func() bool { return s.failed.Load() >= 2 })
+	s.failWith.Store(0)
+	if r := <-done; r.err != nil || !r.acq.New || r.acq.Lease.Holder != "d" {
+		t.Errorf("d's Acquire with Wait through 503s: got %+v, %v; want d's new lease once the server answers", r.acq, r.err)
+	}
+}
+
 // The plain methods speak the REST API: renew, release, get, lists, events.
 func TestClientMethods(t *testing.T) {
 	t.Parallel()

@@ -136,6 +136,10 @@ type AcquireParams struct {
 	Resource string
 	Holder   string
 	TTL      time.Duration // whole seconds, 1 s to 1 h
+	// Wait is how long Client.Acquire waits for a resource that another
+	// holder holds to become free (zero: not at all). Store.Acquire never
+	// waits and ignores it; the server's API does the waiting.
+	Wait time.Duration
 }
 
 // Acquisition is the outcome of an Acquire that did not fail.

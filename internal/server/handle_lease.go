@@ -1,21 +1,38 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/notify"
 )
 
 type acquireRequest struct {
-	Resource   string `json:"resource"`
-	Holder     string `json:"holder"`
-	TTLSeconds *int64 `json:"ttl_seconds"`
+	Resource    string `json:"resource"`
+	Holder      string `json:"holder"`
+	TTLSeconds  *int64 `json:"ttl_seconds"`
+	WaitSeconds *int64 `json:"wait_seconds"`
 }
 
 func (q acquireRequest) validate() error {
-	return firstError(checkName("resource", q.Resource), checkName("holder", q.Holder), checkTTL(q.TTLSeconds))
+	return firstError(checkName("resource", q.Resource), checkName("holder", q.Holder),
+		checkTTL(q.TTLSeconds), checkWait(q.WaitSeconds))
+}
+
+// maxWaitSeconds bounds the wait_seconds of one acquisition: a client that
+// means to wait longer asks again.
+const maxWaitSeconds = 300
+
+// checkWait validates an optional wait_seconds.
+func checkWait(wait *int64) error {
+	if wait != nil && (*wait < 0 || *wait > maxWaitSeconds) {
+		return badRequestf(`"wait_seconds" is %d; it must be between 0 and %d (to wait longer, ask again when it runs out)`, *wait, maxWaitSeconds)
+	}
+	return nil
 }
 
 func handleLeaseAcquire(d Deps) http.Handler {
@@ -29,8 +46,19 @@ func handleLeaseAcquire(d Deps) http.Handler {
 		if req.TTLSeconds != nil {
 			ttl = time.Duration(*req.TTLSeconds) * time.Second
 		}
-		acq, err := d.Leases.Acquire(r.Context(), lease.AcquireParams{Resource: req.Resource, Holder: req.Holder, TTL: ttl})
+		p := lease.AcquireParams{Resource: req.Resource, Holder: req.Holder, TTL: ttl}
+		var acq lease.Acquisition
+		if wait := deref(req.WaitSeconds); wait > 0 {
+			acq, err = acquireWaiting(w, r, d, p, time.Duration(wait)*time.Second)
+		} else {
+			acq, err = d.Leases.Acquire(r.Context(), p)
+		}
 		d.Metrics.leaseOp("acquire", err)
+		if errors.Is(err, errStopping) {
+			w.Header().Set("Retry-After", "1")
+			encode(w, http.StatusServiceUnavailable, errorBody{Error: "this replica is shutting down; send the request again (another replica will answer it)"})
+			return
+		}
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
@@ -41,6 +69,159 @@ func handleLeaseAcquire(d Deps) http.Handler {
 		}
 		encode(w, status, acq.Lease)
 	})
+}
+
+// errStopping ends a waiting acquisition when the replica shuts down.
+var errStopping = errors.New("the replica is shutting down")
+
+// answerMargin is the time a waiting acquisition leaves itself, past its
+// wait, for its last statement and for writing the answer.
+const answerMargin = 30 * time.Second
+
+// acquireWaiting acquires p for a request with wait_seconds: while another
+// holder holds the resource it waits, up to wait, for the lease to be
+// released or to expire, and takes it then. What wakes it: the release or
+// expiry on the replica's LISTEN connection (a subscription to the one
+// listener of the process; a resync after a reconnect counts too, since
+// notifications were lost meanwhile), and a timer at the holder's expires_at,
+// since a lease that expired is free whether or not a reaper announced it.
+// Waiters are not queued: whichever acquisition lands first wins, and the
+// others wait on.
+//
+// When the wait runs out the answer is the current holder's lease (409), as
+// without wait_seconds. The wait ends early when the client goes away or
+// the replica shuts down (Deps.Stopping). The wait itself is not bounded by
+// the API's database budget (see BoundRequest); each statement is.
+func acquireWaiting(w http.ResponseWriter, r *http.Request, d Deps, p lease.AcquireParams, wait time.Duration) (lease.Acquisition, error) {
+	ctx, budget, stop := unbounded(r)
+	defer stop()
+	deadline := time.Now().Add(wait)
+	// The answer may come a whole wait after the request: move the
+	// connection's deadlines (the server's ReadTimeout and WriteTimeout)
+	// past it. A connection that cannot (in a test recorder) keeps its own.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(deadline.Add(answerMargin))
+	_ = rc.SetWriteDeadline(deadline.Add(answerMargin))
+
+	// Subscribed before the first attempt, so that a release right after a
+	// refused acquisition is not missed.
+	var sub *notify.Subscription
+	if d.Listener != nil {
+		sub = d.Listener.Subscribe(notify.ChannelLease, 64)
+		defer sub.Close()
+	}
+	logged := false
+	for {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if budget > 0 {
+			actx, cancel = context.WithTimeout(ctx, budget)
+		}
+		acq, err := d.Leases.Acquire(actx, p)
+		cancel()
+		var held *lease.HeldError
+		if !errors.As(err, &held) {
+			if err == nil && acq.New && ctx.Err() != nil {
+				// Won as the client went away: nobody will hold it.
+				releaseAbandoned(d, acq.Lease)
+				return lease.Acquisition{}, ctx.Err()
+			}
+			return acq, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return acq, err
+		}
+		if !logged {
+			logged = true
+			d.Log.Debug().Str("resource", p.Resource).Str("holder", p.Holder).Str("held_by", held.Lease.Holder).
+				Dur("wait", wait).Msg("acquisition waits for the lease")
+		}
+		// The holder's lease runs out at its expires_at by the database
+		// clock; try again a little after that even if nobody says so.
+		untilExpiry := held.Lease.ExpiresAt.Sub(acq.DBNow) + 10*time.Millisecond
+		if err := waitForRelease(ctx, d.Stopping, sub, p.Resource, min(left, untilExpiry)); err != nil {
+			return lease.Acquisition{}, err
+		}
+	}
+}
+
+// waitForRelease waits up to d for a sign that resource may be free: its
+// release or expiry notified, or a resync of the subscription (nil: none).
+// It returns ctx's error when ctx ends first, errStopping when stopping is
+// closed first.
+func waitForRelease(ctx context.Context, stopping <-chan struct{}, sub *notify.Subscription, resource string, d time.Duration) error {
+	timer := time.NewTimer(max(d, 0))
+	defer timer.Stop()
+	var changes <-chan notify.Notification
+	var resync <-chan struct{}
+	if sub != nil {
+		changes, resync = sub.C(), sub.Resync()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stopping:
+			return errStopping
+		case <-timer.C:
+			return nil
+		case <-resync:
+			return nil
+		case n := <-changes:
+			c, err := lease.ParseChange(n.Payload)
+			if err == nil && c.Resource == resource && (c.Kind == "released" || c.Kind == "expired") {
+				return nil
+			}
+		}
+	}
+}
+
+// releaseAbandoned gives up a lease won for a client that went away before
+// it could hear so, rather than leave the resource held for a whole TTL.
+func releaseAbandoned(d Deps, l lease.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := d.Leases.Release(ctx, lease.ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
+	if err != nil && !errors.Is(err, lease.ErrNotHeld) {
+		d.Log.Warn().Err(err).Str("resource", l.Resource).Msg("could not release a lease won for a client that went away; it will expire on its own")
+	}
+}
+
+// budgetKey is the context key of the request context that BoundRequest
+// bounded.
+type budgetKey struct{}
+
+type budgeted struct {
+	parent context.Context // before the budget: ends when the client goes away
+	budget time.Duration
+}
+
+// BoundRequest returns r with a context that ends budget from now: how
+// long an API request may wait on the database, so that none hangs on a
+// database that does not answer. An acquisition with wait_seconds, which
+// waits on purpose, goes on past that deadline (until its wait runs out or
+// the client goes away) with each of its statements bounded by budget.
+func BoundRequest(r *http.Request, budget time.Duration) (*http.Request, context.CancelFunc) {
+	parent := r.Context()
+	ctx, cancel := context.WithTimeout(context.WithValue(parent, budgetKey{}, budgeted{parent: parent, budget: budget}), budget)
+	return r.WithContext(ctx), cancel
+}
+
+// unbounded returns a context of r that ends when the client goes away but
+// not with the API budget of BoundRequest, and that budget (zero when r was
+// not bounded: its context is then returned as it is).
+func unbounded(r *http.Request) (context.Context, time.Duration, context.CancelFunc) {
+	b, ok := r.Context().Value(budgetKey{}).(budgeted)
+	if !ok {
+		return r.Context(), 0, func() {}
+	}
+	// Keep the request's values; end with the parent, not the budget.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
+	stop := context.AfterFunc(b.parent, func() { cancel(context.Cause(b.parent)) })
+	return ctx, b.budget, func() {
+		stop()
+		cancel(nil)
+	}
 }
 
 type renewRequest struct {
@@ -106,7 +287,7 @@ func handleLeaseRelease(d Deps, withID bool) http.Handler {
 		l, err := d.Leases.Release(r.Context(), lease.ReleaseParams{
 			Resource: req.Resource, Holder: req.Holder, Fence: deref(req.Fence), ID: id,
 		})
-		d.Metrics.leaseOp("release", err)
+		d.Metrics.leaseReleased(l, err)
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return

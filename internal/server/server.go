@@ -17,6 +17,7 @@ import (
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/task"
 )
 
@@ -66,6 +67,13 @@ type Deps struct {
 	TrustedProxies []netip.Prefix
 	// Hub serves GET /ws; nil leaves the route out.
 	Hub *hub.Hub
+	// Listener is the process's LISTEN connection: an acquisition with
+	// wait_seconds subscribes to it to hear of a release. Without it such
+	// an acquisition wakes only at the holder's expires_at.
+	Listener *notify.Listener
+	// Stopping, when closed, ends the waits of acquisitions with
+	// wait_seconds (503, to be sent again): the replica is shutting down.
+	Stopping <-chan struct{}
 	// Ready reports why the replica cannot serve (nil when it can).
 	Ready   func(ctx context.Context) error
 	Log     zerolog.Logger

@@ -1,0 +1,323 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/lease"
+)
+
+const execUsage = `usage: leasehold exec --resource R [--ttl 30s] [--holder H] [--wait D] [--grace 10s] -- CMD ARGS...
+
+Runs CMD only while holding the lease on R: acquires it (waiting up to --wait
+while another holder has it), starts CMD with LEASEHOLD_RESOURCE,
+LEASEHOLD_HOLDER and LEASEHOLD_FENCE in its environment, renews the lease while
+CMD runs, and releases it when CMD exits. When the lease is lost CMD is stopped:
+SIGTERM, then SIGKILL after --grace. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
+and SIGUSR2 sent to leasehold exec are passed on to CMD.
+
+Exit status: CMD's own (128+N when a signal N ended it); 75 the lease could not
+be won (held by another holder, and no --wait or it ran out); 76 the lease was
+lost while CMD ran (CMD was stopped); 126/127 CMD could not be started / found;
+2 bad usage; 1 any other failure (the server could not be reached, ...).
+
+flags:
+`
+
+// execSignals are the signals leasehold exec passes on to its command:
+// those that ask a program to stop, and the two user signals. While it
+// waits for the lease, the first four end the wait instead.
+var execSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// execOptions is a parsed "leasehold exec" command line.
+type execOptions struct {
+	client   *clientFlags
+	resource string
+	holder   string
+	ttl      time.Duration
+	wait     time.Duration
+	grace    time.Duration
+	argv     []string // CMD ARGS...
+}
+
+// keep is how the lease is kept while CMD runs. The holder's deadline
+// (when it counts the lease as lost without a successful renewal) comes
+// TTL/10 + grace before the lease can expire on the server, so that CMD,
+// given SIGTERM at the deadline and SIGKILL a grace later, is gone before
+// anyone else can win the lease; renewals come at a third of what is left.
+func (o execOptions) keep() lease.KeepConfig {
+	margin := o.ttl/10 + o.grace
+	return lease.KeepConfig{TTL: o.ttl, Margin: margin, RenewInterval: (o.ttl - margin) / 3}
+}
+
+func parseExec(args []string, getenv func(string) string, stderr io.Writer) (execOptions, error) {
+	fs := flag.NewFlagSet("leasehold exec", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), execUsage)
+		fs.PrintDefaults()
+	}
+	o := execOptions{client: addClientFlags(fs, getenv)}
+	fs.StringVar(&o.resource, "resource", "", "the resource whose lease CMD runs under, e.g. report:nightly (required)")
+	fs.StringVar(&o.holder, "holder", "", "the holder, which must be unique among the invocations that may run at once (default <hostname>-<pid>)")
+	ttl := fs.String("ttl", "30s", "the lease's time to live, whole seconds from 1s to 1h")
+	wait := fs.String("wait", "0s", "while another holder holds the lease, wait this long for it (0s: exit 75 at once), e.g. 5m")
+	grace := fs.String("grace", "10s", "when the lease is lost, how long CMD has between SIGTERM and SIGKILL; at most half the --ttl")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return o, errUsage
+		}
+		return o, usageError{err}
+	}
+	o.argv = fs.Args()
+	var errs []error
+	var err error
+	if o.resource == "" {
+		errs = append(errs, errors.New("--resource is required, e.g. leasehold exec --resource report:nightly -- ./nightly.sh"))
+	}
+	if len(o.argv) == 0 {
+		errs = append(errs, errors.New("no command to run: put it after --, e.g. leasehold exec --resource report:nightly -- ./nightly.sh"))
+	}
+	if o.ttl, err = durationFlag("ttl", *ttl, time.Second, time.Hour, true, "30s"); err != nil {
+		errs = append(errs, err)
+	}
+	if o.wait, err = durationFlag("wait", *wait, 0, 24*time.Hour, false, "5m"); err != nil {
+		errs = append(errs, err)
+	}
+	if o.grace, err = durationFlag("grace", *grace, 0, 30*time.Minute, false, "10s"); err != nil {
+		errs = append(errs, err)
+	} else if o.ttl > 0 && o.grace > o.ttl/2 {
+		errs = append(errs, fmt.Errorf("--grace %s must be at most half the --ttl %s: CMD must be stopped, grace included, before the lease can expire; shorten --grace or lengthen --ttl", o.grace, o.ttl))
+	}
+	if o.holder == "" {
+		host, _ := os.Hostname()
+		o.holder = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	return o, joinUsage(errs)
+}
+
+// runExec is "leasehold exec": CMD runs only while this process holds the
+// lease on --resource (see execUsage). It exits through an exitStatus
+// unless it fails before CMD could start.
+//
+// It takes SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 itself
+// (main leaves them to it) to pass them on to CMD. CMD runs in a session
+// of its own, so that a Ctrl-C at a terminal reaches it once, through
+// leasehold exec, and so that stopping it stops what it started too; and
+// it is killed should leasehold exec die without stopping it (kill -9),
+// since nobody would renew the lease. ctx ending counts as a SIGTERM.
+func runExec(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	o, err := parseExec(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	client, done, err := o.client.connect()
+	if err != nil {
+		return err
+	}
+	defer done()
+
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, execSignals...)
+	defer signal.Stop(sigs)
+
+	if err := winLease(ctx, client, o, sigs); err != nil {
+		return err
+	}
+	// The holding lives until CMD has exited, whatever happens to ctx.
+	h, err := client.Hold(context.WithoutCancel(ctx), o.resource, o.holder, o.keep())
+	var held *lease.HeldError
+	switch {
+	case errors.As(err, &held):
+		// Our lease lapsed between winning it and holding it.
+		return exitStatus{exitNotWon, heldMessage(held, o.wait)}
+	case err != nil:
+		releaseQuietly(client, o)
+		return fmt.Errorf("keep the lease on %s: %w", o.resource, o.client.describe(err))
+	}
+	return runHolding(ctx, client, h, o, sigs, stdout, stderr)
+}
+
+// winLease acquires the lease, waiting up to o.wait for it. A signal that
+// asks to stop (or ctx ending) ends the wait; CMD then never runs.
+func winLease(ctx context.Context, client *lease.Client, o execOptions, sigs <-chan os.Signal) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Acquire(wctx, lease.AcquireParams{Resource: o.resource, Holder: o.holder, TTL: o.ttl, Wait: o.wait})
+		done <- err
+	}()
+	var err error
+	var stop os.Signal
+wait:
+	for {
+		select {
+		case err = <-done:
+			break wait
+		case s := <-sigs:
+			if s == syscall.SIGUSR1 || s == syscall.SIGUSR2 {
+				continue // nobody to pass them on to yet
+			}
+			stop = s
+			cancel()
+			err = <-done
+			break wait
+		}
+	}
+	var held *lease.HeldError
+	switch {
+	case stop != nil || ctx.Err() != nil:
+		// The lease may have been won just as the wait was cut short.
+		releaseQuietly(client, o)
+		if stop != nil {
+			sig := stop.(syscall.Signal)
+			return exitStatus{128 + int(sig), fmt.Errorf("signal %d (%s) while waiting for the lease on %s; %s did not run", int(sig), sig, o.resource, o.argv[0])}
+		}
+		return ctx.Err()
+	case err == nil:
+		return nil
+	case errors.As(err, &held):
+		return exitStatus{exitNotWon, heldMessage(held, o.wait)}
+	case lease.IsTransient(err):
+		// The lease may have been won although the answer was lost.
+		releaseQuietly(client, o)
+	}
+	return fmt.Errorf("acquire the lease on %s: %w", o.resource, o.client.describe(err))
+}
+
+// releaseTimeout bounds the release of the lease when CMD is done.
+const releaseTimeout = 10 * time.Second
+
+// releaseQuietly gives up whatever lease o's holder may hold on the
+// resource, when exec ends without knowing.
+func releaseQuietly(client *lease.Client, o execOptions) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	_, _ = client.Release(ctx, lease.ReleaseParams{Resource: o.resource, Holder: o.holder})
+}
+
+// runHolding runs CMD under the held lease until CMD exits, stopping it
+// when the lease is lost, and releases the lease after it.
+func runHolding(ctx context.Context, client *lease.Client, h *lease.Holding, o execOptions,
+	sigs <-chan os.Signal, stdout, stderr io.Writer) error {
+	l := h.Lease()
+	name := filepath.Base(o.argv[0])
+	cmd := exec.Command(o.argv[0], o.argv[1:]...)
+	cmd.Env = append(os.Environ(),
+		"LEASEHOLD_RESOURCE="+l.Resource, "LEASEHOLD_HOLDER="+l.Holder, "LEASEHOLD_FENCE="+strconv.FormatInt(l.Fence, 10))
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+	// A session of its own (see runExec); Pdeathsig is sent when the thread
+	// that started CMD ends, so this goroutine keeps its thread until CMD
+	// has exited.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	// Should what CMD started keep a pipe of ours open (when stdout is not
+	// a file), do not wait for it past this.
+	cmd.WaitDelay = time.Second
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := cmd.Start(); err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		rerr := h.Release(rctx)
+		cancel()
+		code := 126
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			code = 127
+		}
+		if rerr != nil {
+			err = fmt.Errorf("%w (and the lease could not be released: %w)", err, rerr)
+		}
+		return exitStatus{code, fmt.Errorf("start %s: %w", o.argv[0], err)}
+	}
+	group := -cmd.Process.Pid // CMD leads its session and process group
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	var (
+		lost       error
+		killTimer  *time.Timer
+		kill       <-chan time.Time
+		ctxDone    = ctx.Done()
+		holdingEnd = h.Context().Done()
+		waitErr    error
+	)
+run:
+	for {
+		select {
+		case waitErr = <-exited:
+			break run
+		case s := <-sigs:
+			_ = syscall.Kill(group, s.(syscall.Signal))
+		case <-ctxDone:
+			ctxDone = nil
+			_ = syscall.Kill(group, syscall.SIGTERM)
+		case <-holdingEnd:
+			holdingEnd = nil
+			lost = h.Err()
+			fmt.Fprintf(stderr, "leasehold exec: lost the lease on %s (fence %d): %s; stopping %s (SIGTERM, then SIGKILL after %s)\n",
+				l.Resource, l.Fence, lostReason(lost), name, o.grace)
+			_ = syscall.Kill(group, syscall.SIGTERM)
+			killTimer = time.NewTimer(o.grace)
+			kill = killTimer.C
+		case <-kill:
+			kill = nil
+			fmt.Fprintf(stderr, "leasehold exec: %s still runs %s after SIGTERM; SIGKILL\n", name, o.grace)
+			_ = syscall.Kill(group, syscall.SIGKILL)
+		}
+	}
+	if killTimer != nil {
+		killTimer.Stop()
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if cmd.ProcessState == nil {
+		return errors.Join(fmt.Errorf("wait for %s: %w", name, waitErr), h.Release(rctx))
+	}
+	status, how := exitOf(cmd.ProcessState)
+	if lost != nil {
+		// What CMD started and left behind would run on without the lease.
+		_ = syscall.Kill(group, syscall.SIGKILL)
+		return exitStatus{exitLost, fmt.Errorf("lost the lease on %s (fence %d) while %s ran: %s; %s was stopped (it %s)",
+			l.Resource, l.Fence, name, lostReason(lost), name, how)}
+	}
+	switch err := h.Release(rctx); {
+	case errors.Is(err, lease.ErrNotHeld):
+		return exitStatus{exitLost, fmt.Errorf("%s %s, but the lease on %s (fence %d) had been lost before it could be released (expired, released or taken over)",
+			name, how, l.Resource, l.Fence)}
+	case err != nil:
+		fmt.Fprintf(stderr, "leasehold exec: could not release the lease on %s (%v); it expires on its own within %s\n",
+			l.Resource, o.client.describe(err), o.ttl)
+	}
+	if status == 0 {
+		return nil
+	}
+	return exitStatus{code: status}
+}
+
+// lostReason words why a holding lost its lease.
+func lostReason(err error) string {
+	if errors.Is(err, lease.ErrNotHeld) {
+		return "a renewal was refused (the lease expired, was released or was taken over)"
+	}
+	return err.Error() // ErrDeadline, with the last renewal's error
+}
+
+// exitOf returns the status a shell would give for how a process ended
+// (128+N for a signal N), and words it.
+func exitOf(ps *os.ProcessState) (int, string) {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal()), fmt.Sprintf("was ended by signal %d (%s)", int(ws.Signal()), ws.Signal())
+	}
+	return ps.ExitCode(), "exited with status " + strconv.Itoa(ps.ExitCode())
+}
