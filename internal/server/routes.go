@@ -46,6 +46,7 @@ func addRoutes(mux *http.ServeMux, d Deps) {
 	mux.Handle("POST /api/generator/start", handleGeneratorSet(d, true))
 	mux.Handle("POST /api/generator/stop", handleGeneratorSet(d, false))
 	mux.Handle("GET /api/instances", handleInstanceList(d))
+	mux.Handle("GET /api/openapi.json", handleOpenAPI())
 }
 
 // fixedSubpaths are the fixed paths beside an {id} pattern, with the one
