@@ -72,17 +72,21 @@ func TestServeRejectsBadRetention(t *testing.T) {
 
 // TestServePrunes: a replica with the reaper role prunes what its
 // retention no longer keeps, and logs the round; lease history with a
-// retention of 0 stays.
+// retention of 0 stays, but for the lease rows of the tasks pruned, which
+// go with their tasks.
 func TestServePrunes(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := t.Context()
 	// Test setup as the tables' owner: three tasks that ended a month ago,
-	// and a lease released as long ago, with its history.
+	// the lease row of one of them, and a lease released as long ago, with
+	// their history.
 	for _, sql := range []string{
-		`INSERT INTO tasks (task_data, state, processed_at) SELECT '{}', 'done', now() - interval '30 days' FROM generate_series(1, 3)`,
+		`INSERT INTO tasks (task_data, state, created_at, processed_at)
+			SELECT '{}', 'done', now() - interval '31 days', now() - interval '30 days' FROM generate_series(1, 3)`,
 		`INSERT INTO leases (resource, holder, fence, ttl_seconds, expires_at, released_at)
-			VALUES ('old', 'h', nextval('lease_fence_seq'), 30, now() - interval '30 days', now() - interval '30 days')`,
+			VALUES ('old', 'h', nextval('lease_fence_seq'), 30, now() - interval '30 days', now() - interval '30 days'),
+			       ('task:' || (SELECT min(id) FROM tasks), 'w', nextval('lease_fence_seq'), 30, now() - interval '30 days', now() - interval '30 days')`,
 		`UPDATE lease_events SET at = now() - interval '30 days'`,
 	} {
 		if _, err := db.Pool.Exec(ctx, sql); err != nil {
@@ -98,12 +102,18 @@ func TestServePrunes(t *testing.T) {
 	if !strings.Contains(r.logs.String(), `"tasks":3,`) {
 		t.Errorf("the round's log line does not count the 3 tasks:\n%s", r.logs)
 	}
-	var tasks, leases, events int
+	if !strings.Contains(r.logs.String(), `"leases":1,`) {
+		t.Errorf("the round's log line does not count the task's lease row:\n%s", r.logs)
+	}
+	var tasks, leases, events, taskLeases, taskEvents int
 	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM leases WHERE resource = 'old'),
-		(SELECT count(*) FROM lease_events WHERE resource = 'old')`).Scan(&tasks, &leases, &events); err != nil {
+		(SELECT count(*) FROM lease_events WHERE resource = 'old'),
+		(SELECT count(*) FROM leases WHERE resource LIKE 'task:%'), (SELECT count(*) FROM lease_events WHERE resource LIKE 'task:%')`).
+		Scan(&tasks, &leases, &events, &taskLeases, &taskEvents); err != nil {
 		t.Fatal(err)
 	}
-	if tasks != 0 || leases != 1 || events != 1 {
-		t.Errorf("after pruning: %d tasks, %d old lease rows, %d old events; want 0, 1, 1 (lease history kept forever)", tasks, leases, events)
+	if tasks != 0 || leases != 1 || events != 1 || taskLeases != 0 || taskEvents != 1 {
+		t.Errorf("after pruning: %d tasks, %d old lease rows, %d old events, %d task lease rows, %d task lease events; "+
+			"want 0, 1, 1 (lease history kept forever), 0 (gone with its task), 1 (history)", tasks, leases, events, taskLeases, taskEvents)
 	}
 }

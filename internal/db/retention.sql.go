@@ -10,21 +10,31 @@ import (
 )
 
 const retentionPruneLeaseEvents = `-- name: RetentionPruneLeaseEvents :one
-SELECT prune_lease_events(make_interval(secs => $1::float8), $2::integer)::bigint AS pruned
+SELECT p.pruned::bigint AS pruned, p.last_id::bigint AS last_id, p.done::boolean AS done
+FROM prune_lease_events(make_interval(secs => $1::float8), $2::integer, $3::bigint) AS p
 `
 
 type RetentionPruneLeaseEventsParams struct {
 	AgeSeconds float64
 	BatchSize  int32
+	AfterID    int64
 }
 
-// RetentionPruneLeaseEvents deletes up to batch_size lease events recorded
-// more than age_seconds ago, oldest first, and returns how many.
-func (q *Queries) RetentionPruneLeaseEvents(ctx context.Context, arg RetentionPruneLeaseEventsParams) (int64, error) {
-	row := q.db.QueryRow(ctx, retentionPruneLeaseEvents, arg.AgeSeconds, arg.BatchSize)
-	var pruned int64
-	err := row.Scan(&pruned)
-	return pruned, err
+type RetentionPruneLeaseEventsRow struct {
+	Pruned int64
+	LastID int64
+	Done   bool
+}
+
+// RetentionPruneLeaseEvents looks at the next batch_size lease events after
+// after_id, in id order, and deletes those recorded more than age_seconds
+// ago. It returns how many it deleted, the last id it looked at and whether
+// the walk is over.
+func (q *Queries) RetentionPruneLeaseEvents(ctx context.Context, arg RetentionPruneLeaseEventsParams) (RetentionPruneLeaseEventsRow, error) {
+	row := q.db.QueryRow(ctx, retentionPruneLeaseEvents, arg.AgeSeconds, arg.BatchSize, arg.AfterID)
+	var i RetentionPruneLeaseEventsRow
+	err := row.Scan(&i.Pruned, &i.LastID, &i.Done)
+	return i, err
 }
 
 const retentionPruneLeases = `-- name: RetentionPruneLeases :one
@@ -36,9 +46,10 @@ type RetentionPruneLeasesParams struct {
 	BatchSize  int32
 }
 
-// RetentionPruneLeases deletes up to batch_size rows of leases released,
-// or announced expired, more than age_seconds ago, oldest first, and
-// returns how many. Live leases are never deleted.
+// RetentionPruneLeases deletes up to batch_size rows of leases other than
+// tasks' released, or announced expired, more than age_seconds ago, oldest
+// first, and returns how many. Live leases are never deleted; a task's
+// lease row goes with its task.
 func (q *Queries) RetentionPruneLeases(ctx context.Context, arg RetentionPruneLeasesParams) (int64, error) {
 	row := q.db.QueryRow(ctx, retentionPruneLeases, arg.AgeSeconds, arg.BatchSize)
 	var pruned int64
@@ -47,21 +58,48 @@ func (q *Queries) RetentionPruneLeases(ctx context.Context, arg RetentionPruneLe
 }
 
 const retentionPruneTasks = `-- name: RetentionPruneTasks :one
-SELECT prune_tasks(make_interval(secs => $1::float8), $2::integer)::bigint AS pruned
+SELECT p.pruned_tasks::bigint AS pruned_tasks, p.pruned_leases::bigint AS pruned_leases,
+       p.last_id::bigint AS last_id, p.done::boolean AS done, p.kept::bigint[] AS kept
+FROM prune_tasks(make_interval(secs => $1::float8), $2::integer, $3::bigint,
+                 $4::bigint[]) AS p
 `
 
 type RetentionPruneTasksParams struct {
 	AgeSeconds float64
 	BatchSize  int32
+	AfterID    int64
+	Ids        []int64
 }
 
-// RetentionPruneTasks deletes up to batch_size tasks that ended (done or
-// dead) more than age_seconds ago, oldest first, and returns how many. It
+type RetentionPruneTasksRow struct {
+	PrunedTasks  int64
+	PrunedLeases int64
+	LastID       int64
+	Done         bool
+	Kept         []int64
+}
+
+// RetentionPruneTasks looks at the next batch_size tasks after after_id, in
+// id order, or, when ids is not NULL, at the tasks of ids (those an earlier
+// walk kept), and deletes those that ended (done or dead) more than
+// age_seconds ago, with their lease rows. It returns how many tasks and
+// lease rows it deleted, where the walk stands and the ids it kept. It
 // runs as the tables' owner (prune_tasks, schema/0007_retention.sql): the
 // runtime role has no DELETE.
-func (q *Queries) RetentionPruneTasks(ctx context.Context, arg RetentionPruneTasksParams) (int64, error) {
-	row := q.db.QueryRow(ctx, retentionPruneTasks, arg.AgeSeconds, arg.BatchSize)
-	var pruned int64
-	err := row.Scan(&pruned)
-	return pruned, err
+func (q *Queries) RetentionPruneTasks(ctx context.Context, arg RetentionPruneTasksParams) (RetentionPruneTasksRow, error) {
+	row := q.db.QueryRow(ctx, retentionPruneTasks,
+		arg.AgeSeconds,
+		arg.BatchSize,
+		arg.AfterID,
+		arg.Ids,
+	)
+	var i RetentionPruneTasksRow
+	err := row.Scan(
+		&i.PrunedTasks,
+		&i.PrunedLeases,
+		&i.LastID,
+		&i.Done,
+		&i.Kept,
+	)
+	return i, err
 }

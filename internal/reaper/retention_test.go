@@ -41,7 +41,8 @@ func TestOnlyTheReaperPrunes(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Test setup as the owner: they finished eight days ago.
-		if _, err := tdb.Pool.Exec(ctx, `UPDATE tasks SET state = 'done', processed_at = now() - interval '8 days' WHERE state = 'pending'`); err != nil {
+		if _, err := tdb.Pool.Exec(ctx, `UPDATE tasks SET state = 'done', created_at = now() - interval '9 days', processed_at = now() - interval '8 days'
+			WHERE state = 'pending'`); err != nil {
 			t.Fatal(err)
 		}
 	}

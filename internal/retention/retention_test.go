@@ -64,13 +64,16 @@ func strs(t *testing.T, tdb pgtest.DB, sql string) []string {
 func data(n int) json.RawMessage { return json.RawMessage(fmt.Sprintf(`{"n":%d}`, n)) }
 
 // TestPruneTasks: tasks that ended (done or dead) more than the age ago
-// are deleted; a task that ended recently, and pending and running tasks
-// however old (even with a processed_at set), are kept.
+// are deleted with their lease rows; a task that ended recently, pending
+// and running tasks however old (even with a processed_at set), and
+// finished tasks whose lease row is live again or whose expiry is not
+// announced yet, are kept, and handed back as kept.
 func TestPruneTasks(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
 	tasks := task.NewStore(tdb.Pool)
+	leases := lease.NewStore(tdb.Pool)
 
 	// One task at a time, so that each claim takes the one just inserted.
 	run := func(maxAttempts int32) task.Task {
@@ -99,6 +102,8 @@ func TestPruneTasks(t *testing.T) {
 		t.Fatalf("fail the last attempt: %+v, %v; want dead", got, err)
 	}
 	oldDead := dying.ID
+	lapsed := run(1).ID // its lease lapses below: dead, expiry not announced
+	retaken := complete(run(5))
 	running := run(5).ID
 	ins, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data(2), ScheduledAt: time.Now().Add(-30 * 24 * time.Hour)}})
 	if err != nil {
@@ -106,31 +111,184 @@ func TestPruneTasks(t *testing.T) {
 	}
 	pending := ins[0].ID
 
-	// Everything but newDone ended, or says so, eight days ago.
-	owner(t, tdb, `UPDATE tasks SET processed_at = now() - interval '8 days', created_at = now() - interval '30 days' WHERE id <> $1`, newDone)
+	// A month passes: everything was created thirty days ago, and all but
+	// newDone ended, or says so, eight days ago, and so did their leases.
+	owner(t, tdb, `UPDATE tasks SET created_at = now() - interval '30 days'`)
+	owner(t, tdb, `UPDATE tasks SET processed_at = now() - interval '8 days' WHERE id <> $1`, newDone)
+	owner(t, tdb, `UPDATE leases SET created_at = now() - interval '30 days',
+		released_at = CASE WHEN released_at IS NOT NULL THEN now() - interval '8 days' END,
+		expires_at = now() - interval '8 days' WHERE resource <> $1 AND resource <> $2`,
+		task.LeaseResource(newDone), task.LeaseResource(running))
+	owner(t, tdb, `UPDATE tasks SET state = 'dead', must_heartbeat_before = now() - interval '8 days' WHERE id = $1`, lapsed)
+	// Someone took retaken's lease over since, through the lease API.
+	if acq, err := leases.Acquire(ctx, lease.AcquireParams{Resource: task.LeaseResource(retaken), Holder: "someone", TTL: time.Hour}); err != nil || !acq.New {
+		t.Fatalf("take over %s: %+v, %v", task.LeaseResource(retaken), acq, err)
+	}
 
 	store := retention.NewStore(tdb.Pool)
-	n, err := store.PruneTasks(ctx, week, 1000)
-	if err != nil || n != 2 {
-		t.Fatalf("prune tasks: %d, %v; want 2 (the old done and dead tasks)", n, err)
+	got, err := store.PruneTasks(ctx, week, 1000, 0)
+	kept := []int64{newDone, lapsed, retaken, running, pending}
+	slices.Sort(kept)
+	if err != nil || got.Pruned != 2 || got.Leases != 2 || !got.Done || got.LastID != pending || !slices.Equal(got.Kept, kept) {
+		t.Fatalf("prune tasks: %+v, %v; want 2 tasks (the old done and dead ones) and their 2 lease rows, done at %d, kept %v",
+			got, err, pending, kept)
 	}
-	got := ids(t, tdb, `SELECT id FROM tasks ORDER BY id`)
-	want := []int64{newDone, running, pending}
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Errorf("tasks left: %v, want %v (pruned %d done, %d dead)", got, want, oldDone, oldDead)
+	if left := ids(t, tdb, `SELECT id FROM tasks ORDER BY id`); !slices.Equal(left, kept) {
+		t.Errorf("tasks left: %v, want %v (pruned %d done, %d dead)", left, kept, oldDone, oldDead)
 	}
-	if n, err := store.PruneTasks(ctx, week, 1000); err != nil || n != 0 {
-		t.Errorf("prune tasks again: %d, %v; want 0", n, err)
+	wantLeases := []string{}
+	for _, id := range []int64{newDone, lapsed, retaken, running} {
+		wantLeases = append(wantLeases, task.LeaseResource(id))
 	}
-	// The running task is still the worker's to complete.
+	slices.Sort(wantLeases)
+	if left := strs(t, tdb, `SELECT resource FROM leases ORDER BY resource`); !slices.Equal(left, wantLeases) {
+		t.Errorf("lease rows left: %q, want %q", left, wantLeases)
+	}
+
+	// Looked at again by id: still kept, until the lapsed lease's expiry
+	// is announced and has been for the age.
+	if got, err := store.PruneTaskIDs(ctx, week, kept); err != nil || got.Pruned != 0 || !slices.Equal(got.Kept, kept) {
+		t.Errorf("prune the kept tasks again: %+v, %v; want nothing pruned, all kept", got, err)
+	}
+	if marked, err := leases.MarkExpired(ctx, 100); err != nil || len(marked) != 1 || marked[0].Lease.Resource != task.LeaseResource(lapsed) {
+		t.Fatalf("mark expired: %+v, %v; want %s", marked, err, task.LeaseResource(lapsed))
+	}
+	if got, err := store.PruneTaskIDs(ctx, week, []int64{lapsed}); err != nil || got.Pruned != 0 {
+		t.Errorf("prune the lapsed task just announced: %+v, %v; want it kept", got, err)
+	}
+	owner(t, tdb, `UPDATE leases SET expired_at = now() - interval '8 days' WHERE resource = $1`, task.LeaseResource(lapsed))
+	if got, err := store.PruneTaskIDs(ctx, week, []int64{lapsed}); err != nil || got.Pruned != 1 || got.Leases != 1 || len(got.Kept) != 0 {
+		t.Errorf("prune the lapsed task announced long ago: %+v, %v; want it and its lease row", got, err)
+	}
+
+	// The running task is still the worker's to complete, and retaken's
+	// lease the holder's to renew.
 	if _, err := tasks.Heartbeat(ctx, running, "w/1", 0); err != nil {
 		t.Errorf("heartbeat of the running task after pruning: %v", err)
+	}
+	if _, err := leases.Renew(ctx, lease.RenewParams{Resource: task.LeaseResource(retaken), Holder: "someone"}); err != nil {
+		t.Errorf("renew the lease taken over after pruning: %v", err)
+	}
+}
+
+// TestPrunedTaskTakesItsLeaseRow: a task's lease row goes with the task,
+// under the task retention, and never without it: lease pruning leaves it
+// alone however long ago it ended. Its lease events are lease history.
+func TestPrunedTaskTakesItsLeaseRow(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tdb := pgtest.New(t)
+	tasks := task.NewStore(tdb.Pool)
+	ins, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data(1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := tasks.Claim(ctx, []string{"w/1"}, time.Minute)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %+v, %v", claimed, err)
+	}
+	if _, err := tasks.Complete(ctx, ins[0].ID, "w/1", *claimed[0].Fence, nil); err != nil {
+		t.Fatal(err)
+	}
+	resource := task.LeaseResource(ins[0].ID)
+	owner(t, tdb, `UPDATE tasks SET created_at = now() - interval '9 days', processed_at = now() - interval '8 days'`)
+	owner(t, tdb, `UPDATE leases SET released_at = now() - interval '8 days', expires_at = now() - interval '8 days'`)
+	count := func(sql string) int {
+		t.Helper()
+		var n int
+		if err := tdb.Pool.QueryRow(ctx, sql, resource).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	store := retention.NewStore(tdb.Pool)
+	if n, err := store.PruneLeases(ctx, week, 1000); err != nil || n != 0 {
+		t.Errorf("prune leases: %d, %v; want 0: the task's lease row is the task's", n, err)
+	}
+	if n := count(`SELECT count(*) FROM leases WHERE resource = $1`); n != 1 {
+		t.Fatalf("lease rows of %s after lease pruning: %d, want 1", resource, n)
+	}
+	got, err := store.PruneTasks(ctx, week, 1000, 0)
+	if err != nil || got.Pruned != 1 || got.Leases != 1 {
+		t.Fatalf("prune tasks: %+v, %v; want the task and its lease row", got, err)
+	}
+	if n := count(`SELECT count(*) FROM leases WHERE resource = $1`); n != 0 {
+		t.Errorf("lease rows of %s after its task was pruned: %d, want 0", resource, n)
+	}
+	if n := count(`SELECT count(*) FROM lease_events WHERE resource = $1`); n != 2 {
+		t.Errorf("lease events of %s after its task was pruned: %d, want its 2 (acquired, released)", resource, n)
+	}
+}
+
+// TestTaskLeasesStayOutOfTheEndedIndex: the one index retention adds is
+// never written by a task: claims, heartbeats, completions and failures
+// leave it empty; a lease of anything else that ends goes in.
+func TestTaskLeasesStayOutOfTheEndedIndex(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tdb := pgtest.New(t)
+	tasks := task.NewStore(tdb.Pool)
+	size := func() int64 {
+		t.Helper()
+		var n int64
+		if err := tdb.Pool.QueryRow(ctx, `SELECT pg_relation_size('leases_ended_idx')`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	empty := size() // the metapage alone
+
+	workers := make([]string, 50)
+	batch := make([]task.NewTask, len(workers))
+	for i := range workers {
+		workers[i] = fmt.Sprintf("w/%d", i)
+		batch[i] = task.NewTask{TaskData: data(i), MaxAttempts: 2}
+	}
+	for range 4 {
+		if _, err := tasks.Insert(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+		claimed, err := tasks.Claim(ctx, workers, time.Minute)
+		if err != nil || len(claimed) != len(workers) {
+			t.Fatalf("claim: %d tasks, %v", len(claimed), err)
+		}
+		cs := make([]task.Completion, 0, len(claimed))
+		for i, tk := range claimed {
+			if _, err := tasks.Heartbeat(ctx, tk.ID, *tk.Processor, *tk.Fence); err != nil {
+				t.Fatal(err)
+			}
+			if i%5 == 0 {
+				if _, err := tasks.Fail(ctx, tk.ID, *tk.Processor, *tk.Fence, "boom"); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			cs = append(cs, task.Completion{ID: tk.ID, Processor: *tk.Processor, Fence: *tk.Fence})
+		}
+		if _, err := tasks.CompleteMany(ctx, cs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := size(); got != empty {
+		t.Errorf("leases_ended_idx after 200 tasks ran: %d bytes, want %d (empty): a task lease was written to it", got, empty)
+	}
+
+	leases := lease.NewStore(tdb.Pool)
+	if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "report:nightly", Holder: "h", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: "report:nightly", Holder: "h"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := size(); got <= empty {
+		t.Errorf("leases_ended_idx after another lease ended: %d bytes, want more than %d", got, empty)
 	}
 }
 
 // TestPruneLeaseEvents: events recorded more than the age ago are deleted,
-// recent ones kept; the leases themselves are another matter.
+// recent ones kept; the walk stops just before the first recent one, where
+// the next walk goes on. The leases themselves are another matter.
 func TestPruneLeaseEvents(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -149,12 +307,17 @@ func TestPruneLeaseEvents(t *testing.T) {
 	}
 	owner(t, tdb, `UPDATE lease_events SET at = at - interval '8 days' WHERE resource = 'old'`)
 
-	n, err := retention.NewStore(tdb.Pool).PruneLeaseEvents(ctx, week, 1000)
-	if err != nil || n != 3 {
-		t.Fatalf("prune lease events: %d, %v; want 3 (old's acquired, renewed, released)", n, err)
+	firstNew := ids(t, tdb, `SELECT min(id) FROM lease_events WHERE resource = 'new'`)[0]
+	store := retention.NewStore(tdb.Pool)
+	got, err := store.PruneLeaseEvents(ctx, week, 1000, 0)
+	if err != nil || got.Pruned != 3 || !got.Done || got.LastID != firstNew-1 {
+		t.Fatalf("prune lease events: %+v, %v; want 3 (old's acquired, renewed, released), done just before event %d", got, err, firstNew)
 	}
 	if got := strs(t, tdb, `SELECT resource || ':' || kind FROM lease_events ORDER BY id`); !slices.Equal(got, []string{"new:acquired", "new:renewed"}) {
 		t.Errorf("events left: %q, want new's two", got)
+	}
+	if again, err := store.PruneLeaseEvents(ctx, week, 1000, got.LastID); err != nil || again.Pruned != 0 || !again.Done || again.LastID != got.LastID {
+		t.Errorf("the next walk: %+v, %v; want nothing pruned, still just before event %d", again, err, firstNew)
 	}
 	if got := strs(t, tdb, `SELECT resource FROM leases ORDER BY resource`); !slices.Equal(got, []string{"new", "old"}) {
 		t.Errorf("leases: %q, want both kept by event pruning", got)
@@ -163,8 +326,8 @@ func TestPruneLeaseEvents(t *testing.T) {
 
 // TestPruneLeases: the rows of leases released, or announced expired, more
 // than the age ago are deleted; live leases (even very old, long-TTL ones,
-// or old rows taken over since), recent ends and expiries not yet
-// announced are kept. A pruned resource acquired again gets a greater
+// or old rows taken over since), recent ends, expiries not yet announced
+// and tasks' leases (which go with their tasks) are kept. A pruned resource acquired again gets a greater
 // fence than any before: fences come from one sequence.
 func TestPruneLeases(t *testing.T) {
 	t.Parallel()
@@ -195,11 +358,13 @@ func TestPruneLeases(t *testing.T) {
 	acquire("active-old", "h", time.Hour)
 	acquire("retaken", "h", time.Minute)
 	release("retaken", "h")
+	acquire("task:123456", "h", time.Minute) // a task's lease: it goes with its task
+	release("task:123456", "h")
 
 	// Eight days pass for all but the recent ones (owner's setup).
 	owner(t, tdb, `UPDATE leases SET created_at = created_at - interval '30 days' WHERE resource <> 'released-new'`)
 	owner(t, tdb, `UPDATE leases SET released_at = now() - interval '8 days', expires_at = now() - interval '8 days'
-		WHERE resource IN ('released-old', 'retaken')`)
+		WHERE resource IN ('released-old', 'retaken', 'task:123456')`)
 	owner(t, tdb, `UPDATE leases SET expires_at = now() - interval '8 days' - interval '1 minute',
 		expired_at = now() - interval '8 days' WHERE resource = 'expired-old'`)
 	owner(t, tdb, `UPDATE leases SET expires_at = now() - interval '8 days' WHERE resource = 'expired-unannounced'`)
@@ -211,7 +376,7 @@ func TestPruneLeases(t *testing.T) {
 	if err != nil || n != 2 {
 		t.Fatalf("prune leases: %d, %v; want 2", n, err)
 	}
-	want := []string{"active-old", "expired-unannounced", "released-new", "retaken"}
+	want := []string{"active-old", "expired-unannounced", "released-new", "retaken", "task:123456"}
 	if got := strs(t, tdb, `SELECT resource FROM leases ORDER BY resource`); !slices.Equal(got, want) {
 		t.Errorf("leases left: %q, want %q", got, want)
 	}
@@ -244,9 +409,9 @@ func TestPruneLeases(t *testing.T) {
 	}
 }
 
-// TestPruneBatches: each call deletes at most its batch; a round goes on
-// until a batch comes back short, and a round that reaches its bound says
-// there is more.
+// TestPruneBatches: each call looks at, and so deletes, at most its
+// batch; a round goes on until the walk is over, and a round that reaches
+// its bound says there is more, and the next goes on from there.
 func TestPruneBatches(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -261,7 +426,7 @@ func TestPruneBatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 25 tasks finished, 25 events recorded, eight days ago.
-	owner(t, tdb, `UPDATE tasks SET state = 'done', processed_at = now() - interval '8 days'`)
+	owner(t, tdb, `UPDATE tasks SET state = 'done', created_at = now() - interval '9 days', processed_at = now() - interval '8 days'`)
 	for i := range 25 {
 		if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: fmt.Sprintf("r%d", i), Holder: "h", TTL: time.Minute}); err != nil {
 			t.Fatal(err)
@@ -271,18 +436,23 @@ func TestPruneBatches(t *testing.T) {
 
 	store := retention.NewStore(tdb.Pool)
 	var calls []int64
+	var after int64
 	for {
-		n, err := store.PruneLeaseEvents(ctx, week, 10)
+		got, err := store.PruneLeaseEvents(ctx, week, 10, after)
 		if err != nil {
 			t.Fatal(err)
 		}
-		calls = append(calls, n)
-		if n == 0 || len(calls) > 10 {
+		calls = append(calls, got.Pruned)
+		if got.LastID <= after && !got.Done {
+			t.Fatalf("the walk stood still at %d: %+v", after, got)
+		}
+		after = got.LastID
+		if got.Done || len(calls) > 10 {
 			break
 		}
 	}
-	if !slices.Equal(calls, []int64{10, 10, 5, 0}) {
-		t.Errorf("events pruned per call of batch 10: %v, want [10 10 5 0]", calls)
+	if !slices.Equal(calls, []int64{10, 10, 5}) {
+		t.Errorf("events pruned per call of batch 10: %v, want [10 10 5], the last one done", calls)
 	}
 
 	p := &retention.Pruner{Store: store, Config: retention.Config{TaskAge: week, Batch: 10, Pause: time.Millisecond}}
@@ -309,6 +479,58 @@ func TestPruneBatches(t *testing.T) {
 	second, err := p.Round(ctx)
 	if err != nil || second.LeaseEvents != 1 || second.More {
 		t.Errorf("next round: %+v, %v; want the last event, nothing more", second, err)
+	}
+	if left := ids(t, tdb, `SELECT id FROM lease_events`); len(left) != 0 {
+		t.Errorf("events left after the rounds: %v", left)
+	}
+}
+
+// TestNoStallBehindKeptTasks: old tasks still pending at the head of the
+// table (scheduled far ahead), more than a round looks at, do not keep the
+// finished ones behind them from being pruned: the next round goes on
+// where the last stopped. The walk after looks at the kept ones again, by
+// id, and prunes one that has ended since, then goes on from where the
+// last walk stopped.
+func TestNoStallBehindKeptTasks(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tdb := pgtest.New(t)
+	// 150 tasks created a month ago and scheduled a month ahead, 5 that
+	// ended eight days ago, and 3 just created.
+	owner(t, tdb, `INSERT INTO tasks (task_data, created_at, scheduled_at)
+		SELECT '{}', now() - interval '30 days', now() + interval '30 days' FROM generate_series(1, 150)`)
+	owner(t, tdb, `INSERT INTO tasks (task_data, state, created_at, processed_at)
+		SELECT '{}', 'done', now() - interval '30 days', now() - interval '8 days' FROM generate_series(1, 5)`)
+	owner(t, tdb, `INSERT INTO tasks (task_data) SELECT '{}' FROM generate_series(1, 3)`)
+	scheduled := ids(t, tdb, `SELECT id FROM tasks WHERE scheduled_at > now() ORDER BY id`)
+
+	p := &retention.Pruner{Store: retention.NewStore(tdb.Pool), Config: retention.Config{TaskAge: week, Batch: 1, Pause: time.Millisecond}}
+	first, err := p.Round(ctx)
+	if err != nil || first.Tasks != 0 || first.Batches != 100 || !first.More {
+		t.Fatalf("first round of batch 1 over 150 pending tasks: %+v, %v; want 100 batches, none pruned, more to do", first, err)
+	}
+	// 50 pending, 5 done, and the first new one, where the walk is over.
+	second, err := p.Round(ctx)
+	if err != nil || second.Tasks != 5 || second.Batches != 56 || second.More {
+		t.Fatalf("second round: %+v, %v; want the 5 done tasks in 56 batches, nothing more", second, err)
+	}
+	if n := len(ids(t, tdb, `SELECT id FROM tasks`)); n != 153 {
+		t.Errorf("tasks left: %d, want 153 (150 scheduled ahead, 3 new)", n)
+	}
+
+	// One of the scheduled tasks ended eight days ago after all, and the
+	// new ones are a month old and ended too.
+	owner(t, tdb, `UPDATE tasks SET state = 'dead', processed_at = now() - interval '8 days' WHERE id = $1`, scheduled[75])
+	owner(t, tdb, `UPDATE tasks SET state = 'done', created_at = now() - interval '30 days', processed_at = now() - interval '8 days'
+		WHERE scheduled_at <= now()`)
+	p.Config.Batch = 50
+	third, err := p.Round(ctx)
+	if err != nil || third.Tasks != 4 || third.Batches != 4 || third.More {
+		t.Errorf("third round, batch 50: %+v, %v; want 4 tasks in 4 batches (the 150 kept ones by id, then on)", third, err)
+	}
+	want := slices.Delete(slices.Clone(scheduled), 75, 76)
+	if left := ids(t, tdb, `SELECT id FROM tasks ORDER BY id`); !slices.Equal(left, want) {
+		t.Errorf("tasks left: %d (%v), want the 149 still scheduled", len(left), left)
 	}
 }
 
@@ -400,25 +622,50 @@ func TestBadRetention(t *testing.T) {
 	// The database's own floor, whatever the caller passes.
 	tdb := pgtest.New(t)
 	store := retention.NewStore(tdb.Pool)
-	for name, prune := range map[string]func(context.Context, time.Duration, int32) (int64, error){
-		"tasks": store.PruneTasks, "leases": store.PruneLeases, "lease events": store.PruneLeaseEvents,
+	for name, prune := range map[string]func(ctx context.Context, age time.Duration, batch int32, after int64) error{
+		"tasks": func(ctx context.Context, age time.Duration, batch int32, after int64) error {
+			_, err := store.PruneTasks(ctx, age, batch, after)
+			return err
+		},
+		"lease events": func(ctx context.Context, age time.Duration, batch int32, after int64) error {
+			_, err := store.PruneLeaseEvents(ctx, age, batch, after)
+			return err
+		},
+		"leases": func(ctx context.Context, age time.Duration, batch int32, _ int64) error {
+			_, err := store.PruneLeases(ctx, age, batch)
+			return err
+		},
 	} {
 		for _, tc := range []struct {
 			age   time.Duration
 			batch int32
+			after int64
 			want  string
 		}{
-			{30 * time.Second, 10, "too short"},
-			{-week, 10, "too short"},
-			{week, 0, "out of range"},
-			{week, retention.MaxBatch + 1, "out of range"},
+			{30 * time.Second, 10, 0, "too short"},
+			{-week, 10, 0, "too short"},
+			{week, 0, 0, "out of range"},
+			{week, retention.MaxBatch + 1, 0, "out of range"},
+			{week, 10, -1, "out of range"},
 		} {
-			_, err := prune(t.Context(), tc.age, tc.batch)
+			if tc.after != 0 && name == "leases" {
+				continue // leases are pruned oldest first, with no cursor
+			}
+			err := prune(t.Context(), tc.age, tc.batch, tc.after)
 			var pgErr *pgconn.PgError
 			if !errors.As(err, &pgErr) || pgErr.Code != "22023" || !strings.Contains(pgErr.Message, tc.want) || pgErr.Hint == "" {
-				t.Errorf("prune %s (age %s, batch %d): %v; want invalid_parameter_value (22023) %q with a hint", name, tc.age, tc.batch, err, tc.want)
+				t.Errorf("prune %s (age %s, batch %d, after %d): %v; want invalid_parameter_value (22023) %q with a hint",
+					name, tc.age, tc.batch, tc.after, err, tc.want)
 			}
 		}
+	}
+	// More ids than the batch: refused by the store, and by the database.
+	if _, err := store.PruneTaskIDs(t.Context(), week, make([]int64, retention.MaxBatch+1)); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Errorf("prune %d task ids: %v; want an error saying to pass at most %d", retention.MaxBatch+1, err, retention.MaxBatch)
+	}
+	_, err := tdb.Pool.Exec(t.Context(), `SELECT * FROM prune_tasks(interval '7 days', 1, 0, '{1,2}')`)
+	if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "22023" || !strings.Contains(pgErr.Message, "more than the batch") || pgErr.Hint == "" {
+		t.Errorf("prune_tasks with 2 ids and a batch of 1: %v; want invalid_parameter_value (22023) with a hint", err)
 	}
 }
 
@@ -455,7 +702,7 @@ func TestRunLogsOneLinePerRound(t *testing.T) {
 	if _, err := task.NewStore(tdb.Pool).Insert(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
-	owner(t, tdb, `UPDATE tasks SET state = 'dead', processed_at = now() - interval '8 days'`)
+	owner(t, tdb, `UPDATE tasks SET state = 'dead', created_at = now() - interval '9 days', processed_at = now() - interval '8 days'`)
 
 	var logs syncBuffer
 	rounds := make(chan retention.Counts, 10)
