@@ -30,14 +30,27 @@ GRANT SELECT ON leasehold_migrations TO :"role";
 -- Fences: nextval('lease_fence_seq'). The identity columns' own sequences
 -- need no grant.
 GRANT USAGE ON SEQUENCE lease_fence_seq TO :"role";
--- Retention: the elected reaper deletes finished tasks and lease history
--- older than their retention through these functions, which run as their
--- owner and delete only that (schema/0007_retention.sql): at most a batch
--- per call, nothing under a minute old, never a live lease or an
--- unfinished task. They are not PUBLIC's to execute.
-GRANT EXECUTE ON FUNCTION prune_tasks(interval, integer),
-                          prune_lease_events(interval, integer),
+-- Retention: the elected reaper deletes finished tasks (with their lease
+-- rows) and lease history older than their retention through these
+-- functions, which run as their owner and delete only that
+-- (schema/0007_retention.sql): at most a batch per call, nothing under a
+-- minute old, never a live lease, an unannounced expiry or an unfinished
+-- task. They are not PUBLIC's to execute.
+GRANT EXECUTE ON FUNCTION prune_tasks(interval, integer, bigint, bigint[]),
+                          prune_lease_events(interval, integer, bigint),
                           prune_leases(interval, integer) TO :"role";
+
+-- Waiting for inserted tasks (schema/0008_insert_waiters.sql): inserts
+-- notify only while task_waiters has a row. The insert trigger reads it as
+-- the inserting role; replicas register and unregister their LISTEN
+-- sessions, and prune the rows of ended sessions, through these functions,
+-- which run as their owner and are not PUBLIC's to execute (the role has
+-- no INSERT, UPDATE or DELETE on the table). task_waiters_barrier changes
+-- nothing and stays PUBLIC's.
+GRANT SELECT ON task_waiters TO :"role";
+GRANT EXECUTE ON FUNCTION task_waiter_register(text, integer),
+                          task_waiter_unregister(text, integer),
+                          task_waiters_prune() TO :"role";
 
 -- The trigger functions and pg_notify run with EXECUTE granted to PUBLIC,
 -- which PostgreSQL does by default, and LISTEN needs no privilege.

@@ -346,18 +346,24 @@ func await(ctx context.Context, c <-chan int64, id int64) error {
 	}
 }
 
-// runNotifyCost measures single-task inserts (one commit each) from 8 clients with the
-// tasks table's NOTIFY trigger on, then off.
+// runNotifyCost measures single-task inserts (one commit each) from 8 clients: with the tasks
+// table's triggers on while nobody waits for inserted tasks (the insert trigger then sends no
+// NOTIFY: the case of replicas whose workers are all busy), with them on while a waiter is
+// registered (every insert notifies: the case of a replica sleeping with idle workers), and
+// with the triggers off. The three take turns, each a fifth of Duration at a time and each
+// turn starting with the next, so that whatever else the machine does, and the table's
+// growth, weigh on all three alike.
 func runNotifyCost(ctx context.Context, c Config, _ []Result) ([]Result, error) {
-	const clients = 8
+	const clients, turns = 8, 5
 	d, err := newDB(ctx, c.DatabaseURL, clients+2)
 	if err != nil {
 		return nil, err
 	}
 	defer d.Close()
 	tasks := task.NewStore(d.Pool)
-	insert := func() (float64, error) {
-		n, elapsed, err := timed(ctx, clients, c.Duration, func(ctx context.Context, _ int, more func() bool) (int, error) {
+	slice := max(c.Duration/turns, 50*time.Millisecond)
+	insert := func() (int, time.Duration, error) {
+		return timed(ctx, clients, slice, func(ctx context.Context, _ int, more func() bool) (int, error) {
 			one := []task.NewTask{{TaskData: zeroWork}}
 			count := 0
 			for more() {
@@ -368,25 +374,80 @@ func runNotifyCost(ctx context.Context, c Config, _ []Result) ([]Result, error) 
 			}
 			return count, nil
 		})
-		return float64(n) / elapsed.Seconds(), err
 	}
-	on, err := insert()
-	if err != nil {
+	// A listener of its own stands in for a replica that sleeps with idle workers: it
+	// registers as a waiter for the second case, and receives each notification.
+	lctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, d.URL) },
+		zerolog.Nop(), notify.ChannelTask)
+	ready := l.Subscribe(notify.ChannelTask, 1)
+	wg.Go(func() { _ = l.Run(lctx) })
+	select {
+	case <-ready.Resync():
+		ready.Close()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	waiter := l.Waiter("bench/waiting")
+
+	cases := []struct {
+		name          string
+		before, after func() error
+		ops           int
+		took          time.Duration
+	}{
+		{name: "triggers on, nobody waiting (no NOTIFY)"},
+		{
+			name:   "triggers on, a waiter registered (NOTIFY each)",
+			before: func() error { return waiter.Register(ctx) },
+			after:  func() error { return waiter.Unregister(ctx) },
+		},
+		{
+			name:   "triggers off",
+			before: func() error { _, err := d.Pool.Exec(ctx, "ALTER TABLE tasks DISABLE TRIGGER USER"); return err },
+			after:  func() error { _, err := d.Pool.Exec(ctx, "ALTER TABLE tasks ENABLE TRIGGER USER"); return err },
+		},
+	}
+	// Untimed: the pool's sessions are new, and their first statements (catalog look-ups,
+	// the trigger function's compilation, plans) are slower than the rest.
+	if _, _, err := insert(); err != nil {
 		return nil, err
 	}
-	if _, err := d.Pool.Exec(ctx, "ALTER TABLE tasks DISABLE TRIGGER USER"); err != nil {
-		return nil, err
+	for turn := range turns {
+		for j := range cases {
+			k := &cases[(turn+j)%len(cases)] // each turn starts with the next case
+
+			if k.before != nil {
+				if err := k.before(); err != nil {
+					return nil, fmt.Errorf("notify-cost, %s: %w", k.name, err)
+				}
+			}
+			n, took, err := insert()
+			if err != nil {
+				return nil, err
+			}
+			k.ops, k.took = k.ops+n, k.took+took
+			if k.after != nil {
+				if err := k.after(); err != nil {
+					return nil, fmt.Errorf("notify-cost, %s: %w", k.name, err)
+				}
+			}
+		}
 	}
-	off, err := insert()
-	if err != nil {
-		return nil, err
-	}
+	rate := func(i int) float64 { return float64(cases[i].ops) / cases[i].took.Seconds() }
+	idle, waiting, off := rate(0), rate(1), rate(2)
 	if off == 0 {
 		return nil, errors.New("no insert completed with the triggers off")
 	}
-	return []Result{
-		{Scenario: "notify-cost", Case: "task inserts, NOTIFY trigger on", Clients: clients, Value: on, Unit: "tasks/s"},
-		{Scenario: "notify-cost", Case: "task inserts, NOTIFY trigger off", Clients: clients, Value: off, Unit: "tasks/s"},
-		{Scenario: "notify-cost", Case: "on ÷ off", Clients: clients, Value: 100 * on / off, Unit: "%"},
-	}, nil
+	var out []Result
+	for i, k := range cases {
+		out = append(out, Result{Scenario: "notify-cost", Case: "task inserts, " + k.name, Clients: clients, Value: rate(i), Unit: "tasks/s"})
+	}
+	return append(out,
+		Result{Scenario: "notify-cost", Case: "on ÷ off, nobody waiting", Clients: clients, Value: 100 * idle / off, Unit: "%"},
+		Result{Scenario: "notify-cost", Case: "on ÷ off, a waiter registered", Clients: clients, Value: 100 * waiting / off, Unit: "%"},
+	), nil
 }

@@ -65,3 +65,9 @@ type Task struct {
 	CreatedAt           time.Time
 	GeneratorFence      *int64
 }
+
+type TaskWaiter struct {
+	Pid    int32
+	Waiter string
+	Since  time.Time
+}

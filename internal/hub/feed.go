@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -105,6 +106,14 @@ type feed struct {
 	resynced  bool           // the listener resynced: catch up on missed events
 
 	tasksDirty bool
+	// waiter registers the hub for inserted tasks while it has clients
+	// (inserts notify only while someone waits). It is registered before
+	// each read of the task state, and unregistered when a second
+	// insertion arrives before the next tasks message, which that message
+	// will show anyway: a stream of inserts costs a few notifications per
+	// tasksEvery, not one per insert.
+	waiter     *notify.Waiter
+	insertSeen bool          // an insertion was notified since the last tasks message
 	tasksSent  time.Time     // when the next tasks message may go is tasksEvery after this
 	tasksRetry time.Duration // after a failed read, how much longer to wait; doubles up to maxTasksRetry
 	stats      task.Stats
@@ -113,7 +122,7 @@ type feed struct {
 }
 
 func newFeed(h *Hub) *feed {
-	return &feed{h: h, sent: make(map[int64]struct{})}
+	return &feed{h: h, sent: make(map[int64]struct{}), waiter: h.d.Listener.Waiter(h.d.Instance + "/hub")}
 }
 
 // run is the feed goroutine; it returns when ctx ends.
@@ -124,6 +133,7 @@ func (f *feed) run(ctx context.Context) {
 	defer taskSub.Close()
 	genSub := f.h.d.Listener.Subscribe(notify.ChannelGenerator, 16)
 	defer genSub.Close()
+	defer f.unwait(ctx, time.Second) // briefly: the row goes with the LISTEN session anyway
 
 	// Where the event history ends now: what is missed from here on is
 	// looked for after a resync.
@@ -168,8 +178,14 @@ func (f *feed) run(ctx context.Context) {
 			f.changes = append(f.changes, ch)
 			f.received = append(f.received, n.Received)
 			armLease()
-		case <-taskSub.C():
+		case n := <-taskSub.C():
 			f.tasksDirty = true
+			if n.Payload == notify.TasksInserted {
+				if f.insertSeen {
+					f.unwait(ctx, queryTimeout) // registered again before the next read
+				}
+				f.insertSeen = true
+			}
 			armTasks()
 		case <-genSub.C():
 			f.generator = true
@@ -189,6 +205,7 @@ func (f *feed) run(ctx context.Context) {
 			armTasks()
 		case <-f.h.snapshotMe:
 			f.sendSnapshot(ctx)
+			armTasks()
 		}
 	}
 }
@@ -313,7 +330,11 @@ func (f *feed) flushTasks(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	body, err := f.tasksBody(ctx, false)
+	err := f.wait(ctx)
+	var body tasksBody
+	if err == nil {
+		body, err = f.tasksBody(ctx, false)
+	}
 	if err != nil {
 		// Stays dirty; the next round tries again, later each time, so that a
 		// database that is down is not asked again and again.
@@ -332,6 +353,7 @@ func (f *feed) flushTasks(ctx context.Context) {
 	}
 	f.tasksRetry = 0
 	f.tasksDirty = f.statsOwed
+	f.insertSeen = false
 	f.tasksSent = time.Now()
 	f.send(ctx, tasksMsg{Type: "tasks", tasksBody: body})
 }
@@ -369,10 +391,43 @@ func (f *feed) generatorBody(ctx context.Context) (generatorBody, error) {
 	return generatorBody{Status: s.Switch(), Holder: s.Holder, Fence: s.Fence}, nil
 }
 
+// wait registers the hub as a waiter for inserted tasks while it has
+// clients, before it reads the task state, so that every insert the read
+// does not see is notified; without clients it unregisters. No LISTEN
+// session to register is no error: the resync after the reconnect makes
+// the feed read (and register) again.
+func (f *feed) wait(ctx context.Context) error {
+	if f.h.Clients() == 0 {
+		f.unwait(ctx, queryTimeout)
+		return nil
+	}
+	if err := f.waiter.Register(ctx); err != nil && !errors.Is(err, notify.ErrNotListening) {
+		return err
+	}
+	return nil
+}
+
+// unwait unregisters the hub as a waiter for inserted tasks, if it is one,
+// giving the database up to timeout. A failure costs only notifications
+// nobody needs, until the row goes with its session.
+func (f *feed) unwait(ctx context.Context, timeout time.Duration) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if err := f.waiter.Unregister(uctx); err != nil {
+		f.h.d.Log.Debug().Err(err).Msg("unregistering as a waiter for inserted tasks")
+	}
+}
+
 // sendSnapshot builds one snapshot for every client waiting for one.
 func (f *feed) sendSnapshot(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
+	if err := f.wait(qctx); err != nil {
+		// The snapshot goes all the same; a tasks message follows once the
+		// registration works (flushTasks retries it with backoff).
+		f.h.d.Log.Debug().Err(err).Msg("registering as a waiter for inserted tasks before a snapshot")
+		f.tasksDirty = true
+	}
 	msg, err := f.snapshot(qctx)
 	if err != nil {
 		if ctx.Err() == nil {

@@ -533,27 +533,27 @@ func TestOriginAndToken(t *testing.T) {
 func TestMissedEventsAfterReconnect(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	var connects atomic.Int32
+	var cut atomic.Bool
 	reconnect := make(chan struct{})
 	r := startReplica(t, db, "replica-a", options{connect: func(ctx context.Context) (*pgx.Conn, error) {
-		if connects.Add(1) > 1 {
+		if cut.Load() {
 			select { // held down until the test has made its change
 			case <-reconnect:
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
 		}
-		cfg, err := pgx.ParseConfig(db.URL)
-		if err != nil {
-			return nil, err
-		}
-		cfg.RuntimeParams["application_name"] = "hub-resync-listener"
-		return pgx.ConnectConfig(ctx, cfg)
+		return pgx.Connect(ctx, db.URL)
 	}})
+	r.waitListening(t)
 	conn, _ := connect(t, r)
+	// With a client, the hub waits for inserted tasks, registered under its
+	// LISTEN session (before the snapshot, once the listener is up): cut
+	// that session.
+	cut.Store(true)
 	var killed int
-	if err := db.Pool.QueryRow(t.Context(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE application_name = 'hub-resync-listener' AND datname = current_database()`).Scan(&killed); err != nil || killed != 1 {
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(pg_terminate_backend(pid)) FROM task_waiters
+		WHERE waiter = 'replica-a/hub'`).Scan(&killed); err != nil || killed != 1 {
 		t.Fatalf("terminated %d listener backends, %v; want 1", killed, err)
 	}
 	for deadline := time.Now().Add(30 * time.Second); r.listener.Connected(); {

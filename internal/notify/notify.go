@@ -6,11 +6,16 @@
 // are lost, so after every (re)connect each subscriber gets a Resync signal
 // and runs its catch-up query; a subscriber too slow to take a notification
 // gets the same signal instead of blocking the listener.
+//
+// Inserted tasks are announced only while someone waits for them
+// (schema/0008): a subscriber that is about to sleep until tasks arrive
+// registers a Waiter first, and catches up once it is registered.
 package notify
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +26,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
 	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/db"
 )
 
 // The channels leasehold's triggers notify on.
@@ -43,8 +50,9 @@ type Notification struct {
 // The payloads of ChannelTask, each sent at most once per statement
 // (schema/0002 and 0006). A claim sends "claimed:<ms>", <ms> the earliest
 // expiry of the new task leases in epoch milliseconds: see ParseClaimed.
+// TasksInserted is sent only while some Waiter is registered (schema/0008).
 const (
-	TasksInserted = "inserted" // tasks were inserted
+	TasksInserted = "inserted" // tasks were inserted, and someone waits for them
 	TasksRequeued = "requeued" // tasks went back to pending: claimable now or after a backoff
 	TasksFinished = "finished" // tasks ended done or dead
 )
@@ -98,6 +106,16 @@ type Listener struct {
 
 	connected  atomic.Bool
 	reconnects atomic.Int64
+	// session is the LISTEN session now up, nil while there is none: a new
+	// value for every connection, so that a Waiter knows whether its
+	// registration names the session that listens now.
+	session atomic.Pointer[session]
+	ctl     control
+}
+
+// session is one LISTEN session of the listener.
+type session struct {
+	pid int32 // its backend pid, as the server reports it
 }
 
 // Backoff bounds between reconnect attempts: pgxlisten waits a fixed minute
@@ -110,7 +128,9 @@ const (
 
 // New returns a listener for the given channels. connect opens a dedicated
 // session (not one borrowed from a pool, and not through a transaction-mode
-// pooler, where LISTEN does not work).
+// pooler, where LISTEN does not work): the LISTEN session, and, once a
+// Waiter registers, a second one for the waiters' statements. It may be
+// called from more than one goroutine.
 func New(connect func(ctx context.Context) (*pgx.Conn, error), log zerolog.Logger, channels ...string) *Listener {
 	return &Listener{
 		connect:  connect,
@@ -145,9 +165,13 @@ func (l *Listener) Reconnects() int64 { return l.reconnects.Load() }
 func (l *Listener) Run(ctx context.Context) error {
 	var failures, unlistened int
 	var everConnected, down bool
+	var last, next *session // the newest LISTEN session, for the waiters' cleanup; the one connecting
+	l.startControl()
+	defer func() { l.stopControl(last) }()
 	pl := &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			l.connected.Store(false)
+			l.session.Store(nil)
 			if failures > 0 {
 				delay := min(MinReconnectDelay<<min(failures-1, 16), MaxReconnectDelay)
 				select {
@@ -162,10 +186,20 @@ func (l *Listener) Run(ctx context.Context) error {
 			if err != nil {
 				return nil, err
 			}
+			// The session's pid, from the server itself (a pooler in
+			// session mode reports a key of its own at connect), is what
+			// names it in task_waiters.
+			pid, err := db.New(conn).WaiterSessionPID(ctx)
+			if err != nil {
+				_ = conn.Close(ctx)
+				return nil, fmt.Errorf("read the session's pid: %w", err)
+			}
+			next = &session{pid: pid}
 			return conn, nil
 		},
 		LogError: func(ctx context.Context, err error) {
 			l.connected.Store(false)
+			l.session.Store(nil)
 			if ctx.Err() != nil {
 				return
 			}
@@ -185,7 +219,10 @@ func (l *Listener) Run(ctx context.Context) error {
 			if unlistened--; unlistened > 0 {
 				return
 			}
-			// Every channel is LISTENed now: from here nothing is missed.
+			// Every channel is LISTENed now: from here nothing is missed,
+			// and waiters may register under this session.
+			last = next
+			l.session.Store(last)
 			if everConnected {
 				l.reconnects.Add(1)
 			}
@@ -199,6 +236,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	}
 	err := pl.Listen(ctx)
 	l.connected.Store(false)
+	l.session.Store(nil)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}

@@ -137,6 +137,7 @@ const passRetry = time.Second
 // pass marks every due expiry and returns when the next one is due, on this
 // process's clock.
 func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
+	expired := false
 	for {
 		marked, err := r.Store.MarkExpired(ctx, batchSize)
 		if err != nil {
@@ -147,9 +148,13 @@ func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
 				r.Marked(m.Lease, m.Lag)
 			}
 		}
+		expired = expired || len(marked) > 0
 		if len(marked) < batchSize {
 			break
 		}
+	}
+	if expired {
+		r.pruneWaiters(ctx)
 	}
 	asked := time.Now()
 	next, dbNow, err := r.Store.NextExpiry(ctx)
@@ -159,4 +164,23 @@ func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
 	r.offset = dbNow.Sub(asked)
 	// A little after the due time, so that now() in the database has passed it.
 	return next.Add(-r.offset + 5*time.Millisecond), nil
+}
+
+// pruneWaiters removes the registrations as waiters for inserted tasks
+// (schema/0008) whose LISTEN session has ended. A lease that expired may
+// be a replica that died while it waited; its registration would make
+// every insert notify, at a cost to every inserter, until the next
+// registration by anyone pruned it.
+func (r *Reaper) pruneWaiters(ctx context.Context) {
+	// Bounded: it runs on a session with no statement timeout, and the
+	// next expiry must not wait for it.
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	n, err := r.Listener.PruneWaiters(ctx)
+	switch {
+	case err != nil:
+		r.Log.Debug().Err(err).Msg("pruning the waiters of ended sessions")
+	case n > 0:
+		r.Log.Info().Int64("pruned", n).Msg("removed the registrations of waiters whose session has ended")
+	}
 }

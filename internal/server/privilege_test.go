@@ -207,6 +207,50 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		t.Errorf("instances: %s, want replica-a", live.body)
 	}
 
+	// Waiting for inserted tasks (schema/0008): the role registers its
+	// LISTEN session as a waiter, passes the barrier and prunes through
+	// the functions granted to it; an insert then notifies (the trigger
+	// reads task_waiters as the role); it unregisters.
+	var listenPID int32
+	if err := listen.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&listenPID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := listen.Exec(ctx, `LISTEN leasehold_task`); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct {
+		sql  string
+		args []any
+	}{
+		{`SELECT task_waiter_register('replica-a/workers', $1)`, []any{listenPID}},
+		{`SELECT task_waiters_barrier(1000)`, nil},
+		{`SELECT task_waiters_prune()`, nil},
+	} {
+		if _, err := app.Pool.Exec(ctx, w.sql, w.args...); err != nil {
+			t.Errorf("%s as the runtime role: %v", w.sql, err)
+		}
+	}
+	b.createTask(t, `{"task_data":{"sleep_duration_seconds":0}}`)
+	insertCtx, cancelInsert := context.WithTimeout(ctx, 30*time.Second)
+	for {
+		n, err := listen.WaitForNotification(insertCtx)
+		if err != nil {
+			cancelInsert()
+			t.Fatalf("waiting for the insert's notification while a waiter is registered: %v", err)
+		}
+		if n.Channel == "leasehold_task" && n.Payload == "inserted" {
+			break
+		}
+	}
+	cancelInsert()
+	if _, err := app.Pool.Exec(ctx, `SELECT task_waiter_unregister('replica-a/workers', $1)`, listenPID); err != nil {
+		t.Errorf("unregister a waiter as the runtime role: %v", err)
+	}
+	var waiting int
+	if err := app.Pool.QueryRow(ctx, `SELECT count(*) FROM task_waiters`).Scan(&waiting); err != nil || waiting != 0 {
+		t.Errorf("waiters after unregistering: %d, %v; want 0", waiting, err)
+	}
+
 	// The reaper marks an expired lease.
 	b.acquire(t, "doomed", "replica-a", 30)
 	owner.expire(t, "doomed")
@@ -232,10 +276,15 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	b.generator(t, "POST", "/api/generator/stop", http.StatusAccepted)
 
 	// Retention, through the functions granted to the role: old finished
-	// tasks, lease events and ended leases go, and nothing else (the owner
-	// ages the rows, standing in for a week passing).
+	// tasks with their lease rows, lease events and ended leases go, and
+	// nothing else (the owner ages the rows, standing in for a week
+	// passing).
 	for _, sql := range []string{
+		`UPDATE tasks SET created_at = now() - interval '9 days'`,
 		`UPDATE tasks SET processed_at = now() - interval '8 days' WHERE state IN ('done', 'dead')`,
+		`UPDATE leases SET released_at = released_at - interval '8 days', expired_at = expired_at - interval '8 days',
+			expires_at = expires_at - interval '8 days'
+			WHERE resource LIKE 'task:%' AND (released_at IS NOT NULL OR expired_at IS NOT NULL)`,
 		`UPDATE lease_events SET at = now() - interval '8 days' WHERE resource = 'report:nightly'`,
 		`UPDATE leases SET released_at = now() - interval '8 days', expires_at = now() - interval '8 days' WHERE resource = 'report:nightly'`,
 	} {
@@ -244,16 +293,37 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		}
 	}
 	pruner := retention.NewStore(app.Pool)
+	// walk calls a walking prune function from the first row to the end.
+	walk := func(prune func(after int64) (retention.Step, error)) (int64, error) {
+		var n, after int64
+		for {
+			s, err := prune(after)
+			n += s.Pruned
+			if err != nil || s.Done {
+				return n, err
+			}
+			after = s.LastID
+		}
+	}
 	for _, p := range []struct {
 		what  string
-		prune func(context.Context, time.Duration, int32) (int64, error)
+		prune func() (int64, error)
 		left  string
 	}{
-		{"tasks", pruner.PruneTasks, `SELECT count(*) FROM tasks WHERE state IN ('done', 'dead')`},
-		{"lease events", pruner.PruneLeaseEvents, `SELECT count(*) FROM lease_events WHERE resource = 'report:nightly'`},
-		{"leases", pruner.PruneLeases, `SELECT count(*) FROM leases WHERE resource = 'report:nightly'`},
+		{"tasks", func() (int64, error) {
+			return walk(func(after int64) (retention.Step, error) {
+				return pruner.PruneTasks(ctx, retention.DefaultAge, 100, after)
+			})
+		}, `SELECT count(*) FROM tasks WHERE state IN ('done', 'dead')`},
+		{"lease events", func() (int64, error) {
+			return walk(func(after int64) (retention.Step, error) {
+				return pruner.PruneLeaseEvents(ctx, retention.DefaultAge, 100, after)
+			})
+		}, `SELECT count(*) FROM lease_events WHERE resource = 'report:nightly'`},
+		{"leases", func() (int64, error) { return pruner.PruneLeases(ctx, retention.DefaultAge, 100) },
+			`SELECT count(*) FROM leases WHERE resource = 'report:nightly'`},
 	} {
-		n, err := p.prune(ctx, retention.DefaultAge, 100)
+		n, err := p.prune()
 		var left int
 		if qerr := db.Pool.QueryRow(ctx, p.left).Scan(&left); qerr != nil {
 			t.Fatal(qerr)
@@ -261,6 +331,14 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		if err != nil || n == 0 || left != 0 {
 			t.Errorf("prune %s as the runtime role: %d pruned, %d old left, %v; want all of them pruned", p.what, n, left, err)
 		}
+	}
+	var taskLeases, orphans int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM tasks AS t WHERE l.resource = 'task:' || t.id))
+		FROM leases AS l WHERE l.resource LIKE 'task:%'`).Scan(&taskLeases, &orphans); err != nil {
+		t.Fatal(err)
+	}
+	if taskLeases == 0 || orphans != 0 {
+		t.Errorf("task lease rows after pruning: %d, %d of them without their task; want those of the tasks kept, none without", taskLeases, orphans)
 	}
 	if live, err := tasks.Get(ctx, again[0].ID); err != nil || live.State != "pending" {
 		t.Errorf("the requeued task after pruning: %+v, %v; want it kept, pending", live, err)
@@ -278,7 +356,9 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		`UPDATE lease_events SET holder = 'someone else'`,
 		`TRUNCATE tasks`,
 		`DELETE FROM tasks WHERE state = 'done'`,
-		`CREATE OR REPLACE FUNCTION prune_tasks(age interval, batch integer) RETURNS bigint LANGUAGE sql AS 'DELETE FROM tasks RETURNING 1::bigint'`,
+		`CREATE OR REPLACE FUNCTION prune_tasks(age interval, batch integer, after_id bigint, ids bigint[],
+			OUT pruned_tasks bigint, OUT pruned_leases bigint, OUT last_id bigint, OUT done boolean, OUT kept bigint[])
+			LANGUAGE sql AS 'DELETE FROM tasks RETURNING 1::bigint, 0::bigint, 0::bigint, true, NULL::bigint[]'`,
 		`ALTER FUNCTION prune_leases(interval, integer) RESET search_path`,
 		`INSERT INTO leasehold_migrations (version, name) VALUES (9999, 'evil')`,
 		`CREATE SCHEMA evil`,
@@ -306,6 +386,35 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	}
 	if fns != 3 || secure != 3 || granted != 3 || public != 0 {
 		t.Errorf("retention functions: %d, %d SECURITY DEFINER with search_path, %d executable by the role, %d by PUBLIC; want 3, 3, 3, 0", fns, secure, granted, public)
+	}
+
+	// task_waiters is changed only through its functions, which run as
+	// their owner with a pinned search_path; only the role (not PUBLIC)
+	// may execute them.
+	for _, sql := range []string{
+		`INSERT INTO task_waiters (pid, waiter) VALUES (1, 'evil')`,
+		`UPDATE task_waiters SET waiter = 'evil'`,
+		`DELETE FROM task_waiters`,
+	} {
+		_, err := app.Pool.Exec(ctx, sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s as the runtime role: %v, want insufficient_privilege (42501)", sql, err)
+		}
+	}
+	var wfns, wsecure, wgranted, wpublic int
+	if err := db.Pool.QueryRow(ctx, `
+		SELECT count(*),
+		       count(*) FILTER (WHERE p.prosecdef AND EXISTS (SELECT 1 FROM unnest(p.proconfig) AS c WHERE c LIKE 'search_path=%')),
+		       count(*) FILTER (WHERE has_function_privilege($1, p.oid, 'EXECUTE')),
+		       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a
+		                                      WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
+		FROM pg_proc AS p
+		WHERE p.proname IN ('task_waiter_register', 'task_waiter_unregister', 'task_waiters_prune')`, user).Scan(&wfns, &wsecure, &wgranted, &wpublic); err != nil {
+		t.Fatal(err)
+	}
+	if wfns != 3 || wsecure != 3 || wgranted != 3 || wpublic != 0 {
+		t.Errorf("waiter functions: %d, %d SECURITY DEFINER with search_path, %d executable by the role, %d by PUBLIC; want 3, 3, 3, 0", wfns, wsecure, wgranted, wpublic)
 	}
 
 	// Every table is readable by the role (a new migration's table must be

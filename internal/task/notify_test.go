@@ -31,6 +31,11 @@ func TestTaskNotifications(t *testing.T) {
 	if _, err := conn.Exec(ctx, "LISTEN leasehold_task; LISTEN leasehold_lease"); err != nil {
 		t.Fatal(err)
 	}
+	// Inserts notify only while someone waits for them (schema/0008): this
+	// session does.
+	if _, err := conn.Exec(ctx, "SELECT task_waiter_register('task-notify-test', pg_backend_pid())"); err != nil {
+		t.Fatal(err)
+	}
 	// next returns the notifications of one statement, ended by a marker
 	// sent after it.
 	next := func() []string {

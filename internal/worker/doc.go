@@ -20,6 +20,17 @@
 // The wake-ups are coalesced: whatever arrives while the dispatcher is busy
 // is one more claim, not one per notification.
 //
+// Inserts notify only while someone waits for them (schema/0008): every
+// notifying commit holds PostgreSQL's global notification lock through its
+// WAL flush, so inserters that notify cannot share a flush. When a claim
+// leaves workers idle the dispatcher registers as a waiter (a notify.Waiter
+// named "<Instance>/workers") if it is not registered already, and claims
+// once more: that claim catches up with the inserts made while it was not
+// registered, and every later insert notifies. It unregisters once all its
+// workers have been busy for WaitLinger (a worker that finishes makes it
+// claim anyway), and when it stops. A registration names the LISTEN
+// session; after a reconnect the resync's claim registers again.
+//
 // A worker runs its task while a heartbeat goroutine renews the task's lease
 // every TTL/3. The worker counts the lease lost when a heartbeat is refused,
 // or when none succeeded before its own deadline (the time the claim or the

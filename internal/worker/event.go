@@ -22,9 +22,13 @@ const (
 	WakeBacklog                     // the last claim got all it asked for: more may be waiting
 	WakeRetry                       // a claim failed: trying again
 	WakeRequeued                    // a leasehold_task notification: tasks went back to pending
+	// WakeRegistered: the pool has just registered as a waiter for
+	// inserted tasks; the claim catches up with the inserts that did not
+	// notify because nobody was registered.
+	WakeRegistered
 )
 
-var wakeNames = []string{"start", "insert", "lease-freed", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry", "requeued"}
+var wakeNames = []string{"start", "insert", "lease-freed", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry", "requeued", "registered"}
 
 // String lists the reasons, e.g. "insert|lease-freed".
 func (w Wake) String() string {

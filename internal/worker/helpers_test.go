@@ -204,6 +204,21 @@ func (e *env) leaseHistory(id int64) map[int64][]string {
 	return h
 }
 
+// waiterPIDs returns the LISTEN session pids under which waiter is
+// registered for inserted tasks.
+func (e *env) waiterPIDs(waiter string) []int32 {
+	e.t.Helper()
+	rows, err := e.db.Pool.Query(e.ctx, `SELECT pid FROM task_waiters WHERE waiter = $1 ORDER BY pid`, waiter)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return pids
+}
+
 func contains[T comparable](s []T, v T) bool {
 	for _, x := range s {
 		if x == v {

@@ -21,6 +21,7 @@ import (
 const (
 	DefaultSafetyPoll    = 30 * time.Second
 	DefaultShutdownGrace = 10 * time.Second
+	DefaultWaitLinger    = time.Second
 )
 
 // Pool runs a replica's task workers. Set its fields, then call Run once.
@@ -53,7 +54,14 @@ type Pool struct {
 	// ends before they are cancelled and requeued (default 10s; negative: no
 	// grace).
 	ShutdownGrace time.Duration
-	Log           zerolog.Logger
+	// WaitLinger is how long the pool stays registered as a waiter for
+	// inserted tasks once all its workers are busy (default 1s; negative:
+	// it unregisters at once). Inserts notify while any waiter is
+	// registered, and each notifying commit costs every inserter (see the
+	// package comment); lingering saves a pool that is busy only for a
+	// moment the barrier of registering again.
+	WaitLinger time.Duration
+	Log        zerolog.Logger
 	// OnEvent, if set, is called with every Event, synchronously from the
 	// pool's goroutines: it must be quick and safe for concurrent use.
 	OnEvent func(Event)
@@ -121,6 +129,9 @@ func (p *Pool) init() error {
 	}
 	if p.ShutdownGrace == 0 {
 		p.ShutdownGrace = DefaultShutdownGrace
+	}
+	if p.WaitLinger == 0 {
+		p.WaitLinger = DefaultWaitLinger
 	}
 	p.log = p.Log.With().Str("component", "worker").Logger()
 	p.workers = make([]*worker, p.Workers)
@@ -248,13 +259,30 @@ type dispatcher struct {
 	safety      *time.Timer // nil when the safety poll is disabled
 	failures    int         // consecutive failed statements
 	recheck     time.Duration
+	// waiter is the pool's registration as waiting for inserted tasks: it
+	// is registered whenever the dispatcher sleeps with idle workers.
+	waiter *notify.Waiter
+	// linger fires WaitLinger after the workers all became busy: then the
+	// pool unregisters, unless a claim left workers idle meanwhile.
+	linger      *time.Timer
+	lingering   bool // linger is set
+	regFailures int  // consecutive failed registrations
 }
 
 // dispatch claims tasks for idle workers whenever woken, until ctx ends.
 func (p *Pool) dispatch(ctx context.Context) {
-	d := &dispatcher{p: p, idle: append([]*worker(nil), p.workers...), timer: time.NewTimer(time.Hour)}
+	d := &dispatcher{
+		p: p, idle: append([]*worker(nil), p.workers...), timer: time.NewTimer(time.Hour),
+		waiter: p.Listener.Waiter(p.Instance + "/workers"), linger: time.NewTimer(time.Hour),
+	}
 	d.timer.Stop()
 	defer d.timer.Stop()
+	d.linger.Stop()
+	defer d.linger.Stop()
+	// No more claims: inserts need not wake this pool. Briefly: a database
+	// that does not answer must not hold up the shutdown (the row goes
+	// with the LISTEN session anyway).
+	defer d.unregister(ctx, time.Second)
 	var safetyC <-chan time.Time
 	if p.SafetyPoll > 0 {
 		// The last resort, not the mechanism: every way work appears is
@@ -293,6 +321,11 @@ func (p *Pool) dispatch(ctx context.Context) {
 			wake |= d.timerReason
 		case <-safetyC:
 			wake |= WakeSafetyPoll
+		case <-d.linger.C:
+			d.lingering = false
+			if d.backlog && len(d.idle) == 0 {
+				d.unregister(ctx, p.TTL-p.margin()) // still all busy: a worker that finishes claims anyway
+			}
 		}
 	}
 }
@@ -312,7 +345,10 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 		}
 		d.collectIdle()
 		if len(d.idle) == 0 {
+			// All busy: a worker that finishes wakes the dispatcher, so
+			// inserts need not, once this has lasted WaitLinger.
 			d.backlog = true
+			d.lingerThenUnregister(ctx)
 			return
 		}
 		names := make([]string, len(d.idle))
@@ -344,12 +380,92 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 			d.assign(t, sent, wake)
 		}
 		if len(tasks) < len(names) {
+			// Workers stay idle, and only a notification will bring them
+			// work: the pool must be a registered waiter, registered
+			// before the claim that found too little, or the claim after
+			// the registration must be the one.
+			if !d.waiter.Registered() {
+				rctx, cancel := context.WithTimeout(ctx, p.TTL-p.margin())
+				err := d.waiter.Register(rctx)
+				cancel()
+				switch {
+				case err == nil:
+					d.registered()
+					wake = WakeRegistered
+					continue // the catch-up claim
+				case errors.Is(err, notify.ErrNotListening):
+					// The listener is reconnecting; its resync will wake
+					// this dispatcher, which registers then.
+				default:
+					d.registerLater(ctx, err)
+					return
+				}
+			}
 			d.backlog = false
+			d.stopLinger()
 			break
 		}
 		wake = WakeBacklog
 	}
 	d.scheduleNextDue(ctx)
+}
+
+// lingerThenUnregister unregisters the pool as a waiter for inserted tasks
+// after WaitLinger, or at once when WaitLinger is negative.
+func (d *dispatcher) lingerThenUnregister(ctx context.Context) {
+	if d.p.WaitLinger < 0 {
+		d.unregister(ctx, d.p.TTL-d.p.margin())
+		return
+	}
+	if !d.lingering {
+		d.linger.Reset(d.p.WaitLinger)
+		d.lingering = true
+	}
+}
+
+func (d *dispatcher) stopLinger() {
+	if d.lingering {
+		d.linger.Stop()
+		d.lingering = false
+	}
+}
+
+// unregister removes the pool's registration as a waiter, if any, giving
+// the database up to timeout. A failure costs only notifications nobody
+// needs until the row goes with its session.
+func (d *dispatcher) unregister(ctx context.Context, timeout time.Duration) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if err := d.waiter.Unregister(uctx); err != nil {
+		d.p.log.Debug().Err(err).Msg("unregistering as a waiter for inserted tasks failed")
+	}
+}
+
+// registered notes a registration that succeeded, logging the end of a run
+// of failures.
+func (d *dispatcher) registered() {
+	if d.regFailures > 0 {
+		d.p.log.Info().Int("failures", d.regFailures).Msg("registered as a waiter for inserted tasks")
+	}
+	d.regFailures = 0
+}
+
+// registerLater sets the timer to claim and register again after a failed
+// registration, with backoff as retryLater: the dispatcher cannot sleep on
+// notifications alone until a registration succeeds.
+func (d *dispatcher) registerLater(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	d.regFailures++
+	wait := min(100*time.Millisecond<<min(d.regFailures-1, 6), 5*time.Second)
+	ev := d.p.log.Debug()
+	if d.regFailures == 1 {
+		ev = d.p.log.Warn()
+	}
+	ev.Err(err).Int("failures", d.regFailures).Dur("retry_in", wait).Msg("registering as a waiter for inserted tasks failed; claiming again with backoff")
+	d.timer.Reset(wait)
+	d.timerReason = WakeRetry
 }
 
 // collectIdle takes in every worker that has finished meanwhile, so that

@@ -274,21 +274,17 @@ func TestIdlePoolWakesOnInsert(t *testing.T) {
 
 // TestCatchUpAfterReconnect: a task inserted while the replica's LISTEN
 // connection is down is never notified to it; the claim that follows the
-// reconnect picks it up.
+// reconnect picks it up, and the pool registers again as a waiter, naming
+// its new LISTEN session.
 func TestCatchUpAfterReconnect(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	cfg, err := pgx.ParseConfig(e.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = "worker-test-listener"
-	var connects atomic.Int32
+	var cut atomic.Bool
 	reconnecting := make(chan struct{}, 1)
 	gate := make(chan struct{})
 	p := e.startPool("p", 2, 5*time.Second, func(p *worker.Pool, r *replica) {
 		p.Listener = e.listenerWith(r.ctx, func(ctx context.Context) (*pgx.Conn, error) {
-			if connects.Add(1) > 1 { // held back until the test has inserted
+			if cut.Load() { // held back until the test has inserted
 				select {
 				case reconnecting <- struct{}{}:
 				default:
@@ -299,12 +295,17 @@ func TestCatchUpAfterReconnect(t *testing.T) {
 					return nil, ctx.Err()
 				}
 			}
-			return pgx.ConnectConfig(ctx, cfg)
+			return pgx.Connect(ctx, e.db.URL)
 		})
 	})
+	// The idle pool is registered as a waiter under its LISTEN session.
+	listening := e.waiterPIDs("p/workers")
+	if len(listening) != 1 {
+		t.Fatalf("waiter rows of the idle pool: %v, want one", listening)
+	}
+	cut.Store(true)
 	var killed int
-	if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE application_name = 'worker-test-listener' AND datname = current_database()`).Scan(&killed); err != nil || killed != 1 {
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(pg_terminate_backend($1))`, listening[0]).Scan(&killed); err != nil || killed != 1 {
 		t.Fatalf("terminated %d listener backends, %v; want 1", killed, err)
 	}
 	select {
@@ -312,13 +313,22 @@ func TestCatchUpAfterReconnect(t *testing.T) {
 	case <-time.After(giveUp):
 		t.Fatal("the listener never tried to reconnect")
 	}
+	from := p.events.len()
 	tk := e.insert(0, sleepTask(0))[0] // nobody listens: its notification is lost
 	close(gate)
-	claimed, _ := p.events.waitFor(t, "the claim", 0, isTask(worker.EventClaimed, tk.ID))
+	claimed, i := p.events.waitFor(t, "the claim", from, isTask(worker.EventClaimed, tk.ID))
 	if claimed.Wake&worker.WakeResync == 0 {
 		t.Errorf("claimed the task woken by %s, want by the resync after reconnecting", claimed.Wake)
 	}
 	p.events.waitFor(t, "the completion", 0, isTask(worker.EventCompleted, tk.ID))
+	// The claim left a worker idle: the pool registered again, for its new
+	// session (the old row went with the old session).
+	p.events.waitFor(t, "the round that registered again", i, func(ev worker.Event) bool {
+		return ev.Kind == worker.EventAsleep && ev.Wake&worker.WakeRegistered != 0
+	})
+	if now := e.waiterPIDs("p/workers"); len(now) != 1 || now[0] == listening[0] {
+		t.Errorf("waiter rows after the reconnect: %v, want one naming a session other than %d", now, listening[0])
+	}
 	p.stop(t)
 }
 
