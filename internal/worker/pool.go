@@ -444,28 +444,14 @@ func (d *dispatcher) unregister(ctx context.Context, timeout time.Duration) {
 // registered notes a registration that succeeded, logging the end of a run
 // of failures.
 func (d *dispatcher) registered() {
-	if d.regFailures > 0 {
-		d.p.log.Info().Int("failures", d.regFailures).Msg("registered as a waiter for inserted tasks")
-	}
-	d.regFailures = 0
+	d.endRun(&d.regFailures, "registered as a waiter for inserted tasks")
 }
 
 // registerLater sets the timer to claim and register again after a failed
 // registration, with backoff as retryLater: the dispatcher cannot sleep on
 // notifications alone until a registration succeeds.
 func (d *dispatcher) registerLater(ctx context.Context, err error) {
-	if ctx.Err() != nil {
-		return
-	}
-	d.regFailures++
-	wait := min(100*time.Millisecond<<min(d.regFailures-1, 6), 5*time.Second)
-	ev := d.p.log.Debug()
-	if d.regFailures == 1 {
-		ev = d.p.log.Warn()
-	}
-	ev.Err(err).Int("failures", d.regFailures).Dur("retry_in", wait).Msg("registering as a waiter for inserted tasks failed; claiming again with backoff")
-	d.timer.Reset(wait)
-	d.timerReason = WakeRetry
+	d.backOff(ctx, &d.regFailures, err, "registering as a waiter for inserted tasks failed; claiming again with backoff")
 }
 
 // collectIdle takes in every worker that has finished meanwhile, so that
@@ -539,32 +525,44 @@ func (d *dispatcher) scheduleNextDue(ctx context.Context) {
 }
 
 // retryLater sets the timer to try again after a failed statement, with
-// backoff (100ms doubling to 5s): while the database is unreachable the
-// dispatcher claims nothing and does not spin. The first failure of a run
-// is logged as a warning, the retries only at debug level, so that an
-// outage is not a flood of lines; recovered says when it is over.
+// backoff: while the database is unreachable the dispatcher claims nothing
+// and does not spin; recovered says when it is over.
 func (d *dispatcher) retryLater(ctx context.Context, err error, what string) {
-	if ctx.Err() != nil {
-		return
-	}
-	d.failures++
-	wait := min(100*time.Millisecond<<min(d.failures-1, 6), 5*time.Second)
-	ev := d.p.log.Debug()
-	if d.failures == 1 {
-		ev = d.p.log.Warn()
-	}
-	ev.Err(err).Int("failures", d.failures).Dur("retry_in", wait).Msgf("%s failed; retrying with backoff", what)
-	d.timer.Reset(wait)
-	d.timerReason = WakeRetry
+	d.backOff(ctx, &d.failures, err, what+" failed; retrying with backoff")
 }
 
 // recovered notes a statement that succeeded, logging the end of a run of
 // failures.
 func (d *dispatcher) recovered() {
-	if d.failures > 0 {
-		d.p.log.Info().Int("failures", d.failures).Msg("the database answers again; claiming tasks")
+	d.endRun(&d.failures, "the database answers again; claiming tasks")
+}
+
+// backOff counts one more failure of a run in *failures and sets the timer
+// to wake the dispatcher after a backoff (100ms doubling to 5s). The first
+// failure of a run is logged as a warning, the others only at debug level,
+// so that an outage is not a flood of lines.
+func (d *dispatcher) backOff(ctx context.Context, failures *int, err error, msg string) {
+	if ctx.Err() != nil {
+		return
 	}
-	d.failures = 0
+	*failures++
+	wait := min(100*time.Millisecond<<min(*failures-1, 6), 5*time.Second)
+	ev := d.p.log.Debug()
+	if *failures == 1 {
+		ev = d.p.log.Warn()
+	}
+	ev.Err(err).Int("failures", *failures).Dur("retry_in", wait).Msg(msg)
+	d.timer.Reset(wait)
+	d.timerReason = WakeRetry
+}
+
+// endRun ends a run of failures counted in *failures, logging msg if there
+// was one.
+func (d *dispatcher) endRun(failures *int, msg string) {
+	if *failures > 0 {
+		d.p.log.Info().Int("failures", *failures).Msg(msg)
+	}
+	*failures = 0
 }
 
 // handBack requeues tasks claimed as the pool began to shut down.
