@@ -215,28 +215,33 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 			errs = append(errs, fmt.Errorf("--log-format %q must be json or console", c.LogFormat))
 		}
 		if c.Instance == "" {
-			host, _ := os.Hostname()
-			c.Instance = fmt.Sprintf("%s-%d", host, os.Getpid())
+			c.Instance = hostPID()
 		}
-		if len(errs) > 0 {
-			msgs := make([]string, len(errs))
-			for i, e := range errs {
-				msgs[i] = e.Error()
-			}
-			return c, usagef("%s", strings.Join(msgs, "; "))
-		}
-		return c, nil
+		return c, joinUsage(errs)
 	}
+}
+
+// hostPID is "<hostname>-<pid>": a name unique among the live processes of
+// a fleet, the default of --instance and of exec's --holder.
+func hostPID() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// flagError turns an error of flag.FlagSet.Parse into a usage error: -h
+// (the usage was printed) into errUsage.
+func flagError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return errUsage
+	}
+	return usageError{err}
 }
 
 // parse parses args into fs, turning -h and flag errors into errUsage.
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errUsage
-		}
-		return usageError{err}
+		return flagError(err)
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected arguments %q", fs.Args())

@@ -75,10 +75,7 @@ func parseExec(args []string, getenv func(string) string, stderr io.Writer) (exe
 	wait := fs.String("wait", "0s", "while another holder holds the lease, wait this long for it (0s: exit 75 at once), e.g. 5m")
 	grace := fs.String("grace", "10s", "when the lease is lost, how long CMD has between SIGTERM and SIGKILL; at most half the --ttl")
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, errUsage
-		}
-		return o, usageError{err}
+		return o, flagError(err)
 	}
 	o.argv = fs.Args()
 	var errs []error
@@ -101,8 +98,7 @@ func parseExec(args []string, getenv func(string) string, stderr io.Writer) (exe
 		errs = append(errs, fmt.Errorf("--grace %s must be at most half the --ttl %s: CMD must be stopped, grace included, before the lease can expire; shorten --grace or lengthen --ttl", o.grace, o.ttl))
 	}
 	if o.holder == "" {
-		host, _ := os.Hostname()
-		o.holder = fmt.Sprintf("%s-%d", host, os.Getpid())
+		o.holder = hostPID()
 	}
 	return o, joinUsage(errs)
 }

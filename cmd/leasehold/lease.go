@@ -445,10 +445,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string, stderr io.Writer) ([]str
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, errUsage
-			}
-			return nil, usageError{err}
+			return nil, flagError(err)
 		}
 		if fs.NArg() == 0 {
 			return pos, nil

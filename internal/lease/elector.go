@@ -62,7 +62,7 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Leas
 			failures = 0
 			// The holder's lease runs out at its expires_at by the database
 			// clock; a little after that, try again even if nobody says so.
-			wait = held.Lease.ExpiresAt.Sub(acq.DBNow) + 10*time.Millisecond
+			wait = held.UntilExpiry(acq.DBNow)
 		case ctx.Err() != nil:
 			// Stopped mid-campaign: the acquisition may have committed
 			// although its answer was lost. Give up whatever we may hold.
@@ -179,8 +179,7 @@ func waitForTurn(ctx context.Context, sub *notify.Subscription, resource string,
 		case <-sub.Resync():
 			return true
 		case n := <-sub.C():
-			c, err := ParseChange(n.Payload)
-			if err == nil && c.Resource == resource && (c.Kind == "released" || c.Kind == "expired") {
+			if Frees(n, resource) {
 				return true
 			}
 		}

@@ -48,6 +48,13 @@ func (e *HeldError) Error() string {
 // Is makes errors.Is(err, ErrHeld) true.
 func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
+// UntilExpiry is the time from dbNow, the database clock when the
+// acquisition was refused, until the holder's lease runs out on its own,
+// and a little more, so that an acquisition sent then finds it expired.
+func (e *HeldError) UntilExpiry(dbNow time.Time) time.Duration {
+	return e.Lease.ExpiresAt.Sub(dbNow) + 10*time.Millisecond
+}
+
 // Lease is one lease as the API shows it.
 type Lease struct {
 	ID         int64      `json:"id"`

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/notify"
 )
 
 // Change is the payload the leases trigger NOTIFYs on the leasehold_lease
@@ -31,4 +33,11 @@ func ParseChange(payload string) (Change, error) {
 		return Change{}, fmt.Errorf("lease notification %q: %w", payload, err)
 	}
 	return Change{ID: p.ID, EventID: p.EventID, Resource: p.Resource, Fence: p.Fence, Kind: p.Kind, ExpiresAt: time.UnixMilli(p.ExpiresAtMS)}, nil
+}
+
+// Frees reports whether n, a leasehold_lease notification, says that the
+// lease on resource was released or expired: the resource may be free now.
+func Frees(n notify.Notification, resource string) bool {
+	c, err := ParseChange(n.Payload)
+	return err == nil && c.Resource == resource && (c.Kind == "released" || c.Kind == "expired")
 }

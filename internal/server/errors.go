@@ -48,6 +48,9 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		encode(w, http.StatusConflict, errorBody{Error: "this processor does not hold the task with a live lease (another processor or fence claimed it, it is already completed or failed, or its lease expired); claim a task again with POST /api/tasks/next"})
 	case errors.Is(err, task.ErrNotFound):
 		encode(w, http.StatusNotFound, errorBody{Error: "no task has this id; list tasks with GET /api/tasks"})
+	case errors.Is(err, errStopping):
+		w.Header().Set("Retry-After", "1")
+		encode(w, http.StatusServiceUnavailable, errorBody{Error: "this replica is shutting down; send the request again (another replica will answer it)"})
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
 		// The client went away; nobody reads the answer.
 		w.WriteHeader(499)

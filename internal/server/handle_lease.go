@@ -24,8 +24,8 @@ func (q acquireRequest) validate() error {
 }
 
 // maxWaitSeconds bounds the wait_seconds of one acquisition: a client that
-// means to wait longer asks again.
-const maxWaitSeconds = 300
+// means to wait longer asks again, as the Go client does.
+const maxWaitSeconds = int64(lease.MaxWaitPerRequest / time.Second)
 
 // checkWait validates an optional wait_seconds.
 func checkWait(wait *int64) error {
@@ -54,11 +54,6 @@ func handleLeaseAcquire(d Deps) http.Handler {
 			acq, err = d.Leases.Acquire(r.Context(), p)
 		}
 		d.Metrics.leaseOp("acquire", err)
-		if errors.Is(err, errStopping) {
-			w.Header().Set("Retry-After", "1")
-			encode(w, http.StatusServiceUnavailable, errorBody{Error: "this replica is shutting down; send the request again (another replica will answer it)"})
-			return
-		}
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
@@ -138,7 +133,7 @@ func acquireWaiting(w http.ResponseWriter, r *http.Request, d Deps, p lease.Acqu
 		}
 		// The holder's lease runs out at its expires_at by the database
 		// clock; try again a little after that even if nobody says so.
-		untilExpiry := held.Lease.ExpiresAt.Sub(acq.DBNow) + 10*time.Millisecond
+		untilExpiry := held.UntilExpiry(acq.DBNow)
 		if err := waitForRelease(ctx, d.Stopping, sub, p.Resource, min(left, untilExpiry)); err != nil {
 			return lease.Acquisition{}, err
 		}
@@ -168,8 +163,7 @@ func waitForRelease(ctx context.Context, stopping <-chan struct{}, sub *notify.S
 		case <-resync:
 			return nil
 		case n := <-changes:
-			c, err := lease.ParseChange(n.Payload)
-			if err == nil && c.Resource == resource && (c.Kind == "released" || c.Kind == "expired") {
+			if lease.Frees(n, resource) {
 				return nil
 			}
 		}
