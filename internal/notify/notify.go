@@ -137,6 +137,7 @@ func New(connect func(ctx context.Context) (*pgx.Conn, error), log zerolog.Logge
 		channels: channels,
 		log:      log.With().Str("component", "listener").Logger(),
 		subs:     make(map[string]map[*Subscription]struct{}),
+		ctl:      control{sem: make(chan struct{}, 1)},
 	}
 }
 

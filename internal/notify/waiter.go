@@ -168,7 +168,10 @@ var errNotRunning = errors.New("the listener is not running")
 // listener's connect function when first needed, opened again after it
 // broke, and closed when Run returns.
 type control struct {
-	mu      sync.Mutex
+	// sem, a channel of capacity 1, is held by whoever uses the session:
+	// unlike a mutex, a caller can give up waiting for it when its ctx ends
+	// (a registration may hold it through a reconnect and a barrier).
+	sem     chan struct{}
 	running bool
 	conn    *pgx.Conn
 }
@@ -177,8 +180,12 @@ type control struct {
 // a session that had been idle turns out to be broken (the server
 // restarted meanwhile, or cut it off), f runs once more on a new one.
 func (l *Listener) control(ctx context.Context, f func(q *db.Queries) error) error {
-	l.ctl.mu.Lock()
-	defer l.ctl.mu.Unlock()
+	select {
+	case l.ctl.sem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the waiters' session: %w", ctx.Err())
+	}
+	defer func() { <-l.ctl.sem }()
 	if !l.ctl.running {
 		return errNotRunning
 	}
@@ -206,8 +213,8 @@ func (l *Listener) control(ctx context.Context, f func(q *db.Queries) error) err
 
 // startControl lets the waiters' statements run: Run has started.
 func (l *Listener) startControl() {
-	l.ctl.mu.Lock()
-	defer l.ctl.mu.Unlock()
+	l.ctl.sem <- struct{}{}
+	defer func() { <-l.ctl.sem }()
 	l.ctl.running = true
 }
 
@@ -215,8 +222,8 @@ func (l *Listener) startControl() {
 // the last LISTEN session, which has ended (inserts need not notify for
 // it any more), and closes the control session.
 func (l *Listener) stopControl(last *session) {
-	l.ctl.mu.Lock()
-	defer l.ctl.mu.Unlock()
+	l.ctl.sem <- struct{}{}
+	defer func() { <-l.ctl.sem }()
 	l.ctl.running = false
 	if l.ctl.conn == nil {
 		return // nothing was registered through this listener
