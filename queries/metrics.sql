@@ -1,24 +1,28 @@
 -- name: MetricsGauges :one
 -- MetricsGauges reads the state gauges of a /metrics scrape, in one
--- statement. It stays cheap however big the tables grow: each count walks
--- one partial index (pending, running and dead tasks; the leases neither
--- released nor announced as expired, a set as large as the live leases)
--- and stops at max_count rows, so a count equal to max_count means "at
--- least"; the oldest due task is the first entry of tasks_pending_idx; and
--- the tables' sizes are the planner's estimates (pg_class.reltuples,
--- refreshed by VACUUM and ANALYZE, -1 before the first), never a count of
--- every row. Done tasks and past leases have no gauge: they only grow.
+-- statement. It stays cheap however big the tables grow: each task count
+-- walks one partial index (pending, running and dead tasks) and stops at
+-- max_count rows, so a count equal to max_count means "at least"; the
+-- leases neither released nor announced as expired (leases_unannounced_idx,
+-- a set as large as the live leases plus the expiries not yet announced)
+-- are walked once for the active count, which stops at max_count, and
+-- once for the expired ones, whose count (capped at max_count) and oldest
+-- expiry come from the same walk; the oldest due task is the first entry of
+-- tasks_pending_idx; and the tables' sizes are the planner's estimates
+-- (pg_class.reltuples, refreshed by VACUUM and ANALYZE, -1 before the
+-- first), never a count of every row. Done tasks and past leases have no
+-- gauge: they only grow.
+WITH unannounced AS (
+    SELECT least(count(*), @max_count::bigint) AS expired, min(expires_at) AS oldest FROM leases
+    WHERE released_at IS NULL AND expired_at IS NULL AND expires_at <= now()
+)
 SELECT
     (SELECT count(*) FROM (
         SELECT 1 FROM leases
         WHERE released_at IS NULL AND expired_at IS NULL AND expires_at > now()
         LIMIT @max_count::bigint) AS a)::bigint AS leases_active,
-    (SELECT count(*) FROM (
-        SELECT 1 FROM leases
-        WHERE released_at IS NULL AND expired_at IS NULL AND expires_at <= now()
-        LIMIT @max_count::bigint) AS e)::bigint AS leases_expired_unannounced,
-    coalesce((SELECT extract(epoch FROM now() - min(expires_at)) FROM leases
-              WHERE released_at IS NULL AND expired_at IS NULL AND expires_at <= now()), 0)::float8
+    (SELECT u.expired FROM unannounced AS u)::bigint AS leases_expired_unannounced,
+    coalesce((SELECT extract(epoch FROM now() - u.oldest) FROM unannounced AS u), 0)::float8
         AS oldest_unannounced_expiry_seconds,
     (SELECT count(*) FROM (
         SELECT 1 FROM tasks WHERE state = 'pending' LIMIT @max_count::bigint) AS p)::bigint AS tasks_pending,
