@@ -41,6 +41,9 @@ type Metrics struct {
 	finished      *prometheus.CounterVec
 	claimWait     prometheus.Histogram
 	notifyLag     prometheus.Histogram
+	// taskLeases counts the task leases the workers failed to renew or
+	// lost, as KeepObserver does for the other holders.
+	taskLeases keepObserver
 }
 
 // The kinds of lease holder in the metrics' holder label: the REST API's
@@ -140,6 +143,11 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 			Name: "leasehold_listener_reconnects_total", Help: "Times the LISTEN connection was re-established.",
 		}, func() float64 { return float64(reconnects()) }),
 	)
+	m.taskLeases = keepObserver{
+		renewFailures: m.renewFailures.WithLabelValues(HolderTask),
+		lostRefused:   m.lost.WithLabelValues(HolderTask, lostRefused),
+		lostDeadline:  m.lost.WithLabelValues(HolderTask, lostDeadline),
+	}
 	return m
 }
 
@@ -281,13 +289,9 @@ func (m *Metrics) WorkerEvent(ev worker.Event) {
 		m.finished.WithLabelValues("crashed").Inc()
 	case worker.EventLeaseLost:
 		m.finished.WithLabelValues("lease_lost").Inc()
-		reason := lostRefused
-		if errors.Is(ev.Err, lease.ErrDeadline) {
-			reason = lostDeadline
-		}
-		m.lost.WithLabelValues(HolderTask, reason).Inc()
+		m.taskLeases.Lost(ev.Err)
 	case worker.EventHeartbeatFailed:
-		m.renewFailures.WithLabelValues(HolderTask).Inc()
+		m.taskLeases.RenewFailed(ev.Err)
 	}
 }
 
