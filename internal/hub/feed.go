@@ -133,7 +133,7 @@ func (f *feed) run(ctx context.Context) {
 	defer taskSub.Close()
 	genSub := f.h.d.Listener.Subscribe(notify.ChannelGenerator, 16)
 	defer genSub.Close()
-	defer f.unwait(ctx, time.Second) // briefly: the row goes with the LISTEN session anyway
+	defer f.waiter.UnregisterWithin(ctx, time.Second) // briefly: the row goes with the LISTEN session anyway
 
 	// Where the event history ends now: what is missed from here on is
 	// looked for after a resync.
@@ -182,7 +182,7 @@ func (f *feed) run(ctx context.Context) {
 			f.tasksDirty = true
 			if n.Payload == notify.TasksInserted {
 				if f.insertSeen {
-					f.unwait(ctx, queryTimeout) // registered again before the next read
+					f.waiter.UnregisterWithin(ctx, queryTimeout) // registered again before the next read
 				}
 				f.insertSeen = true
 			}
@@ -398,24 +398,13 @@ func (f *feed) generatorBody(ctx context.Context) (generatorBody, error) {
 // the feed read (and register) again.
 func (f *feed) wait(ctx context.Context) error {
 	if f.h.Clients() == 0 {
-		f.unwait(ctx, queryTimeout)
+		f.waiter.UnregisterWithin(ctx, queryTimeout)
 		return nil
 	}
 	if err := f.waiter.Register(ctx); err != nil && !errors.Is(err, notify.ErrNotListening) {
 		return err
 	}
 	return nil
-}
-
-// unwait unregisters the hub as a waiter for inserted tasks, if it is one,
-// giving the database up to timeout. A failure costs only notifications
-// nobody needs, until the row goes with its session.
-func (f *feed) unwait(ctx context.Context, timeout time.Duration) {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	if err := f.waiter.Unregister(uctx); err != nil {
-		f.h.d.Log.Debug().Err(err).Msg("unregistering as a waiter for inserted tasks")
-	}
 }
 
 // sendSnapshot builds one snapshot for every client waiting for one.

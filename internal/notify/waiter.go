@@ -120,6 +120,18 @@ func (w *Waiter) Register(ctx context.Context) error {
 	return err
 }
 
+// UnregisterWithin is Unregister for a caller that only logs a failure:
+// bounded by timeout, and not cut short by ctx's cancellation, so that a
+// caller shutting down still removes its row. A failure is a debug line: it
+// only costs notifications until the row goes with its session.
+func (w *Waiter) UnregisterWithin(ctx context.Context, timeout time.Duration) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if err := w.Unregister(uctx); err != nil {
+		w.l.log.Debug().Err(err).Msg("unregistering as a waiter for inserted tasks failed")
+	}
+}
+
 // Unregister removes the waiter's registration, if any: inserts stop
 // notifying on its account. Whatever it returns, the waiter counts as
 // unregistered; a row it failed to remove only costs notifications until

@@ -282,7 +282,7 @@ func (p *Pool) dispatch(ctx context.Context) {
 	// No more claims: inserts need not wake this pool. Briefly: a database
 	// that does not answer must not hold up the shutdown (the row goes
 	// with the LISTEN session anyway).
-	defer d.unregister(ctx, time.Second)
+	defer d.waiter.UnregisterWithin(ctx, time.Second)
 	var safetyC <-chan time.Time
 	if p.SafetyPoll > 0 {
 		// The last resort, not the mechanism: every way work appears is
@@ -324,7 +324,7 @@ func (p *Pool) dispatch(ctx context.Context) {
 		case <-d.linger.C:
 			d.lingering = false
 			if d.backlog && len(d.idle) == 0 {
-				d.unregister(ctx, p.TTL-p.margin()) // still all busy: a worker that finishes claims anyway
+				d.waiter.UnregisterWithin(ctx, p.TTL-p.margin()) // still all busy: a worker that finishes claims anyway
 			}
 		}
 	}
@@ -414,7 +414,7 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 // after WaitLinger, or at once when WaitLinger is negative.
 func (d *dispatcher) lingerThenUnregister(ctx context.Context) {
 	if d.p.WaitLinger < 0 {
-		d.unregister(ctx, d.p.TTL-d.p.margin())
+		d.waiter.UnregisterWithin(ctx, d.p.TTL-d.p.margin())
 		return
 	}
 	if !d.lingering {
@@ -427,17 +427,6 @@ func (d *dispatcher) stopLinger() {
 	if d.lingering {
 		d.linger.Stop()
 		d.lingering = false
-	}
-}
-
-// unregister removes the pool's registration as a waiter, if any, giving
-// the database up to timeout. A failure costs only notifications nobody
-// needs until the row goes with its session.
-func (d *dispatcher) unregister(ctx context.Context, timeout time.Duration) {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	if err := d.waiter.Unregister(uctx); err != nil {
-		d.p.log.Debug().Err(err).Msg("unregistering as a waiter for inserted tasks failed")
 	}
 }
 
