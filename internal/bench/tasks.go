@@ -160,11 +160,13 @@ func drainProcesses(ctx context.Context, c Config) (Result, error) {
 		procs = append(procs, cmd)
 	}
 	// A harness's wait, not the product's: the count is read every 50 ms.
+	store := task.NewStore(d.Pool)
 	for deadline := time.Now().Add(10 * time.Minute); ; {
-		var done int64
-		if err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE state = 'done'`).Scan(&done); err != nil {
+		stats, err := store.Stats(ctx)
+		if err != nil {
 			return Result{}, err
 		}
+		done := stats.Done
 		if done == int64(c.Tasks) {
 			break
 		}
