@@ -46,9 +46,11 @@ GRANT EXECUTE ON FUNCTION prune_tasks(interval, integer, bigint, bigint[]),
 -- sessions, and prune the rows of ended sessions, through these functions,
 -- which run as their owner and are not PUBLIC's to execute (the role has
 -- no INSERT, UPDATE or DELETE on the table). task_waiters_barrier changes
--- nothing and stays PUBLIC's.
+-- nothing and stays PUBLIC's. schema/0009 replaced task_waiter_register(text,
+-- integer) with the signature below: after upgrading past it, run this
+-- file again (every statement in it may be repeated).
 GRANT SELECT ON task_waiters TO :"role";
-GRANT EXECUTE ON FUNCTION task_waiter_register(text, integer),
+GRANT EXECUTE ON FUNCTION task_waiter_register(text, integer, boolean),
                           task_waiter_unregister(text, integer),
                           task_waiters_prune() TO :"role";
 

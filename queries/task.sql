@@ -34,15 +34,19 @@ RETURNING *;
 
 -- name: TaskClaim :many
 -- TaskClaim claims up to one task per processor named, oldest schedule
--- first, each under a new lease 'task:<id>' (a new fence, TTL ttl_seconds)
--- taken in the same statement: pending tasks that are due, and running
--- tasks whose lease lapsed (the claim counts an attempt either way). Lapsed
--- tasks that have used all their attempts are declared dead instead.
+-- first, each under a new lease held in the task's row (a new fence from
+-- lease_fence_seq, drawn under the row lock; TTL ttl_seconds): pending
+-- tasks that are due, and running tasks whose lease lapsed before a reaper
+-- put them back (the claim counts an attempt either way, and records the
+-- lapsed one in earlier_attempts). Lapsed tasks that have used all their
+-- attempts are declared dead instead.
 WITH buried AS (
     UPDATE tasks AS b
     SET state = 'dead',
         processed_at = now(),
-        last_error = coalesce(b.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)')
+        last_error = coalesce(b.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)'),
+        earlier_attempts = b.earlier_attempts || task_attempt(b, 'expired'),
+        must_heartbeat_before = NULL
     WHERE b.id IN (
             SELECT x.id FROM tasks AS x
             WHERE x.state = 'running'
@@ -78,148 +82,81 @@ assigned AS (
     SELECT picked.id, w.processor
     FROM picked
     JOIN unnest(@processors::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
-),
-leased AS (
-    INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
-    SELECT 'task:' || a.id, a.processor, nextval('lease_fence_seq'), @ttl_seconds::integer,
-           now() + make_interval(secs => @ttl_seconds::integer)
-    FROM assigned AS a
-    ON CONFLICT (resource) DO UPDATE
-    SET holder      = excluded.holder,
-        -- A fence drawn now, under the row lock: one drawn when the
-        -- statement began could be older than a fence another acquirer
-        -- took while this one waited for the lock.
-        fence       = nextval('lease_fence_seq'),
-        ttl_seconds = excluded.ttl_seconds,
-        created_at  = clock_timestamp(),
-        renewed_at  = NULL,
-        released_at = NULL,
-        expired_at  = NULL,
-        expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
-    WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
-    RETURNING substr(l.resource, 6)::bigint AS task_id, l.holder, l.fence, l.expires_at
 )
 UPDATE tasks AS t
 SET state = 'running',
-    processor = leased.holder,
-    fence = leased.fence,
+    earlier_attempts = CASE WHEN t.state = 'running' THEN t.earlier_attempts || task_attempt(t, 'expired')
+                            ELSE t.earlier_attempts END,
+    processor = a.processor,
+    -- Drawn now, under the row lock: the fence of every earlier attempt
+    -- was drawn before it.
+    fence = nextval('lease_fence_seq'),
+    ttl_seconds = @ttl_seconds::integer,
     attempts = t.attempts + 1,
     started_at = now(),
     last_heartbeat_at = now(),
-    must_heartbeat_before = leased.expires_at
-FROM leased
-WHERE t.id = leased.task_id
+    must_heartbeat_before = now() + make_interval(secs => @ttl_seconds::integer)
+FROM assigned AS a
+WHERE t.id = a.id
 RETURNING t.*;
 
 -- name: TaskHeartbeat :one
 -- TaskHeartbeat renews the task's lease for its processor: a
 -- compare-and-set on (processor, fence when given, lease live). No row:
--- the task is not this processor's, is finished, or its lease lapsed.
-WITH renewed AS (
-    UPDATE leases AS l
-    SET renewed_at = now(),
-        expires_at = now() + make_interval(secs => l.ttl_seconds)
-    WHERE l.resource = 'task:' || @id::bigint
-      AND l.holder = @processor::text
-      AND (sqlc.narg(fence)::bigint IS NULL OR l.fence = sqlc.narg(fence)::bigint)
-      AND l.released_at IS NULL
-      AND l.expired_at IS NULL
-      AND l.expires_at > now()
-    RETURNING l.fence, l.expires_at
-)
+-- the task is not this processor's, is finished, or its lease lapsed. It
+-- writes no indexed column, so it is a heap-only update.
 UPDATE tasks AS t
 SET last_heartbeat_at = now(),
-    must_heartbeat_before = renewed.expires_at
-FROM renewed
+    must_heartbeat_before = now() + make_interval(secs => t.ttl_seconds)
 WHERE t.id = @id::bigint
   AND t.state = 'running'
   AND t.processor = @processor::text
-  AND t.fence = renewed.fence
+  AND (sqlc.narg(fence)::bigint IS NULL OR t.fence = sqlc.narg(fence)::bigint)
+  AND t.must_heartbeat_before > now()
 RETURNING t.*;
 
 -- name: TaskComplete :one
--- TaskComplete finishes the task with its output and releases its lease,
+-- TaskComplete finishes the task with its output, which ends its lease,
 -- under the same compare-and-set as TaskHeartbeat: at most once.
-WITH released AS (
-    UPDATE leases AS l
-    SET released_at = now(),
-        expires_at = now()
-    WHERE l.resource = 'task:' || @id::bigint
-      AND l.holder = @processor::text
-      AND (sqlc.narg(fence)::bigint IS NULL OR l.fence = sqlc.narg(fence)::bigint)
-      AND l.released_at IS NULL
-      AND l.expired_at IS NULL
-      AND l.expires_at > now()
-    RETURNING l.fence
-)
+-- must_heartbeat_before keeps the expiry the lease had when it ended.
 UPDATE tasks AS t
 SET state = 'done',
     processed_at = now(),
-    task_output = @task_output::jsonb,
-    must_heartbeat_before = NULL
-FROM released
+    task_output = @task_output::jsonb
 WHERE t.id = @id::bigint
   AND t.state = 'running'
   AND t.processor = @processor::text
-  AND t.fence = released.fence
+  AND (sqlc.narg(fence)::bigint IS NULL OR t.fence = sqlc.narg(fence)::bigint)
+  AND t.must_heartbeat_before > now()
 RETURNING t.*;
 
 -- name: TaskCompleteMany :many
 -- TaskCompleteMany is TaskComplete for many tasks in one statement (one
 -- commit), each under its own compare-and-set: the tasks it returns were
--- completed, the others were not (lease lost, or already processed). Rows
--- are locked in id order, so two batches cannot deadlock each other.
-WITH input AS (
-    -- Set-returning functions side by side in a select list advance together.
-    SELECT unnest(@ids::bigint[]) AS id, unnest(@processors::text[]) AS processor,
-           unnest(@fences::bigint[]) AS fence, unnest(@outputs::jsonb[]) AS output
-    ORDER BY 1
-),
-released AS (
-    UPDATE leases AS l
-    SET released_at = now(),
-        expires_at = now()
-    FROM input
-    WHERE l.resource = 'task:' || input.id
-      AND l.holder = input.processor
-      AND l.fence = input.fence
-      AND l.released_at IS NULL
-      AND l.expired_at IS NULL
-      AND l.expires_at > now()
-    RETURNING input.id, l.fence
-)
+-- completed, the others were not (lease lost, or already processed).
 UPDATE tasks AS t
 SET state = 'done',
     processed_at = now(),
-    task_output = input.output,
-    must_heartbeat_before = NULL
-FROM released
-JOIN input ON input.id = released.id
-WHERE t.id = released.id
+    task_output = input.output
+FROM (
+    -- Set-returning functions side by side in a select list advance together.
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@processors::text[]) AS processor,
+           unnest(@fences::bigint[]) AS fence, unnest(@outputs::jsonb[]) AS output
+) AS input
+WHERE t.id = input.id
   AND t.state = 'running'
   AND t.processor = input.processor
-  AND t.fence = released.fence
+  AND t.fence = input.fence
+  AND t.must_heartbeat_before > now()
 RETURNING t.*;
 
 -- name: TaskFail :one
--- TaskFail records a failed attempt and releases the task's lease, under
--- the same compare-and-set: back to pending after an exponential backoff
--- with jitter (base_seconds × 2^(attempts−1), at most max_backoff_seconds,
+-- TaskFail records a failed attempt, which ends its lease, under the same
+-- compare-and-set: back to pending after an exponential backoff with
+-- jitter (base_seconds × 2^(attempts−1), at most max_backoff_seconds,
 -- times 0.5–1.0), or dead when the attempts are used up. With requeue, the
 -- attempt is not counted and the task is due at once (a worker shutting
--- down hands it back).
-WITH released AS (
-    UPDATE leases AS l
-    SET released_at = now(),
-        expires_at = now()
-    WHERE l.resource = 'task:' || @id::bigint
-      AND l.holder = @processor::text
-      AND (sqlc.narg(fence)::bigint IS NULL OR l.fence = sqlc.narg(fence)::bigint)
-      AND l.released_at IS NULL
-      AND l.expired_at IS NULL
-      AND l.expires_at > now()
-    RETURNING l.fence
-)
+-- down hands it back). The attempt goes to earlier_attempts either way.
 UPDATE tasks AS t
 SET state = CASE WHEN NOT sqlc.arg(requeue)::boolean AND t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
     attempts = CASE WHEN sqlc.arg(requeue)::boolean THEN t.attempts - 1 ELSE t.attempts END,
@@ -230,13 +167,49 @@ SET state = CASE WHEN NOT sqlc.arg(requeue)::boolean AND t.attempts >= t.max_att
     END,
     processed_at = CASE WHEN NOT sqlc.arg(requeue)::boolean AND t.attempts >= t.max_attempts THEN now() END,
     last_error = sqlc.arg(error)::text,
+    earlier_attempts = t.earlier_attempts
+        || task_attempt(t, CASE WHEN sqlc.arg(requeue)::boolean THEN 'requeued' ELSE 'failed' END),
     must_heartbeat_before = NULL
-FROM released
 WHERE t.id = @id::bigint
   AND t.state = 'running'
   AND t.processor = @processor::text
-  AND t.fence = released.fence
+  AND (sqlc.narg(fence)::bigint IS NULL OR t.fence = sqlc.narg(fence)::bigint)
+  AND t.must_heartbeat_before > now()
 RETURNING t.*;
+
+-- name: TaskRequeueLapsed :many
+-- TaskRequeueLapsed is the reaper's announcement of lapsed task leases: up
+-- to batch_size running tasks whose lease ran out go back to pending (due
+-- at their old schedule, so first in line) or, when they have used their
+-- attempts, dead; the lapsed attempt goes to earlier_attempts. The
+-- statement trigger NOTIFYs 'requeued' (and 'finished'), which wakes the
+-- workers. Tasks being changed right now are skipped; the next pass takes
+-- them.
+UPDATE tasks AS t
+SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
+    processed_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
+    last_error = CASE WHEN t.attempts >= t.max_attempts
+                      THEN coalesce(t.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)')
+                      ELSE t.last_error END,
+    earlier_attempts = t.earlier_attempts || task_attempt(t, 'expired'),
+    must_heartbeat_before = NULL
+WHERE t.id IN (
+        SELECT x.id FROM tasks AS x
+        WHERE x.state = 'running' AND x.must_heartbeat_before <= now()
+        ORDER BY x.id
+        LIMIT @batch_size
+        FOR UPDATE SKIP LOCKED)
+  AND t.state = 'running'
+  AND t.must_heartbeat_before <= now()
+RETURNING t.*;
+
+-- name: TaskNextLapse :one
+-- TaskNextLapse tells the reaper when the earliest running task's lease
+-- runs out (an hour from now when none runs: a claim that expires sooner
+-- than every running task arrives by NOTIFY), read after every claim that
+-- skipped that NOTIFY has committed (schema/0009, task_next_lapse).
+-- Running tasks are few: one per busy worker.
+SELECT coalesce(task_next_lapse(@wait_ms::integer), now() + interval '1 hour')::timestamptz AS next_lapse;
 
 -- name: TaskGet :one
 SELECT * FROM tasks WHERE id = @id;

@@ -4,10 +4,11 @@
 SELECT pg_backend_pid()::integer AS pid;
 
 -- name: WaiterRegister :exec
--- WaiterRegister records that waiter waits for inserted tasks on the LISTEN
--- session listener_pid, so that inserts notify from now on, and deletes the
--- rows of sessions that have ended. WaiterBarrier comes next.
-SELECT task_waiter_register(@waiter::text, @listener_pid::integer);
+-- WaiterRegister records that waiter waits for inserted tasks (with
+-- all_changes, also for claims and completions) on the LISTEN session
+-- listener_pid, so that those notify from now on, and deletes the rows of
+-- sessions that have ended. WaiterBarrier comes next.
+SELECT task_waiter_register(@waiter::text, @listener_pid::integer, @all_changes::boolean);
 
 -- name: WaiterBarrier :exec
 -- WaiterBarrier returns once every insert that may have missed the

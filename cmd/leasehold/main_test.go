@@ -611,11 +611,13 @@ func TestShutdownReleasesEveryLease(t *testing.T) {
 			  AND (holder = 'drain-replica' OR holder LIKE 'drain-replica/%')`).Scan(&held); err != nil {
 			t.Fatal(err)
 		}
+		// A task's lease lives in its row.
 		var running int
-		if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM tasks WHERE state = 'running'`).Scan(&running); err != nil {
+		if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM tasks WHERE state = 'running'
+			  AND processor LIKE 'drain-replica/%' AND must_heartbeat_before > now()`).Scan(&running); err != nil {
 			t.Fatal(err)
 		}
-		if held == 4 && running == 1 { // task:, instance:, leasehold:generator, leasehold:reaper
+		if held == 3 && running == 1 { // instance:, leasehold:generator, leasehold:reaper, and the task's
 			break
 		}
 		if time.Now().After(deadline) {
@@ -627,7 +629,10 @@ func TestShutdownReleasesEveryLease(t *testing.T) {
 		t.Fatalf("serve after cancel: %v\n%s", err, r.logs)
 	}
 	var live []string
-	rows, err := db.Pool.Query(t.Context(), `SELECT resource FROM leases WHERE released_at IS NULL AND expires_at > now()`)
+	rows, err := db.Pool.Query(t.Context(), `
+		SELECT resource FROM leases WHERE released_at IS NULL AND expires_at > now()
+		UNION ALL
+		SELECT 'task:' || id FROM tasks WHERE state = 'running' AND must_heartbeat_before > now()`)
 	if err != nil {
 		t.Fatal(err)
 	}

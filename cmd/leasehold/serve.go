@@ -262,7 +262,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	}).RunUntilDone)
 	if c.hasRole("reaper") {
 		background("reaper", (&reaper.Reaper{
-			Store: leases, Listener: listener, Instance: c.Instance, Log: log,
+			Store: leases, Tasks: tasks, Listener: listener, Instance: c.Instance, Log: log,
 			Keep:   lease.KeepConfig{TTL: 5 * time.Second, Observer: metrics.KeepObserver(server.HolderReaper)},
 			Marked: metrics.ExpiryAnnounced,
 			// While it is the reaper: finished tasks and lease history

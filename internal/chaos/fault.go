@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/checker"
 	"github.com/leasehold/leasehold/internal/reaper"
+	"github.com/leasehold/leasehold/internal/task"
 )
 
 // Measurements poll the database this often: the soak is a test tool, and what it measures
@@ -292,19 +294,12 @@ func (s *soak) disconnect(ctx context.Context, r *replica) (Fault, bool) {
 
 // term sends SIGTERM to r (it is restarted once it has exited) and measures how long until
 // every lease it held is free. A lease it left live behind it when it exited breaks the
-// guarantee that a clean shutdown releases its leases. Its leases are those of its name
-// acquired or renewed since it started: an earlier process of r that crashed may have left
-// leases of the same name to lapse.
+// guarantee that a clean shutdown releases its leases. Its leases are those of the leases
+// table held in its name and its task leases (the running tasks of its workers, named
+// "<replica>/…"), each acquired or renewed since it started: an earlier process of r that
+// crashed may have left leases of the same name to lapse.
 func (s *soak) term(ctx context.Context, r *replica) (Fault, bool) {
-	var at time.Time
-	var resources []string
-	var fences []int64
-	err := s.pool.QueryRow(ctx, `
-		SELECT clock_timestamp(), coalesce(array_agg(resource ORDER BY resource), '{}'), coalesce(array_agg(fence ORDER BY resource), '{}')
-		FROM leases
-		WHERE (holder = $1 OR starts_with(holder, $1 || '/'))
-		  AND released_at IS NULL AND expires_at > clock_timestamp()
-		  AND coalesce(renewed_at, created_at) >= $2`, r.name, r.startedAt()).Scan(&at, &resources, &fences)
+	at, leases, err := s.heldBy(ctx, r)
 	exited := r.current()
 	pid, serr := s.sup.Signal(r.name, syscall.SIGTERM)
 	if serr != nil {
@@ -312,7 +307,7 @@ func (s *soak) term(ctx context.Context, r *replica) (Fault, bool) {
 		return Fault{}, false
 	}
 	f := Fault{At: time.Now(), Kind: KindTerm, Victim: r.name, PID: pid}
-	s.logFault(f, "SIGTERM %s pid=%d (holding %d lease(s))", r.name, pid, len(resources))
+	s.logFault(f, "SIGTERM %s pid=%d (holding %d lease(s))", r.name, pid, len(leases))
 	if err != nil {
 		f.Detail = fmt.Sprintf("SIGTERM %s pid=%d; the leases it held are unknown (%v)", r.name, pid, err)
 		return f, true
@@ -337,77 +332,105 @@ func (s *soak) term(ctx context.Context, r *replica) (Fault, bool) {
 		return f, true
 	}
 	f.Detail = fmt.Sprintf("SIGTERM %s pid=%d; it exited (exit status 0) %v later; %s", r.name, pid, round(exitedAt.Sub(f.At)),
-		s.watchFree(ctx, r.name, resources, fences, at, exitedAt))
+		s.watchFree(ctx, r.name, leases, at, exitedAt))
 	return f, true
 }
 
-// watchFree waits until every lease of resources (each under its fence, held by victim
-// when it was sent SIGTERM at termAt, by the database clock) is released or expired, and
-// records the longest wait. The victim exited cleanly, at exitedAt: a lease still live then
-// and left to expire is a violation.
-func (s *soak) watchFree(ctx context.Context, victim string, resources []string, fences []int64, termAt, exitedAt time.Time) string {
-	if len(resources) == 0 {
+// heldLease is a live lease a replica holds: one of the leases table, or a task's lease,
+// which lives in the task's row.
+type heldLease struct {
+	resource string // as the report names it: task.LeaseResource for a task's lease
+	task     int64  // the task whose lease it is; 0 for a lease of the leases table
+	fence    int64
+}
+
+// heldBy returns the database clock and the live leases r's current process holds (see
+// term): those of the leases table by resource, then its task leases by task.
+func (s *soak) heldBy(ctx context.Context, r *replica) (time.Time, []heldLease, error) {
+	var at time.Time
+	var resources []string
+	var tasks, fences []int64
+	err := s.pool.QueryRow(ctx, `
+		WITH h AS (
+		    SELECT resource, 0::bigint AS task, fence FROM leases
+		    WHERE holder = $1 AND released_at IS NULL AND expires_at > clock_timestamp()
+		      AND coalesce(renewed_at, created_at) >= $2
+		    UNION ALL
+		    SELECT '', id, fence FROM tasks
+		    WHERE state = 'running' AND starts_with(processor, $1 || '/')
+		      AND must_heartbeat_before > clock_timestamp() AND last_heartbeat_at >= $2)
+		SELECT clock_timestamp(), coalesce(array_agg(resource ORDER BY task, resource), '{}'),
+		       coalesce(array_agg(task ORDER BY task, resource), '{}'), coalesce(array_agg(fence ORDER BY task, resource), '{}')
+		FROM h`, r.name, r.startedAt()).Scan(&at, &resources, &tasks, &fences)
+	if err != nil {
+		return time.Time{}, nil, err
+	}
+	held := make([]heldLease, len(resources))
+	for i := range held {
+		held[i] = heldLease{resource: resources[i], task: tasks[i], fence: fences[i]}
+		if tasks[i] != 0 {
+			held[i].resource = task.LeaseResource(tasks[i])
+		}
+	}
+	return at, held, nil
+}
+
+// leaseEnd is how a held lease became free: released (or, for a task's, handed back,
+// failed or completed) at, or expired at.
+type leaseEnd struct {
+	at       time.Time
+	released bool
+}
+
+// watchFree waits until every lease of held (held by victim when it was sent SIGTERM at
+// termAt, by the database clock) is released or expired, and records the longest wait. The
+// victim exited cleanly, at exitedAt: a lease still live then and left to expire is a
+// violation.
+func (s *soak) watchFree(ctx context.Context, victim string, held []heldLease, termAt, exitedAt time.Time) string {
+	if len(held) == 0 {
 		return "it held no lease"
 	}
 	limit := 10*s.opts.LeaseTTL + 10*time.Second
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	type end struct {
-		at       time.Time
-		released bool
-	}
-	ends := map[string]end{}
+	ends := map[string]leaseEnd{}
+	var lastErr error // of a read, asked again at the next tick
 	tick := time.NewTicker(measureEvery)
 	defer tick.Stop()
-	for len(ends) < len(resources) && ctx.Err() == nil {
-		// The last event of each (resource, fence): released, or expired by now.
-		rows, err := s.pool.Query(ctx, `
-			SELECT DISTINCT ON (e.resource) e.resource, e.kind, e.at, e.expires_at, e.expires_at <= clock_timestamp()
-			FROM lease_events AS e
-			JOIN unnest($1::text[], $2::bigint[]) AS h (resource, fence) ON h.resource = e.resource AND h.fence = e.fence
-			ORDER BY e.resource, e.id DESC`, resources, fences)
-		if err == nil {
-			for rows.Next() {
-				var resource, kind string
-				var eventAt, expiresAt time.Time
-				var past bool
-				if err := rows.Scan(&resource, &kind, &eventAt, &expiresAt, &past); err != nil {
-					break
-				}
-				switch {
-				case kind == "released":
-					ends[resource] = end{at: eventAt, released: true}
-				case kind == "expired" || past:
-					ends[resource] = end{at: expiresAt}
-				}
-			}
-			rows.Close()
+	for len(ends) < len(held) && ctx.Err() == nil {
+		if err := s.addFree(ctx, held, ends); err != nil {
+			lastErr = err
 		}
-		if len(ends) < len(resources) {
+		if len(ends) < len(held) {
 			select {
 			case <-ctx.Done():
 			case <-tick.C:
 			}
 		}
 	}
-	if len(ends) < len(resources) {
+	if len(ends) < len(held) {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			s.problem("the leases %s held when it was sent SIGTERM at %s were not all free %v later", victim, clock(termAt), limit)
+			s.problem("the leases %s held when it was sent SIGTERM at %s were not all free %v later (the last error reading them: %v)",
+				victim, clock(termAt), limit, lastErr)
 		}
-		return fmt.Sprintf("%d of its %d lease(s) not free within %v", len(resources)-len(ends), len(resources), limit)
+		return fmt.Sprintf("%d of its %d lease(s) not free within %v", len(held)-len(ends), len(held), limit)
 	}
 	var longest time.Duration
 	var last string
 	var expired, leftHeld []string
-	for _, resource := range resources {
-		e := ends[resource]
+	tasks := 0
+	for _, l := range held {
+		if l.task != 0 {
+			tasks++
+		}
+		e := ends[l.resource]
 		if d := e.at.Sub(termAt); d > longest || last == "" {
-			longest, last = d, resource
+			longest, last = d, l.resource
 		}
 		if !e.released {
-			expired = append(expired, resource)
+			expired = append(expired, l.resource)
 			if e.at.After(exitedAt) {
-				leftHeld = append(leftHeld, resource)
+				leftHeld = append(leftHeld, l.resource)
 			}
 		}
 	}
@@ -419,11 +442,108 @@ func (s *soak) watchFree(ctx context.Context, victim string, resources []string,
 			"%s exited cleanly after SIGTERM at %s but left %d lease(s) live, to expire instead of being released: %s",
 			victim, clock(termAt), len(leftHeld), strings.Join(leftHeld, ", "))})
 	}
-	what := fmt.Sprintf("its %d lease(s) free %v after the SIGTERM (the last: %s)", len(resources), round(longest), last)
+	what := fmt.Sprintf("its %d lease(s) (%d of tasks) free %v after the SIGTERM (the last: %s)",
+		len(held), tasks, round(longest), last)
 	if len(expired) > 0 {
 		what += fmt.Sprintf("; %d expired rather than released: %s", len(expired), strings.Join(expired, ", "))
 	}
 	return what
+}
+
+// addFree adds to ends each lease of held that is free by now, keyed by its resource.
+func (s *soak) addFree(ctx context.Context, held []heldLease, ends map[string]leaseEnd) error {
+	var resources []string
+	var fences, ids, taskFences []int64
+	for _, l := range held {
+		if l.task != 0 {
+			ids, taskFences = append(ids, l.task), append(taskFences, l.fence)
+		} else {
+			resources, fences = append(resources, l.resource), append(fences, l.fence)
+		}
+	}
+	var err error
+	if len(resources) > 0 {
+		err = s.leasesFree(ctx, resources, fences, ends)
+	}
+	if len(ids) > 0 {
+		err = errors.Join(err, s.taskLeasesFree(ctx, ids, taskFences, ends))
+	}
+	return err
+}
+
+// leasesFree adds to ends each lease of resources (each under its fence) that is free: its
+// last event is a release, an expiry, or one whose expires_at has passed.
+func (s *soak) leasesFree(ctx context.Context, resources []string, fences []int64, ends map[string]leaseEnd) error {
+	rows, err := s.pool.Query(ctx, `
+		SELECT DISTINCT ON (e.resource) e.resource, e.kind, e.at, e.expires_at, e.expires_at <= clock_timestamp()
+		FROM lease_events AS e
+		JOIN unnest($1::text[], $2::bigint[]) AS h (resource, fence) ON h.resource = e.resource AND h.fence = e.fence
+		ORDER BY e.resource, e.id DESC`, resources, fences)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var resource, kind string
+		var eventAt, expiresAt time.Time
+		var past bool
+		if err := rows.Scan(&resource, &kind, &eventAt, &expiresAt, &past); err != nil {
+			return err
+		}
+		switch {
+		case kind == "released":
+			ends[resource] = leaseEnd{at: eventAt, released: true}
+		case kind == "expired" || past:
+			ends[resource] = leaseEnd{at: expiresAt}
+		}
+	}
+	return rows.Err()
+}
+
+// taskLeasesFree adds to ends the lease of each task of ids (each under its fence) that is
+// free: the attempt under that fence ended otherwise than by the completion (it is in the
+// task's earlier_attempts: handed back, failed or expired), the task was completed under
+// that fence, or that fence's lease is still the task's but lapsed.
+func (s *soak) taskLeasesFree(ctx context.Context, ids, fences []int64, ends map[string]leaseEnd) error {
+	rows, err := s.pool.Query(ctx, `
+		SELECT t.id, t.state, coalesce(t.fence = h.fence, false), t.processed_at, t.must_heartbeat_before,
+		       coalesce(t.must_heartbeat_before <= clock_timestamp(), false),
+		       (SELECT e FROM jsonb_array_elements(t.earlier_attempts) AS e
+		        WHERE (e ->> 'fence')::bigint = h.fence LIMIT 1)
+		FROM unnest($1::bigint[], $2::bigint[]) AS h (id, fence)
+		JOIN tasks AS t ON t.id = h.id`, ids, fences)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var state string
+		var current, lapsed bool
+		var processedAt, expiresAt *time.Time
+		var ended []byte // the held fence's entry of earlier_attempts; nil when it has none
+		if err := rows.Scan(&id, &state, &current, &processedAt, &expiresAt, &lapsed, &ended); err != nil {
+			return err
+		}
+		name := task.LeaseResource(id)
+		switch {
+		case ended != nil:
+			var a task.Attempt
+			if err := json.Unmarshal(ended, &a); err != nil {
+				return fmt.Errorf("task %d: an entry of earlier_attempts: %w", id, err)
+			}
+			if a.Outcome == task.OutcomeExpired {
+				ends[name] = leaseEnd{at: a.ExpiresAt}
+			} else {
+				ends[name] = leaseEnd{at: a.EndedAt, released: true}
+			}
+		case current && state == task.StateDone && processedAt != nil:
+			ends[name] = leaseEnd{at: *processedAt, released: true}
+		case current && state == task.StateRunning && lapsed && expiresAt != nil:
+			ends[name] = leaseEnd{at: *expiresAt}
+		}
+	}
+	return rows.Err()
 }
 
 // restartDB stops PostgreSQL, cleanly or as a power cut would, and starts it again after a

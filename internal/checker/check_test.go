@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -20,8 +21,9 @@ import (
 )
 
 // TestCheck runs real lease and task operations, checks that their history
-// keeps every guarantee, then forges an overlapping acquisition into it and
-// checks that Check catches it.
+// keeps every guarantee, then forges an overlapping acquisition into the
+// lease history and an overlapping attempt into a task's row, and checks
+// that Check catches both.
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -63,20 +65,26 @@ func TestCheck(t *testing.T) {
 	b := acquire("res:a", "b", time.Second)
 	z := acquire("res:z", "z", time.Second)
 
-	// Task x is claimed by w1, whose lease on it runs out too.
-	inserted, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data}})
+	// Tasks x and u are claimed by w1 and w3, whose leases on them run out
+	// too: x's first, so that a claim can only take x.
+	inserted, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data}, {TaskData: data}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := inserted[0]
+	x, u := inserted[0], inserted[1]
 	first := claim("w1", time.Second)
 	if len(first) != 1 || first[0].ID != x.ID {
 		t.Fatalf("claimed %v, want task %d", first, x.ID)
 	}
+	lapsing := claim("w3", 2*time.Second)
+	if len(lapsing) != 1 || lapsing[0].ID != u.ID {
+		t.Fatalf("claimed %v, want task %d", lapsing, u.ID)
+	}
 	waitForDatabaseClock(t, tdb.Pool, b.ExpiresAt, z.ExpiresAt, *first[0].MustHeartbeatBefore)
 
-	// c takes res:a over before anyone announces b's expiry, and w9 claims
-	// x again; w1's completion with its old fence is refused.
+	// c takes res:a over before anyone announces b's expiry, and w9 takes
+	// the lapsed x straight from w1 (the claim announces that lapse); w1's
+	// completion with its old fence is refused.
 	acquire("res:a", "c", time.Hour)
 	again := claim("w9", time.Minute)
 	if len(again) != 1 || again[0].ID != x.ID {
@@ -88,13 +96,22 @@ func TestCheck(t *testing.T) {
 	if _, err := tasks.Complete(ctx, x.ID, "w9", *again[0].Fence, nil); err != nil {
 		t.Fatal(err)
 	}
-	// What a reaper's pass does: announce z's expiry, the only one due.
+	// What a reaper's pass does once u's lease has lapsed: announce z's
+	// expiry, the only lease one due, and put u back to pending.
+	waitForDatabaseClock(t, tdb.Pool, *lapsing[0].MustHeartbeatBefore)
 	expired, err := leases.MarkExpired(ctx, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(expired) != 1 || expired[0].Lease.Resource != "res:z" {
 		t.Fatalf("announced %v, want res:z's expiry", expired)
+	}
+	lapsed, err := tasks.RequeueLapsed(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lapsed) != 1 || lapsed[0].Task.ID != u.ID || lapsed[0].Task.State != task.StatePending {
+		t.Fatalf("put back %v, want task %d pending", lapsed, u.ID)
 	}
 
 	// The generator inserts two tasks under its lease.
@@ -111,7 +128,7 @@ func TestCheck(t *testing.T) {
 	}
 
 	// Three more tasks: y is handed back once before it is done, doomed
-	// fails its only attempt; the rest are done.
+	// fails its only attempt; the rest, u included, are done.
 	inserted, err = tasks.Insert(ctx, []task.NewTask{{TaskData: data}, {TaskData: data}, {TaskData: data, MaxAttempts: 1}})
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +151,7 @@ func TestCheck(t *testing.T) {
 		}
 	}
 
-	expected := []int64{x.ID}
+	expected := []int64{x.ID, u.ID}
 	for _, tk := range slices.Concat(generated, inserted) {
 		expected = append(expected, tk.ID)
 	}
@@ -147,10 +164,11 @@ func TestCheck(t *testing.T) {
 		name      string
 		got, want int
 	}{
-		{"resources", rep.Resources, 10},       // reaper, res:a, res:z, generator, 6 tasks
-		{"acquisitions", rep.Acquisitions, 14}, // x and y were claimed twice
-		{"expiries", rep.Expiries, 3},          // b's, z's and w1's on x
-		{"done", rep.TasksDone, 5},
+		{"resources", rep.Resources, 11},        // reaper, res:a, res:z, generator, 7 tasks
+		{"acquisitions", rep.Acquisitions, 16},  // 6 of leases, 10 of tasks
+		{"task attempts", rep.TaskAttempts, 10}, // x, u and y were claimed twice
+		{"expiries", rep.Expiries, 4},           // b's, z's, w1's on x and w3's on u
+		{"done", rep.TasksDone, 6},
 		{"dead", rep.TasksDead, 1},
 		{"generated", rep.Generated, 2},
 	} {
@@ -168,12 +186,26 @@ func TestCheck(t *testing.T) {
 		WHERE resource = 'res:a' AND holder = 'b' AND kind = 'acquired'`); err != nil {
 		t.Fatal(err)
 	}
-	rep = check(t, tdb.Pool, opts)
-	if len(rep.Violations) != 1 || rep.Violations[0].Rule != checker.RuleOverlap {
-		t.Fatalf("violations = %v, want one %q", rep.Violations, checker.RuleOverlap)
+	// y's hand-back forged to end at its completion, inside the attempt
+	// that completed it.
+	if _, err := tdb.Pool.Exec(ctx, `
+		UPDATE tasks SET earlier_attempts = jsonb_set(earlier_attempts, '{0,ended_at}', to_jsonb(processed_at))
+		WHERE id = $1`, y.ID); err != nil {
+		t.Fatal(err)
 	}
-	if d := rep.Violations[0].Detail; !strings.Contains(d, "res:a by forger") || !strings.Contains(d, "res:a by b ") {
-		t.Errorf("detail %q does not name the forger's and b's intervals", d)
+	rep = check(t, tdb.Pool, opts)
+	if got := rules(rep); !slices.Equal(got, []string{checker.RuleOverlap}) || len(rep.Violations) != 2 {
+		t.Fatalf("violations = %v, want two %q", rep.Violations, checker.RuleOverlap)
+	}
+	for i, want := range [][]string{
+		{"res:a by forger", "res:a by b "},
+		{fmt.Sprintf("task:%d by w2", y.ID), "(attempt 1)", "(attempt 2)"},
+	} {
+		for _, w := range want {
+			if d := rep.Violations[i].Detail; !strings.Contains(d, w) {
+				t.Errorf("detail %q does not name %q", d, w)
+			}
+		}
 	}
 }
 

@@ -1,40 +1,58 @@
 // Package checker verifies the guarantees of contract §5 after the fact, from what the
-// database recorded: the lease history (lease_events) and the tasks.
+// database recorded: the lease history (lease_events) and the tasks, whose rows carry their
+// own leases.
 //
 // Check reads the history; Verify judges it. Verify is a pure function of a
 // History, so every rule can be tested on a hand-made one. Check does not
 // build a History: it streams the rows through the same steps as Verify, one
-// resource at a time, and keeps only the holding intervals the cross-resource
-// rules need (those of task leases, the generator and the reaper), so a
-// history of millions of events fits in memory.
+// resource at a time, then one task at a time, and keeps only what the
+// cross-resource rules need (the fences, and the holding intervals of the
+// generator and the reaper), so a history of millions of events and tasks
+// fits in memory.
+//
+// A holding interval is one acquisition of a resource, up to its release or
+// its expiry. A lease's intervals come from its events: acquired, renewed,
+// released, expired. A task's lease lives in the task's row (schema/0009),
+// so its intervals come from there: each entry of earlier_attempts is an
+// attempt that ended otherwise than by the completion (acquired at
+// started_at, expiring at expires_at, released at ended_at when failed or
+// requeued, its expiry announced at ended_at when expired), and the lease
+// columns (processor, fence, started_at, must_heartbeat_before) hold the
+// running attempt, or the completed one of a done task, released at
+// processed_at. A pending or dead task's columns repeat its last entry and
+// are not counted again. Reports and violations name a task's lease
+// task:<id>, as the logs do.
 //
 // The rules, each with the name its violations carry:
 //
 //   - RuleOverlap: per resource, no two holding intervals [acquired, end)
-//     overlap, where end = min(released, expires_at) and expires_at is the
-//     latest of the interval's acquired and renewed events (§5.1). The
-//     history alone gives every interval, announced or not.
+//     overlap, where end = min(released, expires_at) and a lease's
+//     expires_at is the latest of its acquired and renewed events (§5.1).
+//     The history alone gives every interval, announced or not.
 //   - RuleFenceOrder, RuleFenceReused: per resource, fences strictly increase
 //     in the order the acquisitions were recorded; across resources no fence
 //     is handed out twice (§5.2).
 //   - RuleOrphanEvent: a renewed, released or expired event that does not
 //     belong to the interval it follows (another holder or fence, after the
-//     release, a renewal after the expiry was announced).
+//     release, a renewal after the expiry was announced), or a task attempt
+//     of no known outcome.
 //   - RuleTaskUnfinished, RuleTaskLost, RuleTaskCompletion,
 //     RuleTaskReclaimed: every task ends done or dead, none is lost, a
-//     completion comes from the holder of the task's live lease, and a
-//     finished task is never leased again (§5.3).
+//     completion ends the task's live lease, and a finished task is never
+//     leased again (§5.3).
 //   - RuleGeneratorFence: every generated task was inserted inside the
 //     generator interval of its fence (§5.4).
 //   - RuleExpiryLate, RuleExpiryEarly: while a reaper ran, an expiry is
 //     announced within Options.ExpiryBound of its expires_at, and never
-//     before it (§5.5).
+//     before it (§5.5); a task lease's lapse is announced when a reaper
+//     puts the task back, or a claim takes it.
 //
 // Each rule's doc comment gives the exact comparison it makes.
 package checker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -142,11 +160,11 @@ func streamEvents(ctx context.Context, tx pgx.Tx, each func([]lease.Event)) erro
 	return nil
 }
 
-// streamTasks calls each with every task.
+// streamTasks calls each with every task, in id order.
 func streamTasks(ctx context.Context, tx pgx.Tx, each func(Task)) error {
 	rows, err := tx.Query(ctx, `
-		SELECT id, state, coalesce(processor, ''), coalesce(fence, 0), processed_at,
-		       created_at, coalesce(generator_fence, 0)
+		SELECT id, state, coalesce(processor, ''), coalesce(fence, 0), started_at, must_heartbeat_before,
+		       processed_at, created_at, coalesce(generator_fence, 0), earlier_attempts
 		FROM tasks
 		ORDER BY id`)
 	if err != nil {
@@ -155,16 +173,27 @@ func streamTasks(ctx context.Context, tx pgx.Tx, each func(Task)) error {
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			t         Task
-			processed *time.Time
+			t                           Task
+			started, expires, processed *time.Time
+			earlier                     []byte
 		)
-		if err := rows.Scan(&t.ID, &t.State, &t.Processor, &t.Fence, &processed, &t.CreatedAt, &t.GeneratorFence); err != nil {
+		if err := rows.Scan(&t.ID, &t.State, &t.Processor, &t.Fence, &started, &expires,
+			&processed, &t.CreatedAt, &t.GeneratorFence, &earlier); err != nil {
 			return err
 		}
-		if processed != nil {
-			t.ProcessedAt = *processed
+		t.StartedAt, t.ExpiresAt, t.ProcessedAt = orZero(started), orZero(expires), orZero(processed)
+		if err := json.Unmarshal(earlier, &t.Attempts); err != nil {
+			return fmt.Errorf("task %d: earlier_attempts is not a list of attempts: %w", t.ID, err)
 		}
 		each(t)
 	}
 	return rows.Err()
+}
+
+// orZero is *t, or the zero time for NULL.
+func orZero(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
 }

@@ -21,10 +21,16 @@ type Report struct {
 	ReadAt time.Time
 	// Events are the lease events read.
 	Events int
-	// Resources are the resources with at least one lease event.
+	// Resources are the resources with a holding interval: those with at
+	// least one lease event, and the tasks with at least one attempt.
 	Resources int
-	// Acquisitions are the acquired events: holding intervals.
+	// Acquisitions are the holding intervals: the acquired events and the
+	// task attempts.
 	Acquisitions int
+	// TaskAttempts are the acquisitions read from the task rows: the
+	// entries of earlier_attempts, and the attempts of running and done
+	// tasks.
+	TaskAttempts int
 	// Expiries are the intervals that ran out, not released, by ReadAt;
 	// ExpiriesJudged of them were judged by RuleExpiryLate, and
 	// ExpiriesNotJudged were not (no reaper ran through their span, it
@@ -52,7 +58,8 @@ const MaxPerRule = 20
 func (r *Report) WriteText(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	fmt.Fprintf(bw, "history read at %s\n", ts(r.ReadAt))
-	fmt.Fprintf(bw, "lease events %d, resources %d, acquisitions %d\n", r.Events, r.Resources, r.Acquisitions)
+	fmt.Fprintf(bw, "lease events %d, resources %d, acquisitions %d (task attempts %d)\n",
+		r.Events, r.Resources, r.Acquisitions, r.TaskAttempts)
 	fmt.Fprintf(bw, "expiries %d: judged %d, not judged %d\n", r.Expiries, r.ExpiriesJudged, r.ExpiriesNotJudged)
 	fmt.Fprintf(bw, "tasks: done %d, dead %d, other %d; generated %d\n", r.TasksDone, r.TasksDead, r.TasksOther, r.Generated)
 	if r.OK() {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,48 +17,58 @@ import (
 // the microsecond PostgreSQL stores.
 const (
 	// RuleOverlap: two holding intervals of one resource overlap. An
-	// interval is half-open, [start, end): start is its acquired event's at,
-	// end = min(its released event's at, its last expires_at), the last
-	// expires_at being that of its latest acquired or renewed event (a
-	// released event's own expires_at is the release time). Sorted by start,
-	// an interval overlaps when its start < the latest end before it. One
-	// that starts exactly at the previous end does not: a takeover stamps
-	// clock_timestamp() after finding expires_at <= now(), which may be the
-	// same microsecond.
+	// interval is half-open, [start, end), end = min(its release, its last
+	// expires_at). A lease's interval starts at its acquired event's at; its
+	// release is its released event's at and its last expires_at that of its
+	// latest acquired or renewed event (a released event's own expires_at is
+	// the release time). A task attempt's interval starts at its started_at;
+	// its last expires_at is its expires_at (must_heartbeat_before for the
+	// attempt in the task's columns); a failed or requeued attempt is
+	// released at its ended_at, the completed one at the task's
+	// processed_at, an expired one not at all. Sorted by start, an interval
+	// overlaps when its start < the latest end before it. One that starts
+	// exactly at the previous end does not: a takeover stamps its start
+	// after finding expires_at <= now(), which may be the same microsecond.
 	RuleOverlap = "overlap"
 	// RuleFenceOrder: an acquisition's fence is <= the fence of the
-	// resource's previous acquisition, in event id order (a resource's
-	// acquisitions are serialised by its row lock, so the ids record their
-	// order).
+	// resource's previous acquisition: in event id order for a lease (a
+	// resource's acquisitions are serialised by its row lock, so the ids
+	// record their order), and for a task in the order of earlier_attempts,
+	// then the attempt in its columns (each attempt is appended by the
+	// statement that ended it, under the task's row lock).
 	RuleFenceOrder = "fence-order"
-	// RuleFenceReused: two acquisitions, of any resources, carry the same
-	// fence, which one sequence hands out.
+	// RuleFenceReused: two acquisitions, of any resources, leases and task
+	// attempts alike, carry the same fence, which one sequence hands out.
 	RuleFenceReused = "fence-reused"
 	// RuleOrphanEvent: a renewed, released or expired event whose holder or
 	// fence is not that of the resource's latest acquisition, or that comes
 	// after that interval's release (or, for a renewal or a second expired
-	// event, after its expiry was announced). Such an event is not applied
-	// to any interval.
+	// event, after its expiry was announced); or an entry of a task's
+	// earlier_attempts with no known outcome. Such a record is not applied
+	// to any interval (the attempt's fence still counts for RuleFenceReused).
 	RuleOrphanEvent = "orphan-event"
 	// RuleTaskUnfinished: a task is neither done nor dead, and
 	// Options.AllowUnfinished is false.
 	RuleTaskUnfinished = "task-unfinished"
-	// RuleTaskLost: an id of Options.ExpectedTasks has no task, or a lease
-	// task:<id> was taken for a task that does not exist.
+	// RuleTaskLost: an id of Options.ExpectedTasks has no task.
 	RuleTaskLost = "task-lost"
 	// RuleTaskCompletion: a done task's completion (processor, fence,
-	// processed_at) is not the end of the lease task:<id> acquired by that
-	// processor with that fence. The completion releases the lease in the
-	// same statement, stamping processed_at, released_at and expires_at with
-	// one now(), after checking expires_at > now(). So the exact test is
-	// start <= processed_at, the interval's released event at ==
-	// processed_at, and processed_at < its last expires_at: the completion
-	// is the instant the interval ends, which [start, end) itself excludes.
+	// processed_at) is not the end of a live lease of the task. The
+	// completion ends the attempt in the task's columns in the statement
+	// that checks must_heartbeat_before > now() and stamps processed_at with
+	// that now(), keeping must_heartbeat_before. So the exact test is: the
+	// columns hold a lease (processor, fence, started_at,
+	// must_heartbeat_before), no attempt of earlier_attempts has its fence
+	// (that attempt had ended, and the completion is not counted as a second
+	// interval), started_at <= processed_at, and processed_at <
+	// must_heartbeat_before: the completion is the instant the interval
+	// ends, which [start, end) itself excludes.
 	RuleTaskCompletion = "task-completion"
-	// RuleTaskReclaimed: a done or dead task's lease was acquired again
-	// after it finished: an acquisition of task:<id> with a fence greater
-	// than the task's final one, or, other than the final one, starting at
-	// or after processed_at.
+	// RuleTaskReclaimed: a done or dead task was leased again after it
+	// finished: an attempt with a fence greater than the task's final one
+	// (the fence in its columns: the completed attempt's, or for a dead
+	// task that of the attempt that ended it, the last of earlier_attempts),
+	// or, other than the final one, starting at or after processed_at.
 	RuleTaskReclaimed = "task-reclaimed"
 	// RuleGeneratorFence: a task carrying generator_fence f was not inserted
 	// inside the interval of the generator lease acquired with fence f:
@@ -70,19 +79,21 @@ const (
 	RuleGeneratorFence = "generator-fence"
 	// RuleExpiryLate: an expiry was announced more than the bound after its
 	// expires_at while a reaper ran. An expiry is an interval with no
-	// released event whose last expires_at E <= ReadAt. It is judged only
-	// when one reaper interval ran through all of [E, E+bound] and no
-	// outage window meets that span; a reaper runs from its acquisition to
-	// its last sign of life, its latest acquired, renewed or released
-	// event, since a holder that stopped renewing may have been killed.
-	// Judged, it is late when its expired event's at > E+bound, or it has
-	// no expired event and the resource was acquired again after E+bound,
+	// release whose last expires_at E <= ReadAt. A lease's is announced by
+	// its expired event; a task attempt's by the statement that ended it (a
+	// reaper putting the task back, or a claim taking it), at its ended_at.
+	// It is judged only when one reaper interval ran through all of [E,
+	// E+bound] and no outage window meets that span; a reaper runs from its
+	// acquisition to its last sign of life, its latest acquired, renewed or
+	// released event, since a holder that stopped renewing may have been
+	// killed. Judged, it is late when it was announced after E+bound, or it
+	// was not announced and the resource was acquired again after E+bound,
 	// or neither happened and ReadAt > E+bound. Acquired again by E+bound
 	// and not announced is fine: the lease was no longer expired when the
 	// announcement fell due. Not announced, not acquired again and ReadAt
 	// <= E+bound: not judged yet.
 	RuleExpiryLate = "expiry-late"
-	// RuleExpiryEarly: an expired event's at is before the interval's last
+	// RuleExpiryEarly: an expiry was announced before the interval's last
 	// expires_at: a live lease was announced expired. Judged whether or not
 	// a reaper ran.
 	RuleExpiryEarly = "expiry-early"
@@ -105,25 +116,41 @@ const (
 
 // History is what the database recorded, as Verify judges it.
 type History struct {
-	// Events are the lease history (lease_events), in any order.
+	// Events are the lease history (lease_events), in any order: every
+	// lease but the tasks', which the tasks carry.
 	Events []lease.Event
-	// Tasks are the rows of the tasks table, in any order.
+	// Tasks are the rows of the tasks table, with their leases, in any
+	// order.
 	Tasks []Task
 	// ReadAt is the database clock when the history was read: a lease whose
 	// expires_at is later had not expired then.
 	ReadAt time.Time
 }
 
-// Task is what the checker needs of a row of tasks. A zero field stands for
-// NULL: fences start at 1.
+// Task is what the checker needs of a row of tasks: its state, its lease
+// columns and its earlier attempts. A zero field stands for NULL: fences
+// start at 1.
 type Task struct {
-	ID             int64
-	State          string
-	Processor      string
-	Fence          int64
-	ProcessedAt    time.Time
-	CreatedAt      time.Time
+	ID    int64
+	State string
+	// Processor, Fence, StartedAt and ExpiresAt (must_heartbeat_before) are
+	// the lease of the task's latest attempt. For a running task it is the
+	// current attempt, for a done one the completed attempt (ExpiresAt is
+	// the expiry it had at the completion). For a pending or dead task that
+	// attempt has ended and is the last of Attempts: these fields are not
+	// read as an attempt of their own.
+	Processor   string
+	Fence       int64
+	StartedAt   time.Time
+	ExpiresAt   time.Time
+	ProcessedAt time.Time // done or dead: when it finished
+	CreatedAt   time.Time
+	// GeneratorFence is the fence of the generator lease it was inserted
+	// under; 0 when it was not generated.
 	GeneratorFence int64
+	// Attempts are the entries of earlier_attempts, in their order: every
+	// attempt that ended otherwise than by the completion.
+	Attempts []task.Attempt
 }
 
 // Verify judges h against every rule.
@@ -148,57 +175,83 @@ func Verify(h History, opts Options) *Report {
 }
 
 // verifier applies the rules to a history fed to it one resource at a time
-// (resource), then one task at a time (task); finish judges what needs the
-// whole history. It keeps only what the later steps need.
+// (resource), then one task at a time (task): a task's rules need the
+// generator's and the reaper's intervals, which the resources give. finish
+// judges what needs the whole history. It keeps only what the later steps
+// need.
 type verifier struct {
 	opts   Options
 	bound  time.Duration
 	readAt time.Time
 	rep    *Report
 
-	expected   map[int64]bool       // the expected tasks not seen yet
-	fences     []fenceUse           // every acquisition's fence
-	reaper     []interval           // the reaper's intervals, by start
-	generator  map[int64]interval   // the generator's intervals by fence
-	taskLeases map[int64][]interval // the intervals of task:<id>, until task <id> is seen
-	expiries   []interval           // intervals that ran out, judged once the reaper's are known
+	expected  map[int64]bool     // the expected tasks not seen yet
+	fences    []fenceUse         // every acquisition's fence
+	reaper    []interval         // the reaper's intervals, by start
+	generator map[int64]interval // the generator's intervals by fence
+	expiries  []interval         // leases that ran out, judged once the reaper's intervals are known
+	attempts  []interval         // the intervals of the task at hand, reused from task to task
 }
 
-// fenceUse is one acquisition's fence.
+// fenceUse is one acquisition's fence: a lease's acquired event, or a task
+// attempt.
 type fenceUse struct {
 	fence    int64
-	eventID  int64
-	resource string
+	id       int64  // the acquired event's id, or the task's
+	attempt  int    // the task attempt's number; 0 for a lease's acquisition
+	resource string // the lease's resource; "" for a task attempt
 }
 
-// interval is one holding of a resource, from its acquired event to its
-// release or expiry.
+func (u fenceUse) String() string {
+	if u.attempt > 0 {
+		return fmt.Sprintf("%s (attempt %d)", task.LeaseResource(u.id), u.attempt)
+	}
+	return fmt.Sprintf("%s (event %d)", u.resource, u.id)
+}
+
+// interval is one holding of a resource, from its acquisition to its
+// release or expiry: a lease's, from its events, or a task attempt's, from
+// the task's row.
 type interval struct {
 	resource   string
 	holder     string
 	fence      int64
-	acquiredID int64     // the acquired event
-	start      time.Time // the acquired event's at
-	expires    time.Time // expires_at of the latest acquired or renewed event
-	lastSign   time.Time // at of the latest acquired, renewed or released event
-	releasedID int64     // the released event; 0 when none
-	released   time.Time
-	expiredID  int64 // the expired event; 0 when the expiry was not announced
-	announced  time.Time
+	acquiredID int64     // the acquired event; 0 for a task attempt
+	attempt    int       // the task attempt's number, from 1; 0 for a lease
+	start      time.Time // the acquired event's at, or the attempt's started_at
+	expires    time.Time // expires_at of the latest acquired or renewed event, or the attempt's
+	lastSign   time.Time // at of the latest acquired, renewed or released event; zero for a task attempt
+	releasedID int64     // the released event; 0 when none, or for a task attempt
+	released   time.Time // zero when not released
+	expiredID  int64     // the expired event; 0 when none, or for a task attempt
+	announced  time.Time // when the expiry was announced; zero when it was not
 	next       time.Time // start of the resource's next acquisition; zero when none
 }
 
 // end is where the interval stops holding: min(released, expires).
 func (iv *interval) end() time.Time {
-	if iv.releasedID != 0 && iv.released.Before(iv.expires) {
+	if !iv.released.IsZero() && iv.released.Before(iv.expires) {
 		return iv.released
 	}
 	return iv.expires
 }
 
 func (iv *interval) String() string {
-	return fmt.Sprintf("%s by %s with fence %d [%s, %s) (acquired: event %d)",
-		iv.resource, iv.holder, iv.fence, ts(iv.start), ts(iv.end()), iv.acquiredID)
+	from := fmt.Sprintf("acquired: event %d", iv.acquiredID)
+	if iv.attempt > 0 {
+		from = fmt.Sprintf("attempt %d", iv.attempt)
+	}
+	return fmt.Sprintf("%s by %s with fence %d [%s, %s) (%s)",
+		iv.resource, iv.holder, iv.fence, ts(iv.start), ts(iv.end()), from)
+}
+
+// record names the lease event eventID that changed the interval, for a
+// detail; "" for a task attempt, whose String names it.
+func (iv *interval) record(eventID int64) string {
+	if iv.attempt > 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (event %d)", eventID)
 }
 
 // ts formats a database time to the microsecond, in UTC.
@@ -206,13 +259,12 @@ func ts(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z
 
 func newVerifier(opts Options, readAt time.Time) *verifier {
 	v := &verifier{
-		opts:       opts,
-		bound:      opts.expiryBound(),
-		readAt:     readAt,
-		rep:        &Report{ReadAt: readAt},
-		expected:   make(map[int64]bool, len(opts.ExpectedTasks)),
-		generator:  make(map[int64]interval),
-		taskLeases: make(map[int64][]interval),
+		opts:      opts,
+		bound:     opts.expiryBound(),
+		readAt:    readAt,
+		rep:       &Report{ReadAt: readAt},
+		expected:  make(map[int64]bool, len(opts.ExpectedTasks)),
+		generator: make(map[int64]interval),
 	}
 	for _, id := range opts.ExpectedTasks {
 		v.expected[id] = true
@@ -232,42 +284,29 @@ func (v *verifier) resource(events []lease.Event) {
 	ivs := v.intervals(events)
 	v.checkOverlap(ivs)
 	for i := range ivs {
-		iv := &ivs[i]
-		if iv.expiredID != 0 && iv.announced.Before(iv.expires) {
-			v.violate(RuleExpiryEarly, "%s: announced expired at %s (event %d), before its expires_at %s",
-				iv, ts(iv.announced), iv.expiredID, ts(iv.expires))
-		}
-		if iv.releasedID == 0 && !iv.expires.After(v.readAt) {
-			v.expiries = append(v.expiries, *iv)
+		if v.ranOut(&ivs[i]) {
+			v.expiries = append(v.expiries, ivs[i])
 		}
 	}
 
-	name := events[0].Resource
-	switch name {
+	switch events[0].Resource {
 	case reaper.Resource:
 		v.reaper = ivs
 	case generator.Resource:
 		for _, iv := range ivs {
 			v.generator[iv.fence] = iv
 		}
-	default:
-		if id, ok := taskID(name); ok {
-			v.taskLeases[id] = ivs
-		}
 	}
 }
 
-// taskID returns the id of the task whose lease is resource.
-func taskID(resource string) (int64, bool) {
-	s, ok := strings.CutPrefix(resource, "task:")
-	if !ok {
-		return 0, false
+// ranOut checks RuleExpiryEarly on iv and reports whether it ran out, not
+// released, by ReadAt: an expiry for RuleExpiryLate to judge.
+func (v *verifier) ranOut(iv *interval) bool {
+	if !iv.announced.IsZero() && iv.announced.Before(iv.expires) {
+		v.violate(RuleExpiryEarly, "%s: announced expired at %s%s, before its expires_at %s",
+			iv, ts(iv.announced), iv.record(iv.expiredID), ts(iv.expires))
 	}
-	id, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || task.LeaseResource(id) != resource {
-		return 0, false
-	}
-	return id, true
+	return iv.released.IsZero() && !iv.expires.After(v.readAt)
 }
 
 // intervals turns one resource's events, in id order, into its holding
@@ -278,7 +317,7 @@ func (v *verifier) intervals(events []lease.Event) []interval {
 	for _, e := range events {
 		if e.Kind == kindAcquired {
 			v.rep.Acquisitions++
-			v.fences = append(v.fences, fenceUse{fence: e.Fence, eventID: e.ID, resource: e.Resource})
+			v.fences = append(v.fences, fenceUse{fence: e.Fence, id: e.ID, resource: e.Resource})
 			if n := len(ivs); n > 0 {
 				prev := &ivs[n-1]
 				prev.next = e.At
@@ -326,9 +365,9 @@ func misfit(cur *interval, e lease.Event) string {
 		return "comes before any acquisition"
 	case cur.holder != e.Holder || cur.fence != e.Fence:
 		return fmt.Sprintf("does not match the latest acquisition, %s", cur)
-	case cur.releasedID != 0:
+	case !cur.released.IsZero():
 		return fmt.Sprintf("comes after the release of %s (event %d)", cur, cur.releasedID)
-	case cur.expiredID != 0 && e.Kind != kindReleased:
+	case !cur.announced.IsZero() && e.Kind != kindReleased:
 		// A release may follow the expired event: one that began before the
 		// expiry and waited for the reaper's row lock.
 		return fmt.Sprintf("comes after the expiry of %s was announced (event %d)", cur, cur.expiredID)
@@ -351,20 +390,27 @@ func (v *verifier) checkOverlap(ivs []interval) {
 	}
 }
 
-// task checks one task against the task leases and the generator's.
+// task checks one task: its lease's intervals, as resource does a lease's,
+// and the task rules. Every resource must have been fed before: the
+// task's expiries are judged at once, against the reaper's intervals.
 func (v *verifier) task(t Task) {
 	delete(v.expected, t.ID)
-	leases := v.taskLeases[t.ID]
-	delete(v.taskLeases, t.ID)
+	ivs := v.taskIntervals(t)
+	v.checkOverlap(ivs)
+	for i := range ivs {
+		if v.ranOut(&ivs[i]) {
+			v.judgeExpiry(&ivs[i])
+		}
+	}
 
 	switch t.State {
 	case task.StateDone:
 		v.rep.TasksDone++
-		v.checkCompletion(t, leases)
-		v.checkReclaimed(t, leases)
+		v.checkCompletion(t)
+		v.checkReclaimed(t, ivs)
 	case task.StateDead:
 		v.rep.TasksDead++
-		v.checkReclaimed(t, leases)
+		v.checkReclaimed(t, ivs)
 	default:
 		v.rep.TasksOther++
 		if !v.opts.AllowUnfinished {
@@ -377,45 +423,116 @@ func (v *verifier) task(t Task) {
 	}
 }
 
+// taskIntervals turns t's attempts into the intervals of its lease, sorted
+// by start, in a slice reused from task to task: each entry of
+// earlier_attempts, then, for a running or done task, the attempt in its
+// columns (unless a done task's fence is that of an earlier attempt, which
+// checkCompletion reports). It checks the fence order and the entries of
+// no known outcome on the way.
+func (v *verifier) taskIntervals(t Task) []interval {
+	ivs := v.attempts[:0]
+	defer func() { v.attempts = ivs[:0] }()
+	current := hasCurrent(t)
+	if len(t.Attempts) == 0 && !current {
+		return ivs
+	}
+	v.rep.Resources++
+	resource := task.LeaseResource(t.ID)
+	n := len(t.Attempts)
+	for i := range n + 1 {
+		var iv interval
+		switch {
+		case i < n:
+			a := t.Attempts[i]
+			iv = interval{resource: resource, holder: a.Processor, fence: a.Fence, attempt: i + 1, start: a.StartedAt, expires: a.ExpiresAt}
+			switch a.Outcome {
+			case task.OutcomeFailed, task.OutcomeRequeued:
+				iv.released = a.EndedAt
+			case task.OutcomeExpired:
+				iv.announced = a.EndedAt
+			default:
+				v.violate(RuleOrphanEvent, "%s: attempt %d (by %s with fence %d, started at %s, ended at %s) has no known outcome: %q",
+					resource, iv.attempt, a.Processor, a.Fence, ts(a.StartedAt), ts(a.EndedAt), a.Outcome)
+			}
+		case current:
+			iv = interval{resource: resource, holder: t.Processor, fence: t.Fence, attempt: i + 1, start: t.StartedAt, expires: t.ExpiresAt}
+			if t.State == task.StateDone {
+				iv.released = t.ProcessedAt
+			}
+		default:
+			continue
+		}
+		v.rep.Acquisitions++
+		v.rep.TaskAttempts++
+		v.fences = append(v.fences, fenceUse{fence: iv.fence, id: t.ID, attempt: iv.attempt})
+		if len(ivs) > 0 {
+			prev := &ivs[len(ivs)-1]
+			prev.next = iv.start
+			if iv.fence <= prev.fence {
+				v.violate(RuleFenceOrder, "%s: attempt %d by %s has fence %d after attempt %d by %s with fence %d",
+					resource, iv.attempt, iv.holder, iv.fence, prev.attempt, prev.holder, prev.fence)
+			}
+		}
+		ivs = append(ivs, iv)
+	}
+	// An earlier attempt of no known outcome is applied to no interval.
+	ivs = slices.DeleteFunc(ivs, func(iv interval) bool {
+		return iv.attempt <= len(t.Attempts) && !knownOutcome(t.Attempts[iv.attempt-1].Outcome)
+	})
+	slices.SortStableFunc(ivs, func(a, b interval) int { return a.start.Compare(b.start) })
+	return ivs
+}
+
+// knownOutcome reports whether outcome is one an attempt may end with.
+func knownOutcome(outcome string) bool {
+	return outcome == task.OutcomeFailed || outcome == task.OutcomeRequeued || outcome == task.OutcomeExpired
+}
+
+// hasCurrent reports whether t's columns hold an attempt of their own: t
+// is running or done under a lease, and no earlier attempt has its fence.
+func hasCurrent(t Task) bool {
+	return (t.State == task.StateRunning || t.State == task.StateDone) &&
+		t.Fence != 0 && !t.StartedAt.IsZero() && attemptWithFence(t, t.Fence) < 0
+}
+
+// attemptWithFence returns the index in t.Attempts of the attempt with
+// fence; -1 when there is none.
+func attemptWithFence(t Task, fence int64) int {
+	return slices.IndexFunc(t.Attempts, func(a task.Attempt) bool { return a.Fence == fence })
+}
+
 // checkCompletion checks that done task t was completed by the holder of
 // its live lease: see RuleTaskCompletion.
-func (v *verifier) checkCompletion(t Task, leases []interval) {
+func (v *verifier) checkCompletion(t Task) {
 	done := fmt.Sprintf("task %d done by %q with fence %d at %s", t.ID, t.Processor, t.Fence, ts(t.ProcessedAt))
-	if t.Processor == "" || t.Fence == 0 || t.ProcessedAt.IsZero() {
-		v.violate(RuleTaskCompletion, "%s: a done task needs a processor, a fence and processed_at", done)
+	if t.Processor == "" || t.ProcessedAt.IsZero() || t.Fence == 0 || t.StartedAt.IsZero() || t.ExpiresAt.IsZero() {
+		v.violate(RuleTaskCompletion, "%s: a done task needs a processor, processed_at and a lease (fence, started_at, must_heartbeat_before)", done)
 		return
 	}
-	i := slices.IndexFunc(leases, func(iv interval) bool { return iv.fence == t.Fence })
-	if i < 0 {
-		v.violate(RuleTaskCompletion, "%s: %s was never acquired with that fence", done, task.LeaseResource(t.ID))
+	if i := attemptWithFence(t, t.Fence); i >= 0 {
+		a := t.Attempts[i]
+		v.violate(RuleTaskCompletion, "%s: the attempt with that fence had ended before, %s at %s (attempt %d by %s)",
+			done, a.Outcome, ts(a.EndedAt), i+1, a.Processor)
 		return
 	}
-	iv := &leases[i]
 	switch {
-	case iv.holder != t.Processor:
-		v.violate(RuleTaskCompletion, "%s: the lease with that fence is %s", done, iv)
-	case t.ProcessedAt.Before(iv.start):
-		v.violate(RuleTaskCompletion, "%s: before its lease was acquired, %s", done, iv)
-	case iv.releasedID == 0:
-		v.violate(RuleTaskCompletion, "%s: the completion did not release its lease, %s", done, iv)
-	case !iv.released.Equal(t.ProcessedAt):
-		v.violate(RuleTaskCompletion, "%s: its lease was released at %s (event %d), not by the completion: %s",
-			done, ts(iv.released), iv.releasedID, iv)
-	case !t.ProcessedAt.Before(iv.expires):
-		v.violate(RuleTaskCompletion, "%s: its lease had expired at %s: %s", done, ts(iv.expires), iv)
+	case t.ProcessedAt.Before(t.StartedAt):
+		v.violate(RuleTaskCompletion, "%s: before its lease was acquired at %s", done, ts(t.StartedAt))
+	case !t.ProcessedAt.Before(t.ExpiresAt):
+		v.violate(RuleTaskCompletion, "%s: its lease had expired at %s", done, ts(t.ExpiresAt))
 	}
 }
 
-// checkReclaimed checks that finished task t was not leased again: see
-// RuleTaskReclaimed.
-func (v *verifier) checkReclaimed(t Task, leases []interval) {
+// checkReclaimed checks that finished task t, with the intervals ivs of
+// its lease, was not leased again: see RuleTaskReclaimed.
+func (v *verifier) checkReclaimed(t Task, ivs []interval) {
 	if t.Fence == 0 || t.ProcessedAt.IsZero() {
 		return
 	}
-	for i := range leases {
-		iv := &leases[i]
+	for i := range ivs {
+		iv := &ivs[i]
 		if iv.fence > t.Fence || (iv.fence != t.Fence && !iv.start.Before(t.ProcessedAt)) {
-			v.violate(RuleTaskReclaimed, "task %d %s at %s with fence %d, yet acquired again: %s",
+			v.violate(RuleTaskReclaimed, "task %d %s at %s with fence %d, yet leased again: %s",
 				t.ID, t.State, ts(t.ProcessedAt), t.Fence, iv)
 		}
 	}
@@ -449,26 +566,17 @@ func (v *verifier) finish() *Report {
 	for _, id := range lost {
 		v.violate(RuleTaskLost, "task %d was inserted but is not in the tasks table", id)
 	}
-	orphans := make([]int64, 0, len(v.taskLeases))
-	for id := range v.taskLeases {
-		orphans = append(orphans, id)
-	}
-	slices.Sort(orphans)
-	for _, id := range orphans {
-		v.violate(RuleTaskLost, "task %d is not in the tasks table, yet its lease was taken: %s", id, &v.taskLeases[id][0])
-	}
 	return v.rep
 }
 
 // checkFencesUnique reports every fence two acquisitions share.
 func (v *verifier) checkFencesUnique() {
 	slices.SortFunc(v.fences, func(a, b fenceUse) int {
-		return cmp.Or(cmp.Compare(a.fence, b.fence), cmp.Compare(a.eventID, b.eventID))
+		return cmp.Or(cmp.Compare(a.fence, b.fence), cmp.Compare(a.attempt, b.attempt), cmp.Compare(a.id, b.id))
 	})
 	for i := 1; i < len(v.fences); i++ {
 		if a, b := v.fences[i-1], v.fences[i]; a.fence == b.fence {
-			v.violate(RuleFenceReused, "fence %d given twice: %s (event %d) and %s (event %d)",
-				a.fence, a.resource, a.eventID, b.resource, b.eventID)
+			v.violate(RuleFenceReused, "fence %d given twice: %s and %s", a.fence, a, b)
 		}
 	}
 }
@@ -484,9 +592,9 @@ func (v *verifier) judgeExpiry(x *interval) {
 	}
 	late := ""
 	switch {
-	case x.expiredID != 0:
+	case !x.announced.IsZero():
 		if x.announced.After(deadline) {
-			late = fmt.Sprintf("announced at %s (event %d), %s after its expires_at", ts(x.announced), x.expiredID, x.announced.Sub(x.expires))
+			late = fmt.Sprintf("announced at %s%s, %s after its expires_at", ts(x.announced), x.record(x.expiredID), x.announced.Sub(x.expires))
 		}
 	case !x.next.IsZero():
 		if x.next.After(deadline) {

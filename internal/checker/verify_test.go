@@ -86,10 +86,17 @@ func (h *history) History() checker.History {
 	return checker.History{Events: h.events, Tasks: h.tasks, ReadAt: ms(h.readAt)}
 }
 
+// attempt is an entry of a hand-made task's earlier_attempts.
+func attempt(processor string, fence int64, started, expires, ended int, outcome string) task.Attempt {
+	return task.Attempt{Processor: processor, Fence: fence, StartedAt: ms(started), ExpiresAt: ms(expires),
+		EndedAt: ms(ended), Outcome: outcome}
+}
+
 // clean is a history that keeps every guarantee, read at 20 s: a reaper
 // from 0 to 10 s, two resources' worth of acquisitions, renewals, releases
-// and expiries (one announced, two taken over before they were due), a
-// generator, and three tasks: done, done after a lapsed lease, and dead.
+// and expiries (one announced, one taken over before it was due), a
+// generator, and three tasks: done after a hand-back, done after a lapsed
+// lease that a claim took, and dead.
 func clean() (*history, checker.Options) {
 	h := &history{readAt: 20000}
 	r := h.acquire(reaper.Resource, "r1", 10, 0, 5000)
@@ -110,24 +117,38 @@ func clean() (*history, checker.Options) {
 	g := h.acquire(generator.Resource, "g1", 60, 200, 5000)
 	g.release(5000)
 
-	// Task 1: claimed by w1, completed.
-	w := h.acquire("task:1", "w1", 70, 1000, 30000)
-	w.release(2000)
-	h.tasks = append(h.tasks, checker.Task{ID: 1, State: task.StateDone, Processor: "w1", Fence: 70,
-		CreatedAt: ms(50), ProcessedAt: ms(2000)})
-	// Task 2: generated; w1's lease lapsed at 1400, w2 took it over and completed it.
-	h.acquire("task:2", "w1", 80, 400, 1000)
-	w = h.acquire("task:2", "w2", 90, 1450, 30000)
-	w.release(1600)
-	h.tasks = append(h.tasks, checker.Task{ID: 2, State: task.StateDone, Processor: "w2", Fence: 90,
-		CreatedAt: ms(300), ProcessedAt: ms(1600), GeneratorFence: 60})
-	// Task 3: failed on its only attempt.
-	w = h.acquire("task:3", "w2", 100, 2100, 30000)
-	w.release(2200)
-	h.tasks = append(h.tasks, checker.Task{ID: 3, State: task.StateDead, Processor: "w2", Fence: 100,
-		CreatedAt: ms(2000), ProcessedAt: ms(2200)})
+	// Task 1: handed back by w0 (shutting down), claimed by w1, completed.
+	h.tasks = append(h.tasks, checker.Task{ID: 1, State: task.StateDone,
+		Processor: "w1", Fence: 70, StartedAt: ms(1000), ExpiresAt: ms(31000),
+		CreatedAt: ms(50), ProcessedAt: ms(2000),
+		Attempts: []task.Attempt{attempt("w0", 65, 900, 30900, 950, task.OutcomeRequeued)}})
+	// Task 2: generated; w1's lease lapsed at 1400, w2 took it over (which
+	// announced the lapse) and completed it.
+	h.tasks = append(h.tasks, checker.Task{ID: 2, State: task.StateDone,
+		Processor: "w2", Fence: 90, StartedAt: ms(1450), ExpiresAt: ms(31450),
+		CreatedAt: ms(300), ProcessedAt: ms(1600), GeneratorFence: 60,
+		Attempts: []task.Attempt{attempt("w1", 80, 400, 1400, 1450, task.OutcomeExpired)}})
+	// Task 3: failed on its only attempt, which its columns still show.
+	h.tasks = append(h.tasks, checker.Task{ID: 3, State: task.StateDead,
+		Processor: "w2", Fence: 100, StartedAt: ms(2100),
+		CreatedAt: ms(2000), ProcessedAt: ms(2200),
+		Attempts: []task.Attempt{attempt("w2", 100, 2100, 32100, 2200, task.OutcomeFailed)}})
 
 	return h, checker.Options{ExpectedTasks: []int64{1, 2, 3}}
+}
+
+// running is a hand-made task running under w3's lease [started, expires).
+func running(id int64, started, expires int) checker.Task {
+	return checker.Task{ID: id, State: task.StateRunning, Processor: "w3", Fence: 200 + id,
+		StartedAt: ms(started), ExpiresAt: ms(expires), CreatedAt: ms(started - 10)}
+}
+
+// pending is a hand-made task back to pending after attempts, whose
+// columns repeat its last attempt, as the database leaves them.
+func pending(id int64, attempts ...task.Attempt) checker.Task {
+	last := attempts[len(attempts)-1]
+	return checker.Task{ID: id, State: task.StatePending, Processor: last.Processor, Fence: last.Fence,
+		StartedAt: last.StartedAt, CreatedAt: attempts[0].StartedAt.Add(-time.Millisecond), Attempts: attempts}
 }
 
 func TestVerifyClean(t *testing.T) {
@@ -138,7 +159,7 @@ func TestVerifyClean(t *testing.T) {
 		t.Fatalf("violations in a clean history: %v", rep.Violations)
 	}
 	want := checker.Report{
-		ReadAt: ms(20000), Events: len(h.events), Resources: 6, Acquisitions: 10,
+		ReadAt: ms(20000), Events: len(h.events), Resources: 6, Acquisitions: 11, TaskAttempts: 5,
 		Expiries: 3, ExpiriesJudged: 3, TasksDone: 2, TasksDead: 1, Generated: 1,
 	}
 	if !reflect.DeepEqual(*rep, want) {
@@ -189,40 +210,95 @@ func TestVerifyViolations(t *testing.T) {
 		},
 		want: []string{checker.RuleOrphanEvent},
 	}, {
-		name: "a completion by a non-holder",
+		name: "task attempts that overlap",
 		mutate: func(t *testing.T, h *history, _ *checker.Options) {
-			h.task(t, 1).Processor = "w9"
+			h.task(t, 1).Attempts[0].EndedAt = ms(1500) // handed back after w1's claim at 1000
+		},
+		want: []string{checker.RuleOverlap},
+		check: func(t *testing.T, rep *checker.Report) {
+			d := rep.Violations[0].Detail
+			for _, want := range []string{"task:1 by w1 with fence 70", "(attempt 2)", "task:1 by w0 with fence 65", "(attempt 1)"} {
+				if !strings.Contains(d, want) {
+					t.Errorf("detail %q does not name %q", d, want)
+				}
+			}
+		},
+	}, {
+		name: "task attempts whose fences go backwards",
+		mutate: func(t *testing.T, h *history, opts *checker.Options) {
+			h.tasks = append(h.tasks, pending(5, attempt("w1", 120, 3000, 33000, 3100, task.OutcomeRequeued),
+				attempt("w2", 115, 3200, 33200, 3300, task.OutcomeRequeued)))
+			opts.AllowUnfinished = true
+		},
+		want: []string{checker.RuleFenceOrder},
+	}, {
+		name: "a task attempt with a lease's fence",
+		mutate: func(t *testing.T, h *history, _ *checker.Options) {
+			h.task(t, 1).Attempts[0].Fence = 30 // b's on res:a
+		},
+		want: []string{checker.RuleFenceReused},
+		check: func(t *testing.T, rep *checker.Report) {
+			if d := rep.Violations[0].Detail; !strings.Contains(d, "res:a (event ") || !strings.Contains(d, "task:1 (attempt 1)") {
+				t.Errorf("detail %q does not name both acquisitions", d)
+			}
+		},
+	}, {
+		name: "a task attempt of no known outcome",
+		mutate: func(t *testing.T, h *history, _ *checker.Options) {
+			h.task(t, 1).Attempts[0].Outcome = "vanished"
+		},
+		want: []string{checker.RuleOrphanEvent},
+	}, {
+		name: "a completion without a lease",
+		mutate: func(t *testing.T, h *history, _ *checker.Options) {
+			tk := h.task(t, 1)
+			tk.Fence, tk.StartedAt = 0, time.Time{}
 		},
 		want: []string{checker.RuleTaskCompletion},
 	}, {
-		// A stale completion is both: its interval did not end with it, and
-		// the task was leased again after it.
-		name: "a completion with a stale fence",
+		// The row of a stale completion: the columns show w1's attempt,
+		// which had lapsed; it is not counted as a second interval.
+		name: "a completion of an attempt that had ended",
 		mutate: func(t *testing.T, h *history, _ *checker.Options) {
 			tk := h.task(t, 2)
-			tk.Processor, tk.Fence = "w1", 80
+			tk.Processor, tk.Fence, tk.StartedAt, tk.ExpiresAt = "w1", 80, ms(400), ms(1400)
 		},
-		want: []string{checker.RuleTaskCompletion, checker.RuleTaskReclaimed},
+		want: []string{checker.RuleTaskCompletion},
+		check: func(t *testing.T, rep *checker.Report) {
+			if rep.TaskAttempts != 4 {
+				t.Errorf("TaskAttempts = %d, want 4", rep.TaskAttempts)
+			}
+		},
 	}, {
-		name: "a completion after the interval was released",
+		name: "a completion before its lease was acquired",
 		mutate: func(t *testing.T, h *history, _ *checker.Options) {
-			h.task(t, 1).ProcessedAt = ms(2500) // released at 2000
+			h.task(t, 1).StartedAt = ms(2500) // completed at 2000
 		},
 		want: []string{checker.RuleTaskCompletion},
 	}, {
 		name: "a completion at the instant the lease expired",
 		mutate: func(t *testing.T, h *history, _ *checker.Options) {
-			w := h.acquire("task:4", "w1", 110, 6000, 1000)
-			w.release(7000)
-			h.tasks = append(h.tasks, checker.Task{ID: 4, State: task.StateDone, Processor: "w1", Fence: 110,
-				CreatedAt: ms(5500), ProcessedAt: ms(7000)})
+			h.task(t, 1).ExpiresAt = ms(2000)
 		},
 		want: []string{checker.RuleTaskCompletion},
 	}, {
-		name: "a task completed, then acquired again",
+		name: "a completion after the lease expired",
 		mutate: func(t *testing.T, h *history, _ *checker.Options) {
-			w := h.acquire("task:1", "w3", 110, 3000, 30000)
-			w.release(3100)
+			h.task(t, 1).ExpiresAt = ms(1900)
+		},
+		want: []string{checker.RuleTaskCompletion},
+	}, {
+		name: "a task completed, then leased again",
+		mutate: func(t *testing.T, h *history, _ *checker.Options) {
+			tk := h.task(t, 1) // completed at 2000
+			tk.Attempts = append(tk.Attempts, attempt("w3", 66, 2500, 32500, 2600, task.OutcomeRequeued))
+		},
+		want: []string{checker.RuleTaskReclaimed},
+	}, {
+		name: "a dead task leased again",
+		mutate: func(t *testing.T, h *history, _ *checker.Options) {
+			tk := h.task(t, 3) // dead at 2200 with fence 100
+			tk.Attempts = append(tk.Attempts, attempt("w3", 110, 3000, 4000, 4100, task.OutcomeExpired))
 		},
 		want: []string{checker.RuleTaskReclaimed},
 	}, {
@@ -232,31 +308,63 @@ func TestVerifyViolations(t *testing.T) {
 		},
 		want: []string{checker.RuleTaskLost},
 	}, {
-		name: "a lease of a task that does not exist",
-		mutate: func(t *testing.T, h *history, _ *checker.Options) {
-			w := h.acquire("task:9", "w1", 110, 3000, 30000)
-			w.release(3100)
-		},
-		want: []string{checker.RuleTaskLost},
-	}, {
 		name: "an unfinished task",
 		mutate: func(t *testing.T, h *history, _ *checker.Options) {
-			tk := h.task(t, 3)
-			tk.State, tk.ProcessedAt = task.StateRunning, time.Time{}
+			h.tasks = append(h.tasks, running(4, 19000, 49000))
 		},
 		want: []string{checker.RuleTaskUnfinished},
 	}, {
-		name: "an unfinished task, allowed",
+		// The pending task's columns repeat its last attempt: counted twice,
+		// its fence would be given twice.
+		name: "unfinished tasks, allowed",
 		mutate: func(t *testing.T, h *history, opts *checker.Options) {
-			tk := h.task(t, 3)
-			tk.State, tk.ProcessedAt = task.StateRunning, time.Time{}
+			h.tasks = append(h.tasks, running(4, 19000, 49000),
+				pending(5, attempt("w3", 120, 5000, 35000, 5100, task.OutcomeRequeued)))
 			opts.AllowUnfinished = true
 		},
 		check: func(t *testing.T, rep *checker.Report) {
-			if rep.TasksOther != 1 {
-				t.Errorf("TasksOther = %d, want 1", rep.TasksOther)
+			if rep.TasksOther != 2 || rep.TaskAttempts != 7 {
+				t.Errorf("TasksOther = %d, TaskAttempts = %d; want 2 and 7", rep.TasksOther, rep.TaskAttempts)
 			}
 		},
+	}, {
+		name: "a task lease's lapse announced late while a reaper ran",
+		mutate: func(t *testing.T, h *history, _ *checker.Options) {
+			// w1's lease lapsed at 1400; w2's claim took it 1.1 s later.
+			tk := h.task(t, 2)
+			tk.Attempts[0].EndedAt = ms(2500)
+			tk.StartedAt, tk.ExpiresAt, tk.ProcessedAt = ms(2500), ms(32500), ms(2600)
+		},
+		want: []string{checker.RuleExpiryLate},
+		check: func(t *testing.T, rep *checker.Report) {
+			if d := rep.Violations[0].Detail; !strings.Contains(d, "task:2 by w1 with fence 80") {
+				t.Errorf("detail %q does not name w1's attempt", d)
+			}
+		},
+	}, {
+		name: "a task lease's lapse never announced while a reaper ran",
+		mutate: func(t *testing.T, h *history, opts *checker.Options) {
+			h.tasks = append(h.tasks, running(4, 3000, 4000))
+			opts.AllowUnfinished = true
+		},
+		want: []string{checker.RuleExpiryLate},
+	}, {
+		name: "a task lease's lapse never announced, after the reaper stopped",
+		mutate: func(t *testing.T, h *history, opts *checker.Options) {
+			h.tasks = append(h.tasks, running(4, 11000, 12000)) // the reaper released at 10000
+			opts.AllowUnfinished = true
+		},
+		check: func(t *testing.T, rep *checker.Report) {
+			if rep.Expiries != 4 || rep.ExpiriesNotJudged != 1 {
+				t.Errorf("expiries %d, not judged %d; want 4 and 1", rep.Expiries, rep.ExpiriesNotJudged)
+			}
+		},
+	}, {
+		name: "a task lease's lapse announced before it was due",
+		mutate: func(t *testing.T, h *history, _ *checker.Options) {
+			h.task(t, 2).Attempts[0].EndedAt = ms(1300) // it lapses at 1400
+		},
+		want: []string{checker.RuleExpiryEarly},
 	}, {
 		name: "a generated task inserted after its generator lease ended",
 		mutate: func(t *testing.T, h *history, _ *checker.Options) {
@@ -370,7 +478,7 @@ func TestWriteText(t *testing.T) {
 	if err := checker.Verify(h.History(), opts).WriteText(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"acquisitions 10", "expiries 3: judged 3, not judged 0", "done 2, dead 1", "no violations"} {
+	for _, want := range []string{"acquisitions 11 (task attempts 5)", "expiries 3: judged 3, not judged 0", "done 2, dead 1", "no violations"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("clean report lacks %q:\n%s", want, b.String())
 		}

@@ -64,10 +64,13 @@ type Task struct {
 	LastError           *string
 	CreatedAt           time.Time
 	GeneratorFence      *int64
+	TTLSeconds          *int32
+	EarlierAttempts     []byte
 }
 
 type TaskWaiter struct {
-	Pid    int32
-	Waiter string
-	Since  time.Time
+	Pid        int32
+	Waiter     string
+	Since      time.Time
+	AllChanges bool
 }

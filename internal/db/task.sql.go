@@ -15,7 +15,9 @@ WITH buried AS (
     UPDATE tasks AS b
     SET state = 'dead',
         processed_at = now(),
-        last_error = coalesce(b.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)')
+        last_error = coalesce(b.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)'),
+        earlier_attempts = b.earlier_attempts || task_attempt(b, 'expired'),
+        must_heartbeat_before = NULL
     WHERE b.id IN (
             SELECT x.id FROM tasks AS x
             WHERE x.state = 'running'
@@ -28,13 +30,13 @@ due AS (
     SELECT c.id, c.scheduled_at FROM tasks AS c
     WHERE c.state = 'pending' AND c.scheduled_at <= now()
     ORDER BY c.scheduled_at, c.id
-    LIMIT cardinality($1::text[])
+    LIMIT cardinality($2::text[])
     FOR UPDATE SKIP LOCKED
 ),
 lapsed AS (
     SELECT r.id, r.scheduled_at FROM tasks AS r
     WHERE r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
-    LIMIT cardinality($1::text[])
+    LIMIT cardinality($2::text[])
     FOR UPDATE SKIP LOCKED
 ),
 picked AS (
@@ -46,57 +48,44 @@ picked AS (
 assigned AS (
     SELECT picked.id, w.processor
     FROM picked
-    JOIN unnest($1::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
-),
-leased AS (
-    INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
-    SELECT 'task:' || a.id, a.processor, nextval('lease_fence_seq'), $2::integer,
-           now() + make_interval(secs => $2::integer)
-    FROM assigned AS a
-    ON CONFLICT (resource) DO UPDATE
-    SET holder      = excluded.holder,
-        -- A fence drawn now, under the row lock: one drawn when the
-        -- statement began could be older than a fence another acquirer
-        -- took while this one waited for the lock.
-        fence       = nextval('lease_fence_seq'),
-        ttl_seconds = excluded.ttl_seconds,
-        created_at  = clock_timestamp(),
-        renewed_at  = NULL,
-        released_at = NULL,
-        expired_at  = NULL,
-        expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
-    WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
-    RETURNING substr(l.resource, 6)::bigint AS task_id, l.holder, l.fence, l.expires_at
+    JOIN unnest($2::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
 )
 UPDATE tasks AS t
 SET state = 'running',
-    processor = leased.holder,
-    fence = leased.fence,
+    earlier_attempts = CASE WHEN t.state = 'running' THEN t.earlier_attempts || task_attempt(t, 'expired')
+                            ELSE t.earlier_attempts END,
+    processor = a.processor,
+    -- Drawn now, under the row lock: the fence of every earlier attempt
+    -- was drawn before it.
+    fence = nextval('lease_fence_seq'),
+    ttl_seconds = $1::integer,
     attempts = t.attempts + 1,
     started_at = now(),
     last_heartbeat_at = now(),
-    must_heartbeat_before = leased.expires_at
-FROM leased
-WHERE t.id = leased.task_id
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence
+    must_heartbeat_before = now() + make_interval(secs => $1::integer)
+FROM assigned AS a
+WHERE t.id = a.id
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
 `
 
 type TaskClaimParams struct {
-	Processors []string
 	TTLSeconds int32
+	Processors []string
 }
 
 // TaskClaim claims up to one task per processor named, oldest schedule
-// first, each under a new lease 'task:<id>' (a new fence, TTL ttl_seconds)
-// taken in the same statement: pending tasks that are due, and running
-// tasks whose lease lapsed (the claim counts an attempt either way). Lapsed
-// tasks that have used all their attempts are declared dead instead.
+// first, each under a new lease held in the task's row (a new fence from
+// lease_fence_seq, drawn under the row lock; TTL ttl_seconds): pending
+// tasks that are due, and running tasks whose lease lapsed before a reaper
+// put them back (the claim counts an attempt either way, and records the
+// lapsed one in earlier_attempts). Lapsed tasks that have used all their
+// attempts are declared dead instead.
 // Two index-driven picks (an OR of the two would scan every claimable row):
 // due pending tasks by schedule, and lapsed running ones. Each locks at
 // most one row per processor; rows not used stay locked only until this
 // statement commits.
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, error) {
-	rows, err := q.db.Query(ctx, taskClaim, arg.Processors, arg.TTLSeconds)
+	rows, err := q.db.Query(ctx, taskClaim, arg.TTLSeconds, arg.Processors)
 	if err != nil {
 		return nil, err
 	}
@@ -121,6 +110,8 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, e
 			&i.LastError,
 			&i.CreatedAt,
 			&i.GeneratorFence,
+			&i.TTLSeconds,
+			&i.EarlierAttempts,
 		); err != nil {
 			return nil, err
 		}
@@ -133,29 +124,16 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, e
 }
 
 const taskComplete = `-- name: TaskComplete :one
-WITH released AS (
-    UPDATE leases AS l
-    SET released_at = now(),
-        expires_at = now()
-    WHERE l.resource = 'task:' || $2::bigint
-      AND l.holder = $3::text
-      AND ($4::bigint IS NULL OR l.fence = $4::bigint)
-      AND l.released_at IS NULL
-      AND l.expired_at IS NULL
-      AND l.expires_at > now()
-    RETURNING l.fence
-)
 UPDATE tasks AS t
 SET state = 'done',
     processed_at = now(),
-    task_output = $1::jsonb,
-    must_heartbeat_before = NULL
-FROM released
+    task_output = $1::jsonb
 WHERE t.id = $2::bigint
   AND t.state = 'running'
   AND t.processor = $3::text
-  AND t.fence = released.fence
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence
+  AND ($4::bigint IS NULL OR t.fence = $4::bigint)
+  AND t.must_heartbeat_before > now()
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
 `
 
 type TaskCompleteParams struct {
@@ -165,8 +143,9 @@ type TaskCompleteParams struct {
 	Fence      *int64
 }
 
-// TaskComplete finishes the task with its output and releases its lease,
+// TaskComplete finishes the task with its output, which ends its lease,
 // under the same compare-and-set as TaskHeartbeat: at most once.
+// must_heartbeat_before keeps the expiry the lease had when it ended.
 func (q *Queries) TaskComplete(ctx context.Context, arg TaskCompleteParams) (Task, error) {
 	row := q.db.QueryRow(ctx, taskComplete,
 		arg.TaskOutput,
@@ -192,42 +171,28 @@ func (q *Queries) TaskComplete(ctx context.Context, arg TaskCompleteParams) (Tas
 		&i.LastError,
 		&i.CreatedAt,
 		&i.GeneratorFence,
+		&i.TTLSeconds,
+		&i.EarlierAttempts,
 	)
 	return i, err
 }
 
 const taskCompleteMany = `-- name: TaskCompleteMany :many
-WITH input AS (
-    -- Set-returning functions side by side in a select list advance together.
-    SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS processor,
-           unnest($3::bigint[]) AS fence, unnest($4::jsonb[]) AS output
-    ORDER BY 1
-),
-released AS (
-    UPDATE leases AS l
-    SET released_at = now(),
-        expires_at = now()
-    FROM input
-    WHERE l.resource = 'task:' || input.id
-      AND l.holder = input.processor
-      AND l.fence = input.fence
-      AND l.released_at IS NULL
-      AND l.expired_at IS NULL
-      AND l.expires_at > now()
-    RETURNING input.id, l.fence
-)
 UPDATE tasks AS t
 SET state = 'done',
     processed_at = now(),
-    task_output = input.output,
-    must_heartbeat_before = NULL
-FROM released
-JOIN input ON input.id = released.id
-WHERE t.id = released.id
+    task_output = input.output
+FROM (
+    -- Set-returning functions side by side in a select list advance together.
+    SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS processor,
+           unnest($3::bigint[]) AS fence, unnest($4::jsonb[]) AS output
+) AS input
+WHERE t.id = input.id
   AND t.state = 'running'
   AND t.processor = input.processor
-  AND t.fence = released.fence
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence
+  AND t.fence = input.fence
+  AND t.must_heartbeat_before > now()
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
 `
 
 type TaskCompleteManyParams struct {
@@ -239,8 +204,7 @@ type TaskCompleteManyParams struct {
 
 // TaskCompleteMany is TaskComplete for many tasks in one statement (one
 // commit), each under its own compare-and-set: the tasks it returns were
-// completed, the others were not (lease lost, or already processed). Rows
-// are locked in id order, so two batches cannot deadlock each other.
+// completed, the others were not (lease lost, or already processed).
 func (q *Queries) TaskCompleteMany(ctx context.Context, arg TaskCompleteManyParams) ([]Task, error) {
 	rows, err := q.db.Query(ctx, taskCompleteMany,
 		arg.Ids,
@@ -272,6 +236,8 @@ func (q *Queries) TaskCompleteMany(ctx context.Context, arg TaskCompleteManyPara
 			&i.LastError,
 			&i.CreatedAt,
 			&i.GeneratorFence,
+			&i.TTLSeconds,
+			&i.EarlierAttempts,
 		); err != nil {
 			return nil, err
 		}
@@ -284,18 +250,6 @@ func (q *Queries) TaskCompleteMany(ctx context.Context, arg TaskCompleteManyPara
 }
 
 const taskFail = `-- name: TaskFail :one
-WITH released AS (
-    UPDATE leases AS l
-    SET released_at = now(),
-        expires_at = now()
-    WHERE l.resource = 'task:' || $5::bigint
-      AND l.holder = $6::text
-      AND ($7::bigint IS NULL OR l.fence = $7::bigint)
-      AND l.released_at IS NULL
-      AND l.expired_at IS NULL
-      AND l.expires_at > now()
-    RETURNING l.fence
-)
 UPDATE tasks AS t
 SET state = CASE WHEN NOT $1::boolean AND t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
     attempts = CASE WHEN $1::boolean THEN t.attempts - 1 ELSE t.attempts END,
@@ -306,13 +260,15 @@ SET state = CASE WHEN NOT $1::boolean AND t.attempts >= t.max_attempts THEN 'dea
     END,
     processed_at = CASE WHEN NOT $1::boolean AND t.attempts >= t.max_attempts THEN now() END,
     last_error = $4::text,
+    earlier_attempts = t.earlier_attempts
+        || task_attempt(t, CASE WHEN $1::boolean THEN 'requeued' ELSE 'failed' END),
     must_heartbeat_before = NULL
-FROM released
 WHERE t.id = $5::bigint
   AND t.state = 'running'
   AND t.processor = $6::text
-  AND t.fence = released.fence
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence
+  AND ($7::bigint IS NULL OR t.fence = $7::bigint)
+  AND t.must_heartbeat_before > now()
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
 `
 
 type TaskFailParams struct {
@@ -325,12 +281,12 @@ type TaskFailParams struct {
 	Fence             *int64
 }
 
-// TaskFail records a failed attempt and releases the task's lease, under
-// the same compare-and-set: back to pending after an exponential backoff
-// with jitter (base_seconds × 2^(attempts−1), at most max_backoff_seconds,
+// TaskFail records a failed attempt, which ends its lease, under the same
+// compare-and-set: back to pending after an exponential backoff with
+// jitter (base_seconds × 2^(attempts−1), at most max_backoff_seconds,
 // times 0.5–1.0), or dead when the attempts are used up. With requeue, the
 // attempt is not counted and the task is due at once (a worker shutting
-// down hands it back).
+// down hands it back). The attempt goes to earlier_attempts either way.
 func (q *Queries) TaskFail(ctx context.Context, arg TaskFailParams) (Task, error) {
 	row := q.db.QueryRow(ctx, taskFail,
 		arg.Requeue,
@@ -359,12 +315,14 @@ func (q *Queries) TaskFail(ctx context.Context, arg TaskFailParams) (Task, error
 		&i.LastError,
 		&i.CreatedAt,
 		&i.GeneratorFence,
+		&i.TTLSeconds,
+		&i.EarlierAttempts,
 	)
 	return i, err
 }
 
 const taskGet = `-- name: TaskGet :one
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence FROM tasks WHERE id = $1
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts FROM tasks WHERE id = $1
 `
 
 func (q *Queries) TaskGet(ctx context.Context, id int64) (Task, error) {
@@ -387,32 +345,22 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (Task, error) {
 		&i.LastError,
 		&i.CreatedAt,
 		&i.GeneratorFence,
+		&i.TTLSeconds,
+		&i.EarlierAttempts,
 	)
 	return i, err
 }
 
 const taskHeartbeat = `-- name: TaskHeartbeat :one
-WITH renewed AS (
-    UPDATE leases AS l
-    SET renewed_at = now(),
-        expires_at = now() + make_interval(secs => l.ttl_seconds)
-    WHERE l.resource = 'task:' || $1::bigint
-      AND l.holder = $2::text
-      AND ($3::bigint IS NULL OR l.fence = $3::bigint)
-      AND l.released_at IS NULL
-      AND l.expired_at IS NULL
-      AND l.expires_at > now()
-    RETURNING l.fence, l.expires_at
-)
 UPDATE tasks AS t
 SET last_heartbeat_at = now(),
-    must_heartbeat_before = renewed.expires_at
-FROM renewed
+    must_heartbeat_before = now() + make_interval(secs => t.ttl_seconds)
 WHERE t.id = $1::bigint
   AND t.state = 'running'
   AND t.processor = $2::text
-  AND t.fence = renewed.fence
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence
+  AND ($3::bigint IS NULL OR t.fence = $3::bigint)
+  AND t.must_heartbeat_before > now()
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
 `
 
 type TaskHeartbeatParams struct {
@@ -423,7 +371,8 @@ type TaskHeartbeatParams struct {
 
 // TaskHeartbeat renews the task's lease for its processor: a
 // compare-and-set on (processor, fence when given, lease live). No row:
-// the task is not this processor's, is finished, or its lease lapsed.
+// the task is not this processor's, is finished, or its lease lapsed. It
+// writes no indexed column, so it is a heap-only update.
 func (q *Queries) TaskHeartbeat(ctx context.Context, arg TaskHeartbeatParams) (Task, error) {
 	row := q.db.QueryRow(ctx, taskHeartbeat, arg.ID, arg.Processor, arg.Fence)
 	var i Task
@@ -444,6 +393,8 @@ func (q *Queries) TaskHeartbeat(ctx context.Context, arg TaskHeartbeatParams) (T
 		&i.LastError,
 		&i.CreatedAt,
 		&i.GeneratorFence,
+		&i.TTLSeconds,
+		&i.EarlierAttempts,
 	)
 	return i, err
 }
@@ -455,7 +406,7 @@ FROM unnest($1::jsonb[]) WITH ORDINALITY AS d (v, i)
 JOIN unnest($2::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
 JOIN unnest($3::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
 ORDER BY d.i
-RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence
+RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts
 `
 
 type TaskInsertParams struct {
@@ -493,6 +444,8 @@ func (q *Queries) TaskInsert(ctx context.Context, arg TaskInsertParams) ([]Task,
 			&i.LastError,
 			&i.CreatedAt,
 			&i.GeneratorFence,
+			&i.TTLSeconds,
+			&i.EarlierAttempts,
 		); err != nil {
 			return nil, err
 		}
@@ -520,7 +473,7 @@ SELECT d.v, live.fence
 FROM unnest($1::jsonb[]) AS d (v)
 CROSS JOIN live
 JOIN generator_state AS g ON g.started
-RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence
+RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts
 `
 
 type TaskInsertGeneratedParams struct {
@@ -559,6 +512,8 @@ func (q *Queries) TaskInsertGenerated(ctx context.Context, arg TaskInsertGenerat
 			&i.LastError,
 			&i.CreatedAt,
 			&i.GeneratorFence,
+			&i.TTLSeconds,
+			&i.EarlierAttempts,
 		); err != nil {
 			return nil, err
 		}
@@ -571,7 +526,7 @@ func (q *Queries) TaskInsertGenerated(ctx context.Context, arg TaskInsertGenerat
 }
 
 const taskList = `-- name: TaskList :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence FROM tasks
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts FROM tasks
 WHERE id > $1
   AND CASE $2::text
           WHEN 'processed' THEN state IN ('done', 'dead')
@@ -616,6 +571,8 @@ func (q *Queries) TaskList(ctx context.Context, arg TaskListParams) ([]Task, err
 			&i.LastError,
 			&i.CreatedAt,
 			&i.GeneratorFence,
+			&i.TTLSeconds,
+			&i.EarlierAttempts,
 		); err != nil {
 			return nil, err
 		}
@@ -628,7 +585,7 @@ func (q *Queries) TaskList(ctx context.Context, arg TaskListParams) ([]Task, err
 }
 
 const taskListDead = `-- name: TaskListDead :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence FROM tasks
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts FROM tasks
 WHERE state = 'dead'
 ORDER BY processed_at DESC, id DESC
 LIMIT $1
@@ -661,6 +618,8 @@ func (q *Queries) TaskListDead(ctx context.Context, rowLimit int32) ([]Task, err
 			&i.LastError,
 			&i.CreatedAt,
 			&i.GeneratorFence,
+			&i.TTLSeconds,
+			&i.EarlierAttempts,
 		); err != nil {
 			return nil, err
 		}
@@ -673,7 +632,7 @@ func (q *Queries) TaskListDead(ctx context.Context, rowLimit int32) ([]Task, err
 }
 
 const taskListRunning = `-- name: TaskListRunning :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence FROM tasks
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts FROM tasks
 WHERE state = 'running'
 ORDER BY id
 LIMIT $1
@@ -706,6 +665,8 @@ func (q *Queries) TaskListRunning(ctx context.Context, rowLimit int32) ([]Task, 
 			&i.LastError,
 			&i.CreatedAt,
 			&i.GeneratorFence,
+			&i.TTLSeconds,
+			&i.EarlierAttempts,
 		); err != nil {
 			return nil, err
 		}
@@ -737,6 +698,88 @@ func (q *Queries) TaskNextDue(ctx context.Context) (TaskNextDueRow, error) {
 	var i TaskNextDueRow
 	err := row.Scan(&i.NextDue, &i.DBNow)
 	return i, err
+}
+
+const taskNextLapse = `-- name: TaskNextLapse :one
+SELECT coalesce(task_next_lapse($1::integer), now() + interval '1 hour')::timestamptz AS next_lapse
+`
+
+// TaskNextLapse tells the reaper when the earliest running task's lease
+// runs out (an hour from now when none runs: a claim that expires sooner
+// than every running task arrives by NOTIFY), read after every claim that
+// skipped that NOTIFY has committed (schema/0009, task_next_lapse).
+// Running tasks are few: one per busy worker.
+func (q *Queries) TaskNextLapse(ctx context.Context, waitMs int32) (time.Time, error) {
+	row := q.db.QueryRow(ctx, taskNextLapse, waitMs)
+	var next_lapse time.Time
+	err := row.Scan(&next_lapse)
+	return next_lapse, err
+}
+
+const taskRequeueLapsed = `-- name: TaskRequeueLapsed :many
+UPDATE tasks AS t
+SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
+    processed_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
+    last_error = CASE WHEN t.attempts >= t.max_attempts
+                      THEN coalesce(t.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)')
+                      ELSE t.last_error END,
+    earlier_attempts = t.earlier_attempts || task_attempt(t, 'expired'),
+    must_heartbeat_before = NULL
+WHERE t.id IN (
+        SELECT x.id FROM tasks AS x
+        WHERE x.state = 'running' AND x.must_heartbeat_before <= now()
+        ORDER BY x.id
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED)
+  AND t.state = 'running'
+  AND t.must_heartbeat_before <= now()
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
+`
+
+// TaskRequeueLapsed is the reaper's announcement of lapsed task leases: up
+// to batch_size running tasks whose lease ran out go back to pending (due
+// at their old schedule, so first in line) or, when they have used their
+// attempts, dead; the lapsed attempt goes to earlier_attempts. The
+// statement trigger NOTIFYs 'requeued' (and 'finished'), which wakes the
+// workers. Tasks being changed right now are skipped; the next pass takes
+// them.
+func (q *Queries) TaskRequeueLapsed(ctx context.Context, batchSize int32) ([]Task, error) {
+	rows, err := q.db.Query(ctx, taskRequeueLapsed, batchSize)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Task{}
+	for rows.Next() {
+		var i Task
+		if err := rows.Scan(
+			&i.ID,
+			&i.TaskData,
+			&i.State,
+			&i.ScheduledAt,
+			&i.Processor,
+			&i.Fence,
+			&i.Attempts,
+			&i.MaxAttempts,
+			&i.LastHeartbeatAt,
+			&i.MustHeartbeatBefore,
+			&i.StartedAt,
+			&i.ProcessedAt,
+			&i.TaskOutput,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.GeneratorFence,
+			&i.TTLSeconds,
+			&i.EarlierAttempts,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const taskStats = `-- name: TaskStats :one

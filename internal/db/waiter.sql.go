@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 )
 
 const waiterBarrier = `-- name: WaiterBarrier :exec
@@ -25,16 +26,22 @@ const waiterList = `-- name: WaiterList :many
 SELECT pid, waiter, since FROM task_waiters ORDER BY since, pid, waiter
 `
 
+type WaiterListRow struct {
+	Pid    int32
+	Waiter string
+	Since  time.Time
+}
+
 // WaiterList is every registered waiter, oldest first.
-func (q *Queries) WaiterList(ctx context.Context) ([]TaskWaiter, error) {
+func (q *Queries) WaiterList(ctx context.Context) ([]WaiterListRow, error) {
 	rows, err := q.db.Query(ctx, waiterList)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []TaskWaiter{}
+	items := []WaiterListRow{}
 	for rows.Next() {
-		var i TaskWaiter
+		var i WaiterListRow
 		if err := rows.Scan(&i.Pid, &i.Waiter, &i.Since); err != nil {
 			return nil, err
 		}
@@ -60,19 +67,21 @@ func (q *Queries) WaiterPrune(ctx context.Context) (int64, error) {
 }
 
 const waiterRegister = `-- name: WaiterRegister :exec
-SELECT task_waiter_register($1::text, $2::integer)
+SELECT task_waiter_register($1::text, $2::integer, $3::boolean)
 `
 
 type WaiterRegisterParams struct {
 	Waiter      string
 	ListenerPid int32
+	AllChanges  bool
 }
 
-// WaiterRegister records that waiter waits for inserted tasks on the LISTEN
-// session listener_pid, so that inserts notify from now on, and deletes the
-// rows of sessions that have ended. WaiterBarrier comes next.
+// WaiterRegister records that waiter waits for inserted tasks (with
+// all_changes, also for claims and completions) on the LISTEN session
+// listener_pid, so that those notify from now on, and deletes the rows of
+// sessions that have ended. WaiterBarrier comes next.
 func (q *Queries) WaiterRegister(ctx context.Context, arg WaiterRegisterParams) error {
-	_, err := q.db.Exec(ctx, waiterRegister, arg.Waiter, arg.ListenerPid)
+	_, err := q.db.Exec(ctx, waiterRegister, arg.Waiter, arg.ListenerPid, arg.AllChanges)
 	return err
 }
 

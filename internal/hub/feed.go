@@ -106,8 +106,9 @@ type feed struct {
 	resynced  bool           // the listener resynced: catch up on missed events
 
 	tasksDirty bool
-	// waiter registers the hub for inserted tasks while it has clients
-	// (inserts notify only while someone waits). It is registered before
+	// waiter registers the hub for task changes while it has clients
+	// (inserts, claims and completions notify only while someone waits:
+	// schema/0008 and 0009). It is registered before
 	// each read of the task state, and unregistered when a second
 	// insertion arrives before the next tasks message, which that message
 	// will show anyway: a stream of inserts costs a few notifications per
@@ -122,7 +123,7 @@ type feed struct {
 }
 
 func newFeed(h *Hub) *feed {
-	return &feed{h: h, sent: make(map[int64]struct{}), waiter: h.d.Listener.Waiter(h.d.Instance + "/hub")}
+	return &feed{h: h, sent: make(map[int64]struct{}), waiter: h.d.Listener.ChangesWaiter(h.d.Instance + "/hub")}
 }
 
 // run is the feed goroutine; it returns when ctx ends.
@@ -391,9 +392,9 @@ func (f *feed) generatorBody(ctx context.Context) (generatorBody, error) {
 	return generatorBody{Status: s.Switch(), Holder: s.Holder, Fence: s.Fence}, nil
 }
 
-// wait registers the hub as a waiter for inserted tasks while it has
-// clients, before it reads the task state, so that every insert the read
-// does not see is notified; without clients it unregisters. No LISTEN
+// wait registers the hub as a waiter for task changes while it has
+// clients, before it reads the task state, so that every insert, claim and
+// completion the read does not see is notified; without clients it unregisters. No LISTEN
 // session to register is no error: the resync after the reconnect makes
 // the feed read (and register) again.
 func (f *feed) wait(ctx context.Context) error {

@@ -48,13 +48,16 @@ type Notification struct {
 }
 
 // The payloads of ChannelTask, each sent at most once per statement
-// (schema/0002 and 0006). A claim sends "claimed:<ms>", <ms> the earliest
-// expiry of the new task leases in epoch milliseconds: see ParseClaimed.
-// TasksInserted is sent only while some Waiter is registered (schema/0008).
+// (schema/0002, 0006, 0008 and 0009). TasksInserted is sent only while some
+// Waiter is registered; TasksFinished only while a ChangesWaiter is. A
+// claim sends "claimed:<ms>", <ms> the earliest expiry of the new task
+// leases in epoch milliseconds (see ParseClaimed), while a ChangesWaiter is
+// registered, or when no running task's lease runs out sooner (the
+// reaper's wake-up). TasksRequeued is always sent.
 const (
 	TasksInserted = "inserted" // tasks were inserted, and someone waits for them
-	TasksRequeued = "requeued" // tasks went back to pending: claimable now or after a backoff
-	TasksFinished = "finished" // tasks ended done or dead
+	TasksRequeued = "requeued" // tasks went back to pending (failed, handed back, or their lease lapsed): claimable now or after a backoff
+	TasksFinished = "finished" // tasks ended done or dead, and a ChangesWaiter waits for that
 )
 
 // ParseClaimed returns the earliest expiry of the task leases a claim took,

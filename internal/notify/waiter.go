@@ -51,6 +51,9 @@ const BarrierWait = 100 * time.Millisecond
 type Waiter struct {
 	l    *Listener
 	name string
+	// allChanges: claims and completions notify too (TasksFinished, and
+	// "claimed:<ms>" for every claim), not only inserts.
+	allChanges bool
 
 	mu sync.Mutex
 	// sess is the LISTEN session the waiter's row names; nil when it has
@@ -65,6 +68,14 @@ type Waiter struct {
 // who waits, e.g. "<instance>/workers"; one listener's waiters need
 // distinct names.
 func (l *Listener) Waiter(name string) *Waiter { return &Waiter{l: l, name: name} }
+
+// ChangesWaiter returns a waiter that, registered, makes not only inserts
+// notify but also claims ("claimed:<ms>" for each) and completions
+// (TasksFinished), which otherwise notify only when the reaper needs them
+// (schema/0009): what a dashboard that shows the queue waits for.
+func (l *Listener) ChangesWaiter(name string) *Waiter {
+	return &Waiter{l: l, name: name, allChanges: true}
+}
 
 // Name returns the waiter's name.
 func (w *Waiter) Name() string { return w.name }
@@ -99,7 +110,7 @@ func (w *Waiter) Register(ctx context.Context) error {
 	}
 	err := w.l.control(ctx, func(q *db.Queries) error {
 		if w.sess != s {
-			if err := q.WaiterRegister(ctx, db.WaiterRegisterParams{Waiter: w.name, ListenerPid: s.pid}); err != nil {
+			if err := q.WaiterRegister(ctx, db.WaiterRegisterParams{Waiter: w.name, ListenerPid: s.pid, AllChanges: w.allChanges}); err != nil {
 				return fmt.Errorf("register waiter %q: %w", w.name, err)
 			}
 			w.sess, w.proven = s, false

@@ -314,7 +314,7 @@ func TestWaiterFollowsTheListenSession(t *testing.T) {
 	if err := dead.QueryRow(b.ctx, `SELECT pg_backend_pid()`).Scan(&deadPID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.db.Pool.Exec(b.ctx, `SELECT task_waiter_register('crashed/workers', $1)`, deadPID); err != nil {
+	if _, err := b.db.Pool.Exec(b.ctx, `SELECT task_waiter_register('crashed/workers', $1, false)`, deadPID); err != nil {
 		t.Fatal(err)
 	}
 	if err := dead.Close(b.ctx); err != nil {
@@ -339,7 +339,7 @@ func TestWaiterFollowsTheListenSession(t *testing.T) {
 	}
 
 	// Registering a session that does not exist is refused, saying why.
-	if _, err := b.db.Pool.Exec(b.ctx, `SELECT task_waiter_register('x', $1)`, deadPID); err == nil {
+	if _, err := b.db.Pool.Exec(b.ctx, `SELECT task_waiter_register('x', $1, false)`, deadPID); err == nil {
 		t.Fatal("registered the pid of an ended session")
 	}
 }

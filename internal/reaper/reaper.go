@@ -2,8 +2,11 @@
 // (elected through the lease leasehold:reaper) sleeps until the earliest
 // expiry is due, or until a notification says a lease now expires earlier,
 // then marks what has expired: the leases trigger records an "expired" event
-// and NOTIFYs it. Correctness never depends on the reaper: an expired lease
-// is free to acquire whether or not it was marked.
+// and NOTIFYs it. A task's lease lives in the task's row: the reaper puts a
+// task whose lease lapsed back to pending (or dead), and the tasks trigger
+// NOTIFYs that, which wakes the workers. Correctness never depends on the
+// reaper: an expired lease is free to acquire whether or not it was marked,
+// and a claim takes a lapsed task whether or not it was put back.
 //
 // The elected reaper also runs retention (internal/retention) while it
 // holds its lease: one replica at a time deletes what is too old to keep.
@@ -19,6 +22,7 @@ import (
 	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/retention"
+	"github.com/leasehold/leasehold/internal/task"
 )
 
 // Resource is the lease that elects the reaper.
@@ -30,13 +34,15 @@ const batchSize = 500
 // Reaper marks expired leases while it holds the reaper lease.
 type Reaper struct {
 	Store    *lease.Store
+	Tasks    *task.Store // nil: task leases are not the reaper's to announce
 	Listener *notify.Listener
 	Instance string
 	Keep     lease.KeepConfig
 	Log      zerolog.Logger
 	// Marked, if set, is called with each lease the reaper announced as
-	// expired and the delay from its expires_at to the announcement.
-	Marked func(l lease.Lease, lag time.Duration)
+	// expired (a task's as task.LeaseResource) and the delay from its
+	// expiry to the announcement.
+	Marked func(resource string, lag time.Duration)
 	// Retention, if set, runs while this reaper holds the reaper lease, and
 	// stops as soon as the lease is lost.
 	Retention *retention.Pruner
@@ -145,11 +151,26 @@ func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
 		}
 		for _, m := range marked {
 			if r.Marked != nil {
-				r.Marked(m.Lease, m.Lag)
+				r.Marked(m.Lease.Resource, m.Lag)
 			}
 		}
 		expired = expired || len(marked) > 0
 		if len(marked) < batchSize {
+			break
+		}
+	}
+	for r.Tasks != nil {
+		lapsed, err := r.Tasks.RequeueLapsed(ctx, batchSize)
+		if err != nil {
+			return time.Time{}, err
+		}
+		for _, l := range lapsed {
+			if r.Marked != nil {
+				r.Marked(task.LeaseResource(l.Task.ID), l.Lag)
+			}
+		}
+		expired = expired || len(lapsed) > 0
+		if len(lapsed) < batchSize {
 			break
 		}
 	}
@@ -160,6 +181,15 @@ func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
 	next, dbNow, err := r.Store.NextExpiry(ctx)
 	if err != nil {
 		return time.Time{}, err
+	}
+	if r.Tasks != nil {
+		lapse, err := r.Tasks.NextLapse(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if lapse.Before(next) {
+			next = lapse
+		}
 	}
 	r.offset = dbNow.Sub(asked)
 	// A little after the due time, so that now() in the database has passed it.

@@ -100,7 +100,7 @@ func TestExpiryIsAnnounced(t *testing.T) {
 	r := &reaper.Reaper{
 		Store: store, Listener: startListener(ctx, t, &wg, tdb.URL), Instance: "reaper-1",
 		Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: zerolog.Nop(),
-		Marked: func(_ lease.Lease, lag time.Duration) { lagMu.Lock(); lags = append(lags, lag); lagMu.Unlock() },
+		Marked: func(_ string, lag time.Duration) { lagMu.Lock(); lags = append(lags, lag); lagMu.Unlock() },
 	}
 	wg.Go(func() {
 		if err := r.Run(ctx); err != nil {
@@ -222,10 +222,12 @@ func TestOneReaperAtATime(t *testing.T) {
 	}
 }
 
-// TestClaimedTaskLeaseExpiryIsAnnounced: task leases are announced only per
-// claim statement, on leasehold_task, with their earliest expiry. A reaper
-// asleep until a far expiry must wake for a claimed task's lease that runs
-// out sooner, told by that notification alone.
+// TestClaimedTaskLeaseExpiryIsAnnounced: a task's lease lives in its row,
+// and claims announce only their earliest expiry, once per statement, on
+// leasehold_task. A reaper asleep until a far expiry must wake for a
+// claimed task's lease that runs out sooner, told by that notification
+// alone, and put the task back to pending: which NOTIFYs "requeued", the
+// workers' wake-up.
 func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -238,8 +240,14 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 	got := observe(ctx, t, &wg, tdb.URL)
 	l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, tdb.URL) },
 		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask)
+	taskSub := l.Subscribe(notify.ChannelTask, 64)
+	defer taskSub.Close()
 	wg.Go(func() { _ = l.Run(ctx) })
-	r := &reaper.Reaper{Store: store, Listener: l, Instance: "reaper-1", Keep: lease.KeepConfig{TTL: time.Hour}, Log: zerolog.Nop()}
+	marked := make(chan string, 16)
+	r := &reaper.Reaper{
+		Store: store, Tasks: tasks, Listener: l, Instance: "reaper-1", Keep: lease.KeepConfig{TTL: time.Hour}, Log: zerolog.Nop(),
+		Marked: func(resource string, _ time.Duration) { marked <- resource },
+	}
 	wg.Go(func() {
 		if err := r.Run(ctx); err != nil {
 			t.Errorf("reaper: %v", err)
@@ -255,15 +263,35 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %+v, %v", claimed, err)
 	}
-	c := waitChange(t, got, func(c lease.Change) bool { return c.Kind == "expired" }, "the task lease's expiry")
-	if c.Resource != fmt.Sprintf("task:%d", claimed[0].ID) {
-		t.Fatalf("expired: %s, want the task's lease", c.Resource)
+	for requeued := false; !requeued; {
+		select {
+		case n := <-taskSub.C():
+			requeued = n.Payload == notify.TasksRequeued
+		case <-time.After(10 * time.Second):
+			t.Fatal("no requeued notification for the task whose lease lapsed")
+		}
 	}
-	var late time.Duration
-	if err := tdb.Pool.QueryRow(ctx, `SELECT at - expires_at FROM lease_events WHERE kind = 'expired' AND lease_id = $1`, c.ID).Scan(&late); err != nil {
+	got1, err := tasks.Get(ctx, claimed[0].ID)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if got1.State != task.StatePending || got1.MustHeartbeatBefore != nil {
+		t.Fatalf("after its lease lapsed the task is %s (must_heartbeat_before %v); want pending, no lease", got1.State, got1.MustHeartbeatBefore)
+	}
+	if m := <-marked; m != task.LeaseResource(claimed[0].ID) {
+		t.Errorf("the reaper reported %q as announced; want %q", m, task.LeaseResource(claimed[0].ID))
+	}
+	var late time.Duration
+	var outcome string
+	if err := tdb.Pool.QueryRow(ctx, `
+		SELECT (a->>'ended_at')::timestamptz - (a->>'expires_at')::timestamptz, a->>'outcome'
+		FROM tasks, jsonb_array_elements(earlier_attempts) AS a WHERE id = $1`, claimed[0].ID).Scan(&late, &outcome); err != nil {
+		t.Fatal(err)
+	}
+	if outcome != task.OutcomeExpired {
+		t.Errorf("the lapsed attempt is recorded as %q; want %q", outcome, task.OutcomeExpired)
+	}
 	if late >= time.Second || late < 0 {
-		t.Errorf("the task lease's expiry was recorded %s after its expires_at; want within 1s", late)
+		t.Errorf("the task lease's lapse was announced %s after it ran out; want within 1s", late)
 	}
 }

@@ -63,11 +63,31 @@ func strs(t *testing.T, tdb pgtest.DB, sql string) []string {
 
 func data(n int) json.RawMessage { return json.RawMessage(fmt.Sprintf(`{"n":%d}`, n)) }
 
+// legacyLease writes the lease row task:<id> a task had before its lease
+// moved into its row (schema/0009): a database upgraded from before that
+// still has them, and they go with their tasks. The row is released
+// unless live is set.
+func legacyLease(t *testing.T, leases *lease.Store, id int64, live bool) {
+	t.Helper()
+	ctx := t.Context()
+	p := lease.AcquireParams{Resource: task.LeaseResource(id), Holder: "w/1", TTL: time.Minute}
+	if acq, err := leases.Acquire(ctx, p); err != nil || !acq.New {
+		t.Fatalf("acquire %s: %+v, %v", p.Resource, acq, err)
+	}
+	if live {
+		return
+	}
+	if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: p.Resource, Holder: p.Holder}); err != nil {
+		t.Fatalf("release %s: %v", p.Resource, err)
+	}
+}
+
 // TestPruneTasks: tasks that ended (done or dead) more than the age ago
-// are deleted with their lease rows; a task that ended recently, pending
-// and running tasks however old (even with a processed_at set), and
-// finished tasks whose lease row is live again or whose expiry is not
-// announced yet, are kept, and handed back as kept.
+// are deleted, with their lease rows where they have one (from before
+// schema/0009); a task that ended recently, pending and running tasks
+// however old (even with a processed_at set), and finished tasks whose
+// lease row is live again or whose expiry is not announced yet, are kept,
+// and handed back as kept.
 func TestPruneTasks(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -96,50 +116,56 @@ func TestPruneTasks(t *testing.T) {
 		return tk.ID
 	}
 	oldDone := complete(run(5))
+	legacyDone := complete(run(5)) // with a lease row, released
 	newDone := complete(run(5))
 	dying := run(1)
 	if got, err := tasks.Fail(ctx, dying.ID, "w/1", *dying.Fence, "boom"); err != nil || got.State != "dead" {
 		t.Fatalf("fail the last attempt: %+v, %v; want dead", got, err)
 	}
 	oldDead := dying.ID
-	lapsed := run(1).ID // its lease lapses below: dead, expiry not announced
-	retaken := complete(run(5))
+	// Its last attempt's lease lapses: the reaper declares it dead.
+	lapsedDead := run(1).ID
+	owner(t, tdb, `UPDATE tasks SET must_heartbeat_before = now() - interval '1 second', started_at = now() - interval '2 seconds' WHERE id = $1`, lapsedDead)
+	if got, err := tasks.RequeueLapsed(ctx, 100); err != nil || len(got) != 1 || got[0].Task.ID != lapsedDead || got[0].Task.State != task.StateDead {
+		t.Fatalf("requeue lapsed tasks: %+v, %v; want task %d dead", got, err, lapsedDead)
+	}
+	legacyLapsed := run(1).ID   // dead, with a lease row whose expiry is not announced
+	retaken := complete(run(5)) // with a lease row someone took over
 	running := run(5).ID
 	ins, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data(2), ScheduledAt: time.Now().Add(-30 * 24 * time.Hour)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pending := ins[0].ID
+	legacyLease(t, leases, legacyDone, false)
+	legacyLease(t, leases, legacyLapsed, true)
+	legacyLease(t, leases, retaken, false)
 
 	// A month passes: everything was created thirty days ago, and all but
-	// newDone ended, or says so, eight days ago, and so did their leases.
+	// newDone ended, or says so, eight days ago, and so did the lease rows.
 	owner(t, tdb, `UPDATE tasks SET created_at = now() - interval '30 days'`)
 	owner(t, tdb, `UPDATE tasks SET processed_at = now() - interval '8 days' WHERE id <> $1`, newDone)
 	owner(t, tdb, `UPDATE leases SET created_at = now() - interval '30 days',
 		released_at = CASE WHEN released_at IS NOT NULL THEN now() - interval '8 days' END,
-		expires_at = now() - interval '8 days' WHERE resource <> $1 AND resource <> $2`,
-		task.LeaseResource(newDone), task.LeaseResource(running))
-	owner(t, tdb, `UPDATE tasks SET state = 'dead', must_heartbeat_before = now() - interval '8 days' WHERE id = $1`, lapsed)
-	// Someone took retaken's lease over since, through the lease API.
+		expires_at = now() - interval '8 days'`)
+	owner(t, tdb, `UPDATE tasks SET state = 'dead', must_heartbeat_before = now() - interval '8 days' WHERE id = $1`, legacyLapsed)
+	// Someone took retaken's lease row over since, through the lease API.
 	if acq, err := leases.Acquire(ctx, lease.AcquireParams{Resource: task.LeaseResource(retaken), Holder: "someone", TTL: time.Hour}); err != nil || !acq.New {
 		t.Fatalf("take over %s: %+v, %v", task.LeaseResource(retaken), acq, err)
 	}
 
 	store := retention.NewStore(tdb.Pool)
 	got, err := store.PruneTasks(ctx, week, 1000, 0)
-	kept := []int64{newDone, lapsed, retaken, running, pending}
+	kept := []int64{newDone, legacyLapsed, retaken, running, pending}
 	slices.Sort(kept)
-	if err != nil || got.Pruned != 2 || got.Leases != 2 || !got.Done || got.LastID != pending || !slices.Equal(got.Kept, kept) {
-		t.Fatalf("prune tasks: %+v, %v; want 2 tasks (the old done and dead ones) and their 2 lease rows, done at %d, kept %v",
+	if err != nil || got.Pruned != 4 || got.Leases != 1 || !got.Done || got.LastID != pending || !slices.Equal(got.Kept, kept) {
+		t.Fatalf("prune tasks: %+v, %v; want 4 tasks (the old done and dead ones) and the 1 lease row among them, done at %d, kept %v",
 			got, err, pending, kept)
 	}
 	if left := ids(t, tdb, `SELECT id FROM tasks ORDER BY id`); !slices.Equal(left, kept) {
-		t.Errorf("tasks left: %v, want %v (pruned %d done, %d dead)", left, kept, oldDone, oldDead)
+		t.Errorf("tasks left: %v, want %v (pruned %d and %d done, %d and %d dead)", left, kept, oldDone, legacyDone, oldDead, lapsedDead)
 	}
-	wantLeases := []string{}
-	for _, id := range []int64{newDone, lapsed, retaken, running} {
-		wantLeases = append(wantLeases, task.LeaseResource(id))
-	}
+	wantLeases := []string{task.LeaseResource(legacyLapsed), task.LeaseResource(retaken)}
 	slices.Sort(wantLeases)
 	if left := strs(t, tdb, `SELECT resource FROM leases ORDER BY resource`); !slices.Equal(left, wantLeases) {
 		t.Errorf("lease rows left: %q, want %q", left, wantLeases)
@@ -150,19 +176,19 @@ func TestPruneTasks(t *testing.T) {
 	if got, err := store.PruneTaskIDs(ctx, week, kept); err != nil || got.Pruned != 0 || !slices.Equal(got.Kept, kept) {
 		t.Errorf("prune the kept tasks again: %+v, %v; want nothing pruned, all kept", got, err)
 	}
-	if marked, err := leases.MarkExpired(ctx, 100); err != nil || len(marked) != 1 || marked[0].Lease.Resource != task.LeaseResource(lapsed) {
-		t.Fatalf("mark expired: %+v, %v; want %s", marked, err, task.LeaseResource(lapsed))
+	if marked, err := leases.MarkExpired(ctx, 100); err != nil || len(marked) != 1 || marked[0].Lease.Resource != task.LeaseResource(legacyLapsed) {
+		t.Fatalf("mark expired: %+v, %v; want %s", marked, err, task.LeaseResource(legacyLapsed))
 	}
-	if got, err := store.PruneTaskIDs(ctx, week, []int64{lapsed}); err != nil || got.Pruned != 0 {
+	if got, err := store.PruneTaskIDs(ctx, week, []int64{legacyLapsed}); err != nil || got.Pruned != 0 {
 		t.Errorf("prune the lapsed task just announced: %+v, %v; want it kept", got, err)
 	}
-	owner(t, tdb, `UPDATE leases SET expired_at = now() - interval '8 days' WHERE resource = $1`, task.LeaseResource(lapsed))
-	if got, err := store.PruneTaskIDs(ctx, week, []int64{lapsed}); err != nil || got.Pruned != 1 || got.Leases != 1 || len(got.Kept) != 0 {
+	owner(t, tdb, `UPDATE leases SET expired_at = now() - interval '8 days' WHERE resource = $1`, task.LeaseResource(legacyLapsed))
+	if got, err := store.PruneTaskIDs(ctx, week, []int64{legacyLapsed}); err != nil || got.Pruned != 1 || got.Leases != 1 || len(got.Kept) != 0 {
 		t.Errorf("prune the lapsed task announced long ago: %+v, %v; want it and its lease row", got, err)
 	}
 
 	// The running task is still the worker's to complete, and retaken's
-	// lease the holder's to renew.
+	// lease row the holder's to renew.
 	if _, err := tasks.Heartbeat(ctx, running, "w/1", 0); err != nil {
 		t.Errorf("heartbeat of the running task after pruning: %v", err)
 	}
@@ -171,7 +197,8 @@ func TestPruneTasks(t *testing.T) {
 	}
 }
 
-// TestPrunedTaskTakesItsLeaseRow: a task's lease row goes with the task,
+// TestPrunedTaskTakesItsLeaseRow: a task's lease row task:<id>, which only
+// a database upgraded from before schema/0009 has, goes with the task,
 // under the task retention, and never without it: lease pruning leaves it
 // alone however long ago it ended. Its lease events are lease history.
 func TestPrunedTaskTakesItsLeaseRow(t *testing.T) {
@@ -179,6 +206,7 @@ func TestPrunedTaskTakesItsLeaseRow(t *testing.T) {
 	ctx := t.Context()
 	tdb := pgtest.New(t)
 	tasks := task.NewStore(tdb.Pool)
+	leases := lease.NewStore(tdb.Pool)
 	ins, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data(1)}})
 	if err != nil {
 		t.Fatal(err)
@@ -191,6 +219,7 @@ func TestPrunedTaskTakesItsLeaseRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	resource := task.LeaseResource(ins[0].ID)
+	legacyLease(t, leases, ins[0].ID, false)
 	owner(t, tdb, `UPDATE tasks SET created_at = now() - interval '9 days', processed_at = now() - interval '8 days'`)
 	owner(t, tdb, `UPDATE leases SET released_at = now() - interval '8 days', expires_at = now() - interval '8 days'`)
 	count := func(sql string) int {
@@ -223,7 +252,8 @@ func TestPrunedTaskTakesItsLeaseRow(t *testing.T) {
 
 // TestTaskLeasesStayOutOfTheEndedIndex: the one index retention adds is
 // never written by a task: claims, heartbeats, completions and failures
-// leave it empty; a lease of anything else that ends goes in.
+// leave it empty, and so does a task's lease row (from before
+// schema/0009) that ends; a lease of anything else that ends goes in.
 func TestTaskLeasesStayOutOfTheEndedIndex(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -270,11 +300,13 @@ func TestTaskLeasesStayOutOfTheEndedIndex(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A lease row task:<id> from before schema/0009 that ends stays out too.
+	leases := lease.NewStore(tdb.Pool)
+	legacyLease(t, leases, 1, false)
 	if got := size(); got != empty {
-		t.Errorf("leases_ended_idx after 200 tasks ran: %d bytes, want %d (empty): a task lease was written to it", got, empty)
+		t.Errorf("leases_ended_idx after 200 tasks ran and a task's lease row ended: %d bytes, want %d (empty): a task lease was written to it", got, empty)
 	}
 
-	leases := lease.NewStore(tdb.Pool)
 	if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "report:nightly", Holder: "h", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +390,7 @@ func TestPruneLeases(t *testing.T) {
 	acquire("active-old", "h", time.Hour)
 	acquire("retaken", "h", time.Minute)
 	release("retaken", "h")
-	acquire("task:123456", "h", time.Minute) // a task's lease: it goes with its task
+	acquire("task:123456", "h", time.Minute) // a task's lease row, from before schema/0009: it goes with its task
 	release("task:123456", "h")
 
 	// Eight days pass for all but the recent ones (owner's setup).

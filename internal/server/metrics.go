@@ -218,7 +218,7 @@ func (m *Metrics) Handler() http.Handler {
 }
 
 // ExpiryAnnounced records one expiry announced by the reaper.
-func (m *Metrics) ExpiryAnnounced(_ lease.Lease, lag time.Duration) {
+func (m *Metrics) ExpiryAnnounced(_ string, lag time.Duration) {
 	m.expiries.Inc()
 	m.expiryLag.Observe(lag.Seconds())
 }

@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/server"
+	"github.com/leasehold/leasehold/internal/task"
 )
 
 func withTaskTTL(ttl time.Duration) option { return func(d *server.Deps) { d.TaskTTL = ttl } }
@@ -83,9 +85,22 @@ func checkTask(t *testing.T, tk taskJSON) {
 			tk.MustHeartbeatBefore == nil || tk.ProcessedAt != nil || tk.Attempts < 1 {
 			t.Errorf("running task %v: want processor, fence, started_at, last_heartbeat_at, must_heartbeat_before, attempts ≥ 1, and no processed_at", tk)
 		}
-	case "done", "dead":
-		if tk.ProcessedAt == nil || tk.MustHeartbeatBefore != nil {
-			t.Errorf("%s task %v: want processed_at and no must_heartbeat_before", tk.State, tk)
+	case "done":
+		// The completion ended the attempt's lease, which lives in the
+		// task's row: the task keeps its holder, fence and the expiry it had
+		// then, which was after the completion.
+		if tk.Processor == nil || tk.Fence == nil || tk.StartedAt == nil || tk.ProcessedAt == nil || tk.MustHeartbeatBefore == nil || tk.Attempts < 1 {
+			t.Errorf("done task %v: want processor, fence, started_at, processed_at, must_heartbeat_before and attempts ≥ 1", tk)
+		} else if parseTime(t, "must_heartbeat_before", *tk.MustHeartbeatBefore).Before(parseTime(t, "processed_at", *tk.ProcessedAt)) {
+			t.Errorf("done task %v: must_heartbeat_before before processed_at, want it completed within its lease", tk)
+		}
+	case "dead":
+		// A failure, or the reaper, ends the lease (must_heartbeat_before
+		// null); a claim that buries a task keeps the expiry that lapsed.
+		if tk.ProcessedAt == nil {
+			t.Errorf("dead task %v: want processed_at", tk)
+		} else if tk.MustHeartbeatBefore != nil && parseTime(t, "must_heartbeat_before", *tk.MustHeartbeatBefore).After(parseTime(t, "processed_at", *tk.ProcessedAt)) {
+			t.Errorf("dead task %v: must_heartbeat_before after processed_at, want null or the expiry that lapsed", tk)
 		}
 	default:
 		t.Errorf("task %d: state %q, want pending, running, done or dead", tk.ID, tk.State)
@@ -145,12 +160,45 @@ func (b bundle) sqlExec(t *testing.T, sql string, args ...any) {
 	}
 }
 
-// expireTaskLease moves the task's lease expiry into the past.
+// expireTaskLease moves the task's lease expiry into the past. The lease
+// lives in the task's row (schema/0009).
 func (b bundle) expireTaskLease(t *testing.T, id int64) {
 	t.Helper()
-	b.sqlExec(t, `UPDATE leases SET expires_at = now() - interval '1 second', created_at = now() - interval '2 seconds' WHERE resource = $1`,
-		fmt.Sprintf("task:%d", id))
-	b.sqlExec(t, `UPDATE tasks SET must_heartbeat_before = now() - interval '1 second' WHERE id = $1`, id)
+	b.sqlExec(t, `UPDATE tasks SET must_heartbeat_before = now() - interval '1 second', started_at = now() - interval '2 seconds' WHERE id = $1`, id)
+}
+
+// earlierAttempts returns the task's attempts that ended otherwise than
+// by its completion, which the API does not show.
+func (b bundle) earlierAttempts(t *testing.T, id int64) []task.Attempt {
+	t.Helper()
+	var raw []byte
+	if err := b.db.Pool.QueryRow(t.Context(), `SELECT earlier_attempts FROM tasks WHERE id = $1`, id).Scan(&raw); err != nil {
+		t.Fatalf("earlier attempts of task %d: %v", id, err)
+	}
+	var as []task.Attempt
+	if err := json.Unmarshal(raw, &as); err != nil {
+		t.Fatalf("earlier attempts of task %d: %s: %v", id, raw, err)
+	}
+	return as
+}
+
+// wantNoTaskLeaseRows checks that the task's lease shows nowhere in the
+// lease API: it lives in the task's row, not in a lease task:<id>, and
+// writes no lease history.
+func (b bundle) wantNoTaskLeaseRows(t *testing.T, what string, id int64) {
+	t.Helper()
+	r := b.do(t, "GET", "/api/leases?prefix=task:", "").want(t, what+": GET /api/leases?prefix=task:", http.StatusOK)
+	list := decodeStrict[struct {
+		Instance json.RawMessage `json:"instance"`
+		Leases   []leaseJSON     `json:"leases"`
+	}](t, what, r)
+	if len(list.Leases) != 0 {
+		t.Errorf("%s: task leases %v, want none: a task's lease lives in its row", what, list.Leases)
+	}
+	path := "/api/leases/events?resource=" + task.LeaseResource(id)
+	if events := decodeStrict[[]eventJSON](t, what, b.do(t, "GET", path, "").want(t, what+": GET "+path, http.StatusOK)); len(events) != 0 {
+		t.Errorf("%s: lease events of %s %v, want none", what, task.LeaseResource(id), events)
+	}
 }
 
 // jsonEqual reports whether a and b are the same JSON value (jsonb
@@ -200,8 +248,8 @@ func TestTaskLifecycle(t *testing.T) {
 		t.Errorf("GET after create: got %v, want %v", got, created)
 	}
 
-	// Claim: running, this processor, a fence, the lease task:<id> with
-	// the default TTL.
+	// Claim: running, this processor, a fence, the lease with the default
+	// TTL, all in the task's row.
 	claimed := b.claimTask(t, "replica-a/w1")
 	if claimed.ID != created.ID || claimed.State != "running" || *claimed.Processor != "replica-a/w1" || claimed.Attempts != 1 {
 		t.Fatalf("claimed %v: want task %d running for replica-a/w1, attempt 1", claimed, created.ID)
@@ -210,10 +258,10 @@ func TestTaskLifecycle(t *testing.T) {
 	if got := parseTime(t, "must_heartbeat_before", *claimed.MustHeartbeatBefore).Sub(hb); got != 30*time.Second {
 		t.Errorf("claim: must_heartbeat_before - last_heartbeat_at = %v, want the default TTL 30s", got)
 	}
-	leases := b.do(t, "GET", "/api/leases/active?prefix=task:", "").want(t, "task leases", http.StatusOK).leases(t, "task leases")
-	if len(leases) != 1 || leases[0].Resource != fmt.Sprintf("task:%d", created.ID) || leases[0].Holder != "replica-a/w1" || leases[0].Fence != claimed.fence(t) {
-		t.Errorf("after claim: active task leases %v, want task:%d held by replica-a/w1 with fence %d", leases, created.ID, claimed.fence(t))
+	if claimed.fence(t) < 1 || parseTime(t, "started_at", *claimed.StartedAt) != hb {
+		t.Errorf("claimed %v: want a fence, and started_at the claim's last_heartbeat_at", claimed)
 	}
+	b.wantNoTaskLeaseRows(t, "after claim", claimed.ID)
 	b.do(t, "POST", "/api/tasks/next", `{"processor":"replica-b/w1"}`).want(t, "claim with the only task running", http.StatusNoContent)
 
 	// Heartbeat: 202, the lease renewed; with or without the fence.
@@ -226,7 +274,8 @@ func TestTaskLifecycle(t *testing.T) {
 	if beatAt.Before(hb) || parseTime(t, "must_heartbeat_before", *beat.MustHeartbeatBefore).Sub(beatAt) != 30*time.Second {
 		t.Errorf("heartbeat: last_heartbeat_at %s, must_heartbeat_before %s; want the lease renewed for 30s from now", *beat.LastHeartbeatAt, *beat.MustHeartbeatBefore)
 	}
-	b.taskOp(t, claimed.ID, "heartbeat", obj{"processor": "replica-a/w1"}).want(t, "heartbeat without a fence", http.StatusAccepted)
+	lastBeat := b.taskOp(t, claimed.ID, "heartbeat", obj{"processor": "replica-a/w1"}).
+		want(t, "heartbeat without a fence", http.StatusAccepted).task(t, "heartbeat without a fence")
 
 	// The compare-and-set refuses anyone else, and knows unknown ids.
 	wantConflict(t, "heartbeat by another processor", b.taskOp(t, claimed.ID, "heartbeat", obj{"processor": "replica-b/w1"}))
@@ -246,11 +295,15 @@ func TestTaskLifecycle(t *testing.T) {
 		t.Errorf("after refused requests: got %v, want it running for replica-a/w1 as before", got)
 	}
 
-	// Complete: done, with the output, the lease released; at most once.
+	// Complete: done, with the output, its lease ended (the task keeps the
+	// expiry of the last heartbeat); at most once.
 	done := b.taskOp(t, claimed.ID, "complete", obj{"processor": "replica-a/w1", "fence": fence, "task_output": obj{"slept": 5, "ok": true}}).
 		want(t, "complete", http.StatusAccepted).task(t, "complete")
 	if done.State != "done" || done.fence(t) != fence || !jsonEqual(t, done.TaskOutput, []byte(`{"slept": 5, "ok": true}`)) || done.ProcessedAt == nil {
 		t.Errorf("complete: got %v, want done with the output and processed_at", done)
+	}
+	if *done.Processor != "replica-a/w1" || done.Attempts != 1 || *done.MustHeartbeatBefore != *lastBeat.MustHeartbeatBefore {
+		t.Errorf("complete: got %v, want replica-a/w1's attempt 1 with must_heartbeat_before %s, the last heartbeat's", done, *lastBeat.MustHeartbeatBefore)
 	}
 	if got := b.getTask(t, claimed.ID); got.String() != done.String() {
 		t.Errorf("GET after complete: got %v, want %v", got, done)
@@ -261,10 +314,10 @@ func TestTaskLifecycle(t *testing.T) {
 	if got := b.getTask(t, claimed.ID); got.String() != done.String() {
 		t.Errorf("GET after the refused second complete: got %v, want %v", got, done)
 	}
-	released := b.do(t, "GET", "/api/leases/released?prefix=task:", "").want(t, "released task leases", http.StatusOK).leases(t, "released task leases")
-	if len(released) != 1 || released[0].Fence != fence {
-		t.Errorf("after complete: released task leases %v, want the task's lease with fence %d", released, fence)
+	if hist := b.earlierAttempts(t, claimed.ID); len(hist) != 0 {
+		t.Errorf("after complete: earlier attempts %+v, want none: the one attempt completed", hist)
 	}
+	b.wantNoTaskLeaseRows(t, "after complete", claimed.ID)
 	b.do(t, "POST", "/api/tasks/next", `{"processor":"replica-b/w1"}`).want(t, "claim after complete", http.StatusNoContent)
 
 	// task_output may be null, but must be sent.
@@ -304,15 +357,16 @@ func TestTaskFailRetriesThenDies(t *testing.T) {
 	if failed.State != "pending" || failed.Attempts != 1 || failed.LastError == nil || *failed.LastError != "boom\nat line 3" || failed.ProcessedAt != nil {
 		t.Errorf("fail attempt 1: got %v, want pending, attempts 1, last_error the one sent, no processed_at", failed)
 	}
-	// The backoff runs from the failure, when the task's lease was released
-	// (both by the database clock).
-	leases := b.do(t, "GET", "/api/leases/released?prefix=task:", "").want(t, "released task leases", http.StatusOK).leases(t, "released task leases")
-	if len(leases) != 1 || leases[0].ReleasedAt == nil {
-		t.Fatalf("after fail: released task leases %v, want the task's", leases)
+	// The failure ended the attempt's lease and went to the task's history;
+	// the backoff runs from it (both by the database clock).
+	hist := b.earlierAttempts(t, first.ID)
+	if len(hist) != 1 || hist[0].Processor != "p" || hist[0].Fence != first.fence(t) || hist[0].Outcome != task.OutcomeFailed ||
+		lease.FormatTime(hist[0].ExpiresAt) != *first.MustHeartbeatBefore {
+		t.Fatalf("after fail: earlier attempts %+v, want p's attempt with fence %d, failed, its lease expiring at %s", hist, first.fence(t), *first.MustHeartbeatBefore)
 	}
-	backoff := parseTime(t, "scheduled_at", failed.ScheduledAt).Sub(parseTime(t, "released_at", *leases[0].ReleasedAt))
+	backoff := parseTime(t, "scheduled_at", failed.ScheduledAt).Sub(hist[0].EndedAt)
 	if backoff < 499*time.Millisecond || backoff > time.Second { // 1ms for the rounding to milliseconds
-		t.Errorf("fail attempt 1: scheduled_at %s is %v after the failure at %s, want 0.5s to 1s", failed.ScheduledAt, backoff, *leases[0].ReleasedAt)
+		t.Errorf("fail attempt 1: scheduled_at %s is %v after the failure at %s, want 0.5s to 1s", failed.ScheduledAt, backoff, hist[0].EndedAt)
 	}
 	wantConflict(t, "second fail of the same attempt", b.taskOp(t, first.ID, "fail", obj{"processor": "p", "fence": first.fence(t), "error": "again"}))
 
@@ -337,9 +391,14 @@ func TestTaskFailRetriesThenDies(t *testing.T) {
 	b.do(t, "POST", "/api/tasks/next", `{"processor":"p"}`).want(t, "claim with the task dead", http.StatusNoContent)
 	wantConflict(t, "fail after dead", b.taskOp(t, first.ID, "fail", obj{"processor": "p", "fence": second.fence(t), "error": "x"}))
 	wantConflict(t, "complete after dead", b.taskOp(t, first.ID, "complete", obj{"processor": "p", "task_output": 1}))
-	if got := b.getTask(t, first.ID); got.State != "dead" || got.ProcessedAt == nil || *got.ProcessedAt != *dead.ProcessedAt {
-		t.Errorf("GET after dead: got %v, want dead as failed", got)
+	if got := b.getTask(t, first.ID); got.State != "dead" || got.ProcessedAt == nil || *got.ProcessedAt != *dead.ProcessedAt || got.MustHeartbeatBefore != nil {
+		t.Errorf("GET after dead: got %v, want dead as failed, its lease ended", got)
 	}
+	hist = b.earlierAttempts(t, first.ID)
+	if len(hist) != 2 || hist[1].Fence != second.fence(t) || hist[1].Outcome != task.OutcomeFailed {
+		t.Errorf("after the last fail: earlier attempts %+v, want attempt 1 and then attempt 2 with fence %d, failed", hist, second.fence(t))
+	}
+	b.wantNoTaskLeaseRows(t, "after dead", first.ID)
 }
 
 func TestTaskLeaseLapse(t *testing.T) {
@@ -366,6 +425,10 @@ func TestTaskLeaseLapse(t *testing.T) {
 		t.Fatalf("claim after the lapse: got %v, want task %d for b, attempt 2, fence > %d", taken, a.ID, a.fence(t))
 	}
 	wantConflict(t, "complete by the stalled processor", b.taskOp(t, a.ID, "complete", obj{"processor": "a", "task_output": "late"}))
+	// The takeover recorded a's attempt as expired.
+	if hist := b.earlierAttempts(t, a.ID); len(hist) != 1 || hist[0].Processor != "a" || hist[0].Fence != a.fence(t) || hist[0].Outcome != task.OutcomeExpired {
+		t.Errorf("after the takeover: earlier attempts %+v, want a's attempt with fence %d, expired", hist, a.fence(t))
+	}
 	done := b.taskOp(t, a.ID, "complete", obj{"processor": "b", "fence": taken.fence(t), "task_output": "on time"}).
 		want(t, "complete by the new processor", http.StatusAccepted).task(t, "complete by the new processor")
 	if done.State != "done" || string(done.TaskOutput) != `"on time"` {

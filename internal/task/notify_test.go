@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,51 +15,17 @@ import (
 )
 
 // TestTaskNotifications: what each statement announces on leasehold_task,
-// once per statement, and that task leases announce only their expiry on
-// leasehold_lease (schema/0006).
+// once per statement, and that task leases, which live in the task rows
+// (schema/0009), send nothing to leasehold_lease.
 func TestTaskNotifications(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	s := task.NewStore(tdb.Pool)
-	conn, err := pgx.Connect(ctx, tdb.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "LISTEN leasehold_task; LISTEN leasehold_lease"); err != nil {
-		t.Fatal(err)
-	}
-	// Inserts notify only while someone waits for them (schema/0008): this
+	// Inserts notify only while someone waits for them (schema/0008), and
+	// completions only while someone waits for every change (0009): this
 	// session does.
-	if _, err := conn.Exec(ctx, "SELECT task_waiter_register('task-notify-test', pg_backend_pid())"); err != nil {
-		t.Fatal(err)
-	}
-	// next returns the notifications of one statement, ended by a marker
-	// sent after it.
-	next := func() []string {
-		t.Helper()
-		if _, err := tdb.Pool.Exec(ctx, "SELECT pg_notify('leasehold_task', 'marker')"); err != nil {
-			t.Fatal(err)
-		}
-		var got []string
-		for {
-			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			n, err := conn.WaitForNotification(wctx)
-			cancel()
-			if err != nil {
-				t.Fatalf("waiting for notifications (have %q): %v", got, err)
-			}
-			if n.Payload == "marker" {
-				return got
-			}
-			payload := n.Payload
-			if n.Channel == notify.ChannelLease {
-				payload = "lease"
-			}
-			got = append(got, payload)
-		}
-	}
+	next := listen(t, tdb, true)
 
 	data := []task.NewTask{{TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`), MaxAttempts: 1}}
 	if _, err := s.Insert(ctx, data); err != nil {
@@ -123,15 +88,173 @@ func TestTaskNotifications(t *testing.T) {
 	if got := next(); !slices.Equal(got, []string{notify.TasksRequeued}) {
 		t.Fatalf("requeue: %q, want %q", got, notify.TasksRequeued)
 	}
-	// An expiry of a task lease is announced on the lease channel.
+	// A task lease's lapse, once the reaper's statement announces it, is a
+	// requeue; nothing goes to the lease channel.
 	if c, err := s.Claim(ctx, []string{"r/w1"}, 30*time.Second); err != nil || len(c) != 1 {
 		t.Fatalf("claim of the requeued task: %+v, %v", c, err)
 	}
 	next()
-	if _, err := tdb.Pool.Exec(ctx, `UPDATE leases SET expired_at = now() WHERE resource LIKE 'task:%' AND expired_at IS NULL AND released_at IS NULL`); err != nil {
+	if _, err := tdb.Pool.Exec(ctx, `UPDATE tasks SET must_heartbeat_before = now() WHERE state = 'running'`); err != nil {
 		t.Fatal(err)
 	}
-	if got := next(); len(got) == 0 || !slices.ContainsFunc(got, func(p string) bool { return strings.HasPrefix(p, "lease") }) {
-		t.Fatalf("a task lease's expiry marked: %q, want a lease notification", got)
+	next()
+	if lapsed, err := s.RequeueLapsed(ctx, 10); err != nil || len(lapsed) != 1 {
+		t.Fatalf("requeue lapsed: %+v, %v", lapsed, err)
+	}
+	if got := next(); !slices.Equal(got, []string{notify.TasksRequeued}) {
+		t.Fatalf("a task lease's lapse announced: %q, want %q", got, notify.TasksRequeued)
+	}
+}
+
+// listen LISTENs on the task and lease channels on a session of its own,
+// registered as a waiter for inserted tasks (for all changes with
+// allChanges), and returns a function that returns the notifications of
+// one statement, ended by a marker it sends after it. A lease
+// notification is "lease".
+func listen(t *testing.T, tdb pgtest.DB, allChanges bool) func() []string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, tdb.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	if _, err := conn.Exec(ctx, "LISTEN leasehold_task; LISTEN leasehold_lease"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT task_waiter_register('task-notify-test', pg_backend_pid(), $1)", allChanges); err != nil {
+		t.Fatal(err)
+	}
+	return func() []string {
+		t.Helper()
+		if _, err := tdb.Pool.Exec(ctx, "SELECT pg_notify('leasehold_task', 'marker')"); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			n, err := conn.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				t.Fatalf("waiting for notifications (have %q): %v", got, err)
+			}
+			if n.Payload == "marker" {
+				return got
+			}
+			payload := n.Payload
+			if n.Channel == notify.ChannelLease {
+				payload = "lease"
+			}
+			got = append(got, payload)
+		}
+	}
+}
+
+// TestQuietClaimsAndCompletions: with no waiter for all changes (no
+// dashboard), a claim announces its expiry only when no running task's
+// lease runs out sooner (the reaper sleeps until that one), a completion
+// announces nothing, and a requeue is always announced (schema/0009).
+func TestQuietClaimsAndCompletions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := pgtest.New(t)
+	s := task.NewStore(tdb.Pool)
+	next := listen(t, tdb, false)
+	data := make([]task.NewTask, 4)
+	for i := range data {
+		data[i] = task.NewTask{TaskData: json.RawMessage(`{}`)}
+	}
+	if _, err := s.Insert(ctx, data); err != nil {
+		t.Fatal(err)
+	}
+	next()
+	claimed := func(processor string, ttl time.Duration) task.Task {
+		t.Helper()
+		c, err := s.Claim(ctx, []string{processor}, ttl)
+		if err != nil || len(c) != 1 {
+			t.Fatalf("claim by %s: %+v, %v", processor, c, err)
+		}
+		return c[0]
+	}
+	isClaimed := func(p string) bool { _, ok := notify.ParseClaimed(p); return ok }
+
+	first := claimed("r/w1", 30*time.Second)
+	if got := next(); len(got) != 1 || !isClaimed(got[0]) {
+		t.Fatalf("the first claim, nothing running: %q; want its expiry announced", got)
+	}
+	claimed("r/w2", 30*time.Second)
+	if got := next(); len(got) != 0 {
+		t.Fatalf("a claim that expires after a running task: %q; want nothing", got)
+	}
+	claimed("r/w3", 5*time.Second)
+	if got := next(); len(got) != 1 || !isClaimed(got[0]) {
+		t.Fatalf("a claim that expires before every running task: %q; want its expiry announced", got)
+	}
+	if _, err := s.Complete(ctx, first.ID, "r/w1", *first.Fence, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(); len(got) != 0 {
+		t.Fatalf("a completion with no dashboard waiting: %q; want nothing", got)
+	}
+
+	// A claim in flight holds the lock K shared until it commits, and
+	// NextLapse (the reaper) reads only after it: until then it says "look
+	// again now".
+	tx, err := tdb.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below; a failed test leaves it to roll back
+	var late int64
+	if err := tx.QueryRow(ctx, `
+		WITH c AS (
+			UPDATE tasks SET state = 'running', processor = 'r/w4', fence = nextval('lease_fence_seq'), ttl_seconds = 3600,
+			                 attempts = attempts + 1, started_at = now(), must_heartbeat_before = now() + interval '1 hour'
+			WHERE id = (SELECT id FROM tasks WHERE state = 'pending' ORDER BY id LIMIT 1)
+			RETURNING id)
+		SELECT id FROM c`).Scan(&late); err != nil {
+		t.Fatal(err)
+	}
+	var dbNow time.Time
+	if err := tdb.Pool.QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
+		t.Fatal(err)
+	}
+	lapse, err := s.NextLapse(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lapse.After(dbNow.Add(5 * time.Second)) {
+		t.Fatalf("NextLapse with a claim in flight: %v; want about now (%v), the claim not yet seen", lapse, dbNow)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(); len(got) != 0 {
+		t.Fatalf("a claim expiring after running tasks: %q; want nothing", got)
+	}
+	lapse, err = s.NextLapse(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	running, err := s.Running(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	earliest := *running[0].MustHeartbeatBefore
+	for _, r := range running {
+		if r.MustHeartbeatBefore.Before(earliest) {
+			earliest = *r.MustHeartbeatBefore
+		}
+	}
+	if !lapse.Equal(earliest) {
+		t.Fatalf("NextLapse: %v; want the earliest running expiry %v", lapse, earliest)
+	}
+
+	r3 := running[slices.IndexFunc(running, func(r task.Task) bool { return *r.Processor == "r/w3" })]
+	if _, err := s.Requeue(ctx, r3.ID, "r/w3", *r3.Fence, "shutting down"); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(); !slices.Equal(got, []string{notify.TasksRequeued}) {
+		t.Fatalf("a requeue: %q; want %q", got, notify.TasksRequeued)
 	}
 }

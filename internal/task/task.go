@@ -100,7 +100,8 @@ func fromRows(rows []db.Task) []Task {
 	return ts
 }
 
-// LeaseResource is the name of a task's lease.
+// LeaseResource is the name of a task's lease, as the history and the
+// logs call it. The lease itself lives in the task's row (schema/0009).
 func LeaseResource(id int64) string { return fmt.Sprintf("task:%d", id) }
 
 // Store is the task queue on the database.
@@ -274,6 +275,74 @@ func optional(v int64) *int64 {
 	}
 	return &v
 }
+
+// Lapsed is a task whose lease the reaper found lapsed and announced.
+type Lapsed struct {
+	Task Task
+	// Lag is the delay from the lease's expiry to the announcement, by the
+	// database clock.
+	Lag time.Duration
+}
+
+// RequeueLapsed announces up to batch lapsed task leases: each of those
+// tasks goes back to pending, or dead when it has used its attempts (which
+// NOTIFYs, and wakes the workers).
+func (s *Store) RequeueLapsed(ctx context.Context, batch int32) ([]Lapsed, error) {
+	rows, err := s.q.TaskRequeueLapsed(ctx, batch)
+	if err != nil {
+		return nil, fmt.Errorf("requeue lapsed tasks: %w", err)
+	}
+	out := make([]Lapsed, 0, len(rows))
+	for _, r := range rows {
+		var a []Attempt
+		if err := json.Unmarshal(r.EarlierAttempts, &a); err != nil {
+			return nil, fmt.Errorf("requeue lapsed tasks: task %d: unreadable earlier_attempts: %w", r.ID, err)
+		}
+		if len(a) == 0 {
+			return nil, fmt.Errorf("requeue lapsed tasks: task %d: the lapsed attempt is missing from earlier_attempts", r.ID)
+		}
+		last := a[len(a)-1]
+		out = append(out, Lapsed{Task: fromRow(r), Lag: last.EndedAt.Sub(last.ExpiresAt)})
+	}
+	return out, nil
+}
+
+// nextLapseWait bounds how long NextLapse waits for the claims in flight
+// to commit; when it runs out NextLapse returns the database's now, so
+// that the reaper looks again at once.
+const nextLapseWait = 200 * time.Millisecond
+
+// NextLapse returns when the earliest running task's lease runs out (an
+// hour from now when none runs), as seen after every claim that did not
+// announce its expiry (one that expires after a running task's) has
+// committed: the reaper's sleep until then misses no claim that expires
+// sooner, since those are announced (schema/0009).
+func (s *Store) NextLapse(ctx context.Context) (time.Time, error) {
+	t, err := s.q.TaskNextLapse(ctx, int32(nextLapseWait/time.Millisecond))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("next task lease lapse: %w", err)
+	}
+	return t, nil
+}
+
+// Attempt is an attempt at a task that ended otherwise than by its
+// completion: an entry of the column earlier_attempts.
+type Attempt struct {
+	Processor string    `json:"processor"`
+	Fence     int64     `json:"fence"`
+	StartedAt time.Time `json:"started_at"`
+	// ExpiresAt is when the attempt's lease would have run out.
+	ExpiresAt time.Time `json:"expires_at"`
+	EndedAt   time.Time `json:"ended_at"`
+	Outcome   string    `json:"outcome"` // OutcomeExpired, OutcomeFailed or OutcomeRequeued
+}
+
+// The outcomes of an Attempt.
+const (
+	OutcomeExpired  = "expired"  // its lease lapsed; EndedAt is when that was announced
+	OutcomeFailed   = "failed"   // its processor failed it
+	OutcomeRequeued = "requeued" // its processor handed it back, shutting down
+)
 
 // Get returns the task, ErrNotFound when there is none.
 func (s *Store) Get(ctx context.Context, id int64) (Task, error) {

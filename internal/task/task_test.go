@@ -29,9 +29,16 @@ func TestClaimHeartbeatComplete(t *testing.T) {
 	if a.State != task.StateRunning || a.Fence == nil || a.Attempts != 1 || a.Processor == nil {
 		t.Fatalf("claimed task: %+v", a)
 	}
-	l, err := lease.NewStore(tdb.Pool).List(ctx, lease.ListParams{Filter: "active", Prefix: "task:", Limit: 10})
-	if err != nil || len(l) != 2 {
-		t.Fatalf("task leases: %+v, %v; want 2 active", l, err)
+	// The lease is in the task's row, with a fence from the sequence every
+	// lease draws from; no row of leases stands for it.
+	if a.MustHeartbeatBefore == nil || a.StartedAt == nil || a.MustHeartbeatBefore.Sub(*a.StartedAt) != 30*time.Second {
+		t.Fatalf("claimed task's lease: started %v, must heartbeat before %v; want a 30s lease", a.StartedAt, a.MustHeartbeatBefore)
+	}
+	if *claimed[1].Fence == *a.Fence {
+		t.Fatalf("two claims share fence %d", *a.Fence)
+	}
+	if l, err := lease.NewStore(tdb.Pool).List(ctx, lease.ListParams{Filter: "active", Prefix: "task:", Limit: 10}); err != nil || len(l) != 0 {
+		t.Fatalf("leases rows for task leases: %+v, %v; want none", l, err)
 	}
 	if _, err := s.Heartbeat(ctx, a.ID, "someone-else", 0); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("heartbeat by another processor: %v", err)
@@ -50,6 +57,14 @@ func TestClaimHeartbeatComplete(t *testing.T) {
 	if err != nil || done.State != task.StateDone || string(done.TaskOutput) != `{"ok": true}` {
 		t.Fatalf("complete: %+v (%s), %v", done, done.TaskOutput, err)
 	}
+	// The completion ends the lease: the task keeps the expiry its lease had.
+	if !done.MustHeartbeatBefore.Equal(*hb.MustHeartbeatBefore) || !done.ProcessedAt.Before(*done.MustHeartbeatBefore) {
+		t.Errorf("done task: processed at %v, must heartbeat before %v; want the renewed lease's expiry %v, after the completion",
+			done.ProcessedAt, done.MustHeartbeatBefore, hb.MustHeartbeatBefore)
+	}
+	if _, err := s.Heartbeat(ctx, a.ID, *a.Processor, *a.Fence); !errors.Is(err, task.ErrLeaseLost) {
+		t.Fatalf("heartbeat after the completion: %v, want ErrLeaseLost", err)
+	}
 	if _, err := s.Complete(ctx, a.ID, *a.Processor, *a.Fence, nil); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("second complete: %v, want ErrLeaseLost", err)
 	}
@@ -67,9 +82,6 @@ func TestLapsedTaskIsReclaimedThenDead(t *testing.T) {
 	id := ins[0].ID
 	lapse := func() {
 		t.Helper()
-		if _, err := tdb.Pool.Exec(ctx, `UPDATE leases SET expires_at = now() WHERE resource = $1`, task.LeaseResource(id)); err != nil {
-			t.Fatal(err)
-		}
 		if _, err := tdb.Pool.Exec(ctx, `UPDATE tasks SET must_heartbeat_before = now() WHERE id = $1`, id); err != nil {
 			t.Fatal(err)
 		}
@@ -95,6 +107,130 @@ func TestLapsedTaskIsReclaimedThenDead(t *testing.T) {
 	if got.State != task.StateDead || got.LastError == nil {
 		t.Fatalf("task after its last attempt lapsed: %+v", got)
 	}
+	// Both lapsed attempts are in the history, in order, each with its own fence.
+	want := []task.Attempt{
+		{Processor: "a", Fence: *first[0].Fence, Outcome: task.OutcomeExpired},
+		{Processor: "b", Fence: *second[0].Fence, Outcome: task.OutcomeExpired},
+	}
+	checkAttempts(t, earlierAttempts(t, tdb, id), want)
+}
+
+// earlierAttempts reads the task's column earlier_attempts.
+func earlierAttempts(t *testing.T, tdb pgtest.DB, id int64) []task.Attempt {
+	t.Helper()
+	var raw []byte
+	if err := tdb.Pool.QueryRow(context.Background(), `SELECT earlier_attempts FROM tasks WHERE id = $1`, id).Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	var as []task.Attempt
+	if err := json.Unmarshal(raw, &as); err != nil {
+		t.Fatalf("earlier_attempts %s: %v", raw, err)
+	}
+	return as
+}
+
+// checkAttempts compares the processor, fence and outcome of each attempt
+// with want's, and checks each attempt's times are in order: started,
+// then ended; a lapsed one ended at or after its expiry, any other before.
+func checkAttempts(t *testing.T, got, want []task.Attempt) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("earlier attempts %+v; want %d", got, len(want))
+	}
+	for i, a := range got {
+		if a.Processor != want[i].Processor || a.Fence != want[i].Fence || a.Outcome != want[i].Outcome {
+			t.Errorf("attempt %d: %+v; want processor %s, fence %d, %s", i, a, want[i].Processor, want[i].Fence, want[i].Outcome)
+		}
+		lapsed := a.Outcome == task.OutcomeExpired
+		if a.StartedAt.IsZero() || a.EndedAt.Before(a.StartedAt) || lapsed == a.EndedAt.Before(a.ExpiresAt) {
+			t.Errorf("attempt %d: started %v, expires %v, ended %v (%s): out of order", i, a.StartedAt, a.ExpiresAt, a.EndedAt, a.Outcome)
+		}
+	}
+}
+
+// TestRequeueLapsed: the reaper's statement puts a task whose lease lapsed
+// back to pending (first in line, its attempt recorded), or dead when it
+// has used its attempts, and leaves live leases alone.
+func TestRequeueLapsed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := pgtest.New(t)
+	s := task.NewStore(tdb.Pool)
+	ins, err := s.Insert(ctx, []task.NewTask{
+		{TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`), MaxAttempts: 1}, {TaskData: json.RawMessage(`{}`)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := s.Claim(ctx, []string{"a", "b", "c"}, 30*time.Second)
+	if err != nil || len(claimed) != 3 {
+		t.Fatalf("claim: %+v, %v", claimed, err)
+	}
+	if none, err := s.RequeueLapsed(ctx, 10); err != nil || len(none) != 0 {
+		t.Fatalf("requeued live leases: %+v, %v", none, err)
+	}
+	if _, err := tdb.Pool.Exec(ctx, `UPDATE tasks SET must_heartbeat_before = now() - interval '1 second' WHERE id = ANY($1)`,
+		[]int64{ins[0].ID, ins[1].ID}); err != nil {
+		t.Fatal(err)
+	}
+	lapsed, err := s.RequeueLapsed(ctx, 10)
+	if err != nil || len(lapsed) != 2 {
+		t.Fatalf("requeue lapsed: %+v, %v; want tasks %d and %d", lapsed, err, ins[0].ID, ins[1].ID)
+	}
+	states := map[int64]string{}
+	for _, l := range lapsed {
+		states[l.Task.ID] = l.Task.State
+		if l.Lag < time.Second {
+			t.Errorf("task %d announced %v after its lease ran out; it ran out over a second before", l.Task.ID, l.Lag)
+		}
+		if l.Task.MustHeartbeatBefore != nil {
+			t.Errorf("task %d still has a lease: %v", l.Task.ID, l.Task.MustHeartbeatBefore)
+		}
+	}
+	if states[ins[0].ID] != task.StatePending || states[ins[1].ID] != task.StateDead {
+		t.Fatalf("states after the lapse: %v; want %d pending, %d dead", states, ins[0].ID, ins[1].ID)
+	}
+	for i, id := range []int64{ins[0].ID, ins[1].ID} {
+		checkAttempts(t, earlierAttempts(t, tdb, id), []task.Attempt{{Processor: *claimed[i].Processor, Fence: *claimed[i].Fence, Outcome: task.OutcomeExpired}})
+	}
+	if got, err := s.Get(ctx, ins[2].ID); err != nil || got.State != task.StateRunning {
+		t.Fatalf("the live task: %+v, %v; want it running", got, err)
+	}
+	again, err := s.Claim(ctx, []string{"d"}, 30*time.Second)
+	if err != nil || len(again) != 1 || again[0].ID != ins[0].ID || again[0].Attempts != 2 || *again[0].Fence <= *claimed[0].Fence {
+		t.Fatalf("claim after the requeue: %+v, %v; want task %d, second attempt, a greater fence", again, err, ins[0].ID)
+	}
+}
+
+// TestFailAndRequeueRecordTheAttempt: a failed attempt and one handed back
+// are recorded with their outcome, released when they ended.
+func TestFailAndRequeueRecordTheAttempt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := pgtest.New(t)
+	s := task.NewStore(tdb.Pool)
+	ins, err := s.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, err := s.Claim(ctx, []string{"a"}, 30*time.Second)
+	if err != nil || len(c1) != 1 {
+		t.Fatalf("claim: %+v, %v", c1, err)
+	}
+	if _, err := s.Requeue(ctx, ins[0].ID, "a", *c1[0].Fence, "shutting down"); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := s.Claim(ctx, []string{"b"}, 30*time.Second)
+	if err != nil || len(c2) != 1 {
+		t.Fatalf("claim after the hand-back: %+v, %v", c2, err)
+	}
+	if _, err := s.Fail(ctx, ins[0].ID, "b", *c2[0].Fence, "boom"); err != nil {
+		t.Fatal(err)
+	}
+	checkAttempts(t, earlierAttempts(t, tdb, ins[0].ID), []task.Attempt{
+		{Processor: "a", Fence: *c1[0].Fence, Outcome: task.OutcomeRequeued},
+		{Processor: "b", Fence: *c2[0].Fence, Outcome: task.OutcomeFailed},
+	})
 }
 
 func TestFailBackoffAndDead(t *testing.T) {
@@ -200,9 +336,11 @@ func TestCompleteMany(t *testing.T) {
 			t.Errorf("task %d refused by the batch: %+v, %v; want it still running", claimed[i].ID, got, err)
 		}
 	}
-	// Its lease released in the same statement, at the completion's time.
-	l, err := lease.NewStore(tdb.Pool).List(ctx, lease.ListParams{Filter: "active", Prefix: "task:", Limit: 10})
-	if err != nil || len(l) != 2 {
-		t.Fatalf("task leases still active: %+v, %v; want the 2 refused ones", l, err)
+	// The completed ones' leases ended with the completion: no heartbeat is
+	// accepted after it.
+	for _, i := range []int{1, 4} {
+		if _, err := s.Heartbeat(ctx, claimed[i].ID, *claimed[i].Processor, *claimed[i].Fence); !errors.Is(err, task.ErrLeaseLost) {
+			t.Errorf("heartbeat of task %d after its batch completion: %v; want ErrLeaseLost", claimed[i].ID, err)
+		}
 	}
 }

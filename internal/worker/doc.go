@@ -6,8 +6,9 @@
 // to the worker it was claimed for. Workers never poll, so a notification
 // costs one claim per replica, however many workers wait.
 //
-//	leasehold_task inserted, requeued ──┐
-//	task:<id> expired (the reaper) ─────┤
+//	leasehold_task inserted ────────────┐
+//	leasehold_task requeued (failed,    │
+//	  or lapsed: the reaper) ───────────┤
 //	the listener (re)connected ─────────┼──▶ dispatcher ──▶ Claim(names of the idle workers)
 //	the next scheduled_at is due ───────┤        │              got all it asked for: claim again
 //	a worker idle, work waiting ────────┤        │              got fewer: sleep until woken

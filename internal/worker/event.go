@@ -14,23 +14,22 @@ type Wake uint32
 const (
 	WakeStart      Wake = 1 << iota // Run started: catch up with what is already waiting
 	WakeInsert                      // a leasehold_task notification: tasks were inserted
-	WakeLeaseFreed                  // a task lease expired: its task is claimable
 	WakeResync                      // the listener (re)connected or dropped notifications: catch up
 	WakeDue                         // the next pending task's scheduled_at came (a retry's backoff)
 	WakeSafetyPoll                  // nothing else woke the dispatcher for SafetyPoll
 	WakeWorkerIdle                  // a worker finished while more work may be waiting
 	WakeBacklog                     // the last claim got all it asked for: more may be waiting
 	WakeRetry                       // a claim failed: trying again
-	WakeRequeued                    // a leasehold_task notification: tasks went back to pending
+	WakeRequeued                    // a leasehold_task notification: tasks went back to pending (failed, handed back, or their lease lapsed)
 	// WakeRegistered: the pool has just registered as a waiter for
 	// inserted tasks; the claim catches up with the inserts that did not
 	// notify because nobody was registered.
 	WakeRegistered
 )
 
-var wakeNames = []string{"start", "insert", "lease-freed", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry", "requeued", "registered"}
+var wakeNames = []string{"start", "insert", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry", "requeued", "registered"}
 
-// String lists the reasons, e.g. "insert|lease-freed".
+// String lists the reasons, e.g. "insert|requeued".
 func (w Wake) String() string {
 	var names []string
 	for i, name := range wakeNames {

@@ -56,8 +56,8 @@ func TestEventsCarryWhatMetricsNeed(t *testing.T) {
 	}
 
 	claimed, _ := r.events.waitFor(t, "the claim", 0, isTask(worker.EventClaimed, stolen.ID))
-	if _, err := e.db.Pool.Exec(e.ctx, `UPDATE leases SET released_at = now(), expires_at = now() WHERE resource = $1 AND fence = $2`,
-		task.LeaseResource(stolen.ID), claimed.Fence); err != nil {
+	if _, err := e.db.Pool.Exec(e.ctx, `UPDATE tasks SET must_heartbeat_before = now() WHERE id = $1 AND fence = $2`,
+		stolen.ID, claimed.Fence); err != nil {
 		t.Fatal(err)
 	}
 	refused, i := r.events.waitFor(t, "the refused heartbeat", 0, isTask(worker.EventHeartbeatFailed, stolen.ID))

@@ -81,7 +81,7 @@ func (e *env) listenerWith(ctx context.Context, connect func(ctx context.Context
 func (e *env) startReaper() {
 	e.t.Helper()
 	r := &reaper.Reaper{
-		Store: lease.NewStore(e.db.Pool), Listener: e.listener(e.ctx), Instance: "reaper",
+		Store: lease.NewStore(e.db.Pool), Tasks: task.NewStore(e.db.Pool), Listener: e.listener(e.ctx), Instance: "reaper",
 		Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: e.log(),
 	}
 	e.wg.Go(func() {
@@ -181,25 +181,37 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 	}
 }
 
-// leaseHistory returns the kinds of the lease events of a task by fence,
-// in order.
+// leaseHistory returns what happened to a task's lease under each fence,
+// in order, as lease events would name it ("acquired", then "released" or
+// "expired"), from the task's row: its earlier attempts, then the running
+// or completed one.
 func (e *env) leaseHistory(id int64) map[int64][]string {
 	e.t.Helper()
-	rows, err := e.db.Pool.Query(e.ctx, `SELECT fence, kind FROM lease_events WHERE resource = $1 ORDER BY id`, task.LeaseResource(id))
-	if err != nil {
+	var (
+		state   string
+		fence   *int64
+		earlier []byte
+	)
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT state, fence, earlier_attempts FROM tasks WHERE id = $1`, id).Scan(&state, &fence, &earlier); err != nil {
+		e.t.Fatal(err)
+	}
+	var attempts []task.Attempt
+	if err := json.Unmarshal(earlier, &attempts); err != nil {
 		e.t.Fatal(err)
 	}
 	h := map[int64][]string{}
-	for rows.Next() {
-		var fence int64
-		var kind string
-		if err := rows.Scan(&fence, &kind); err != nil {
-			e.t.Fatal(err)
+	for _, a := range attempts {
+		end := "released"
+		if a.Outcome == task.OutcomeExpired {
+			end = "expired"
 		}
-		h[fence] = append(h[fence], kind)
+		h[a.Fence] = []string{"acquired", end}
 	}
-	if err := rows.Err(); err != nil {
-		e.t.Fatal(err)
+	switch state {
+	case task.StateRunning:
+		h[*fence] = []string{"acquired"}
+	case task.StateDone:
+		h[*fence] = []string{"acquired", "released"}
 	}
 	return h
 }

@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/task"
 )
@@ -28,7 +26,7 @@ const (
 type Pool struct {
 	Tasks *task.Store
 	// Listener is the process's LISTEN connection; it must listen on
-	// notify.ChannelTask and notify.ChannelLease.
+	// notify.ChannelTask.
 	Listener *notify.Listener
 	Instance string // processors are named "<Instance>/w<N>", N = 1..Workers
 	Workers  int    // 0: Run does nothing until its context ends
@@ -165,8 +163,6 @@ func (p *Pool) Run(ctx context.Context) error {
 	// goes unnoticed.
 	taskSub := p.Listener.Subscribe(notify.ChannelTask, 64)
 	defer taskSub.Close()
-	leaseSub := p.Listener.Subscribe(notify.ChannelLease, 1024)
-	defer leaseSub.Close()
 
 	// Tasks run under workCtx, which outlives ctx by the shutdown grace.
 	workCtx, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -183,7 +179,7 @@ func (p *Pool) Run(ctx context.Context) error {
 			}
 		})
 	}
-	watcher.Go(func() { p.watch(ctx, taskSub, leaseSub) })
+	watcher.Go(func() { p.watch(ctx, taskSub) })
 	p.log.Info().Int("workers", p.Workers).Dur("ttl", p.TTL).Msg("worker pool started")
 
 	p.dispatch(ctx) // until ctx ends; then no more claims, and the workers' channels are closed
@@ -210,7 +206,7 @@ func (p *Pool) poke(r Wake) {
 }
 
 // watch turns the listener's notifications into wake-ups until ctx ends.
-func (p *Pool) watch(ctx context.Context, tasks, leases *notify.Subscription) {
+func (p *Pool) watch(ctx context.Context, tasks *notify.Subscription) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -223,27 +219,10 @@ func (p *Pool) watch(ctx context.Context, tasks, leases *notify.Subscription) {
 				p.poke(WakeRequeued)
 			}
 			// Claims and completions free nothing to claim.
-		case n := <-leases.C():
-			if taskLeaseExpired(n.Payload) {
-				p.poke(WakeLeaseFreed)
-			}
 		case <-tasks.Resync():
-			p.poke(WakeResync)
-		case <-leases.Resync():
 			p.poke(WakeResync)
 		}
 	}
-}
-
-// taskLeaseExpired reports whether a lease notification says that a task's
-// lease expired (its worker crashed or stalled), so the task is claimable.
-// Of task leases only expiries are announced on the lease channel.
-func taskLeaseExpired(payload string) bool {
-	if !strings.Contains(payload, `"task:`) { // most lease notifications are about other leases
-		return false
-	}
-	c, err := lease.ParseChange(payload)
-	return err == nil && strings.HasPrefix(c.Resource, "task:") && c.Kind == "expired"
 }
 
 // dispatcher is the state of the dispatch loop, owned by its goroutine.
@@ -286,8 +265,8 @@ func (p *Pool) dispatch(ctx context.Context) {
 	var safetyC <-chan time.Time
 	if p.SafetyPoll > 0 {
 		// The last resort, not the mechanism: every way work appears is
-		// announced (NOTIFY on insert, on a released or expired task lease,
-		// a resync after a reconnect) or known in advance (the due timer).
+		// announced (NOTIFY on insert, on a requeue: a failed, handed-back
+		// or lapsed task, a resync after a reconnect) or known in advance (the due timer).
 		// This poll only bounds how long a lost hint — a notification
 		// dropped by a bug, or an expiry while no reaper runs — can leave a
 		// task waiting. It is reset by every round, so it never fires while

@@ -66,18 +66,15 @@ func TestExactlyOnce(t *testing.T) {
 	if total != n || doneOnce != n || byItsProcessor != n {
 		t.Fatalf("%d tasks, %d done on their first attempt, %d with their processor's output; want %d each", total, doneOnce, byItsProcessor, n)
 	}
-	// The lease history: one acquisition and one release per task, nothing else.
-	var resources, exact int
-	if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(*), count(*) FILTER (WHERE acquired = 1 AND released = 1 AND other = 0)
-		FROM (SELECT resource,
-		             count(*) FILTER (WHERE kind = 'acquired') AS acquired,
-		             count(*) FILTER (WHERE kind = 'released') AS released,
-		             count(*) FILTER (WHERE kind NOT IN ('acquired', 'released', 'renewed')) AS other
-		      FROM lease_events WHERE resource LIKE 'task:%' GROUP BY resource) AS per_task`).Scan(&resources, &exact); err != nil {
+	// The lease history: one lease per task, ended by its completion,
+	// nothing else (no earlier attempt), and a fence of its own.
+	var oneLease, fences int
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(*) FILTER (WHERE earlier_attempts = '[]' AND processed_at < must_heartbeat_before),
+		count(DISTINCT fence) FROM tasks`).Scan(&oneLease, &fences); err != nil {
 		t.Fatal(err)
 	}
-	if resources != n || exact != n {
-		t.Fatalf("lease history: %d task leases, %d with exactly one acquired and one released; want %d", resources, exact, n)
+	if oneLease != n || fences != n {
+		t.Fatalf("lease history: %d tasks completed under their one lease, %d fences; want %d", oneLease, fences, n)
 	}
 	// And from the workers' side: each task completed once, nothing else went wrong.
 	completed := map[int64]int{}
@@ -229,7 +226,7 @@ func TestCrashedWorkerTaskIsRedone(t *testing.T) {
 	}
 
 	reclaimed, _ := b.events.waitFor(t, "b's claim", 0, isTask(worker.EventClaimed, tk.ID))
-	if reclaimed.Wake&worker.WakeLeaseFreed == 0 {
+	if reclaimed.Wake&worker.WakeRequeued == 0 {
 		t.Errorf("b claimed the task woken by %s, want by the lease's expiry", reclaimed.Wake)
 	}
 	b.events.waitFor(t, "b's completion", 0, isTask(worker.EventCompleted, tk.ID))
@@ -363,7 +360,7 @@ func TestExpiredTaskLeaseWakesIdlePool(t *testing.T) {
 	}
 
 	reclaimed, _ := p.events.waitFor(t, "p's claim", from, isTask(worker.EventClaimed, id))
-	if reclaimed.Wake&worker.WakeLeaseFreed == 0 {
+	if reclaimed.Wake&worker.WakeRequeued == 0 {
 		t.Errorf("p claimed the task woken by %s, want by the lease's expiry", reclaimed.Wake)
 	}
 	p.events.waitFor(t, "p's completion", from, isTask(worker.EventCompleted, id))

@@ -196,7 +196,7 @@ func TestReaperPrunesDeadWaiters(t *testing.T) {
 	if err := dead.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.Pool.Exec(e.ctx, `SELECT task_waiter_register('crashed/workers', $1)`, pid); err != nil {
+	if _, err := e.db.Pool.Exec(e.ctx, `SELECT task_waiter_register('crashed/workers', $1, false)`, pid); err != nil {
 		t.Fatal(err)
 	}
 	if err := dead.Close(e.ctx); err != nil {
