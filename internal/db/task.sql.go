@@ -27,11 +27,7 @@ WITH buried AS (
     RETURNING b.id
 ),
 due AS (
-    SELECT c.id, c.scheduled_at FROM tasks AS c
-    WHERE c.state = 'pending' AND c.scheduled_at <= now()
-    ORDER BY c.scheduled_at, c.id
-    LIMIT cardinality($2::text[])
-    FOR UPDATE SKIP LOCKED
+    SELECT d.id, d.scheduled_at FROM tasks_due(cardinality($2::text[])) AS d (id, scheduled_at)
 ),
 lapsed AS (
     SELECT r.id, r.scheduled_at FROM tasks AS r
@@ -84,6 +80,8 @@ type TaskClaimParams struct {
 // due pending tasks by schedule, and lapsed running ones. Each locks at
 // most one row per processor; rows not used stay locked only until this
 // statement commits.
+// tasks_due (schema/0010) is the first of these, in index order whatever
+// the statistics say: the due pending tasks by schedule.
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, error) {
 	rows, err := q.db.Query(ctx, taskClaim, arg.TTLSeconds, arg.Processors)
 	if err != nil {

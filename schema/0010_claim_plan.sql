@@ -1,0 +1,33 @@
+-- +goose Up
+
+-- The claim's pick of due tasks walks tasks_pending_idx in order, whatever
+-- the table's statistics say.
+--
+-- The pick is "the first n pending tasks by (scheduled_at, id), FOR UPDATE
+-- SKIP LOCKED": read in index order, it stops after n rows. But the
+-- planner chooses by its statistics, and a queue's statistics are often
+-- stale: analysed while the queue was empty, they promise a few pending
+-- rows, so it plans a bitmap scan of every due row and a sort, which is
+-- cheap for a few rows and ruinous for a burst. Measured: a burst of
+-- 20,000 tasks right after the insert (before autovacuum's ANALYZE) made
+-- each claim sort all 20,000 rows, 70 ms a statement instead of 3. So the
+-- pick runs in a function that rules out the bitmap scan, the sequential
+-- scan and the sort, which leaves the ordered index scan. The function is
+-- not inlined (it has SET clauses): the claim calls it once and joins its
+-- rows, locked by it for the rest of the claim's transaction.
+CREATE FUNCTION tasks_due(max_tasks integer)
+RETURNS TABLE (id bigint, scheduled_at timestamptz)
+LANGUAGE sql VOLATILE
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET enable_sort = off
+AS $$
+    SELECT c.id, c.scheduled_at FROM tasks AS c
+    WHERE c.state = 'pending' AND c.scheduled_at <= now()
+    ORDER BY c.scheduled_at, c.id
+    LIMIT max_tasks
+    FOR UPDATE SKIP LOCKED
+$$;
+
+-- +goose Down
+DROP FUNCTION tasks_due(integer);
