@@ -36,10 +36,13 @@ RETURNING *;
 -- TaskClaim claims up to one task per processor named, oldest schedule
 -- first, each under a new lease held in the task's row (a new fence from
 -- lease_fence_seq, drawn under the row lock; TTL ttl_seconds): pending
--- tasks that are due, and running tasks whose lease lapsed before a reaper
--- put them back (the claim counts an attempt either way, and records the
--- lapsed one in earlier_attempts). Lapsed tasks that have used all their
--- attempts are declared dead instead.
+-- tasks that are due and, with with_lapsed, running tasks whose lease
+-- lapsed before a reaper put them back (the claim counts an attempt either
+-- way, and records the lapsed one in earlier_attempts); lapsed tasks that
+-- have used all their attempts are then declared dead instead. Without
+-- with_lapsed the claim reads no running task: their index holds an entry
+-- for every task run since the last VACUUM, too many to walk on every
+-- claim of a busy queue, where the reaper puts lapsed tasks back anyway.
 WITH buried AS (
     UPDATE tasks AS b
     SET state = 'dead',
@@ -49,7 +52,8 @@ WITH buried AS (
         must_heartbeat_before = NULL
     WHERE b.id IN (
             SELECT x.id FROM tasks AS x
-            WHERE x.state = 'running'
+            WHERE sqlc.arg(with_lapsed)::boolean
+              AND x.state = 'running'
               AND x.must_heartbeat_before <= now()
               AND x.attempts >= x.max_attempts
             FOR UPDATE SKIP LOCKED)
@@ -66,7 +70,8 @@ due AS (
 ),
 lapsed AS (
     SELECT r.id, r.scheduled_at FROM tasks AS r
-    WHERE r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
+    WHERE sqlc.arg(with_lapsed)::boolean
+      AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
     LIMIT cardinality(@processors::text[])
     FOR UPDATE SKIP LOCKED
 ),

@@ -105,8 +105,19 @@ END;
 $$;
 REVOKE EXECUTE ON FUNCTION task_waiter_register(text, integer, boolean) FROM PUBLIC;
 
+-- The look for a running task that expires sooner walks tasks_running_idx
+-- backwards from the newest id: the tasks claimed last are those most
+-- likely still running (the index keeps an entry for every task run since
+-- the last VACUUM, and the oldest are the dead ones). The SET clauses keep
+-- the planner on that index whatever the statistics say, and keep JIT
+-- off, which the penalty on a sequential scan (the only way to read the
+-- small task_waiters) would otherwise set off, at 100 ms a statement.
 CREATE OR REPLACE FUNCTION tasks_changed() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET jit = off
+AS $$
 DECLARE
     claimed_by timestamptz;
     requeued   boolean;
@@ -129,11 +140,13 @@ BEGIN
     watched := current_setting('transaction_isolation') <> 'read committed'
                OR NOT pg_try_advisory_xact_lock_shared(7810756277295999348)
                OR EXISTS (SELECT 1 FROM task_waiters WHERE all_changes);
-    IF claimed_by IS NOT NULL AND (watched OR NOT EXISTS (
-            SELECT 1 FROM tasks AS r
+    IF claimed_by IS NOT NULL AND (watched OR (
+            SELECT r.id FROM tasks AS r
             WHERE r.state = 'running'
               AND r.must_heartbeat_before > now()
-              AND r.must_heartbeat_before < claimed_by)) THEN
+              AND r.must_heartbeat_before < claimed_by
+            ORDER BY r.id DESC
+            LIMIT 1) IS NULL) THEN
         PERFORM pg_notify('leasehold_task', 'claimed:' || floor(extract(epoch FROM claimed_by) * 1000)::bigint);
     END IF;
     IF finished AND watched THEN

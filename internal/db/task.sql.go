@@ -20,19 +20,21 @@ WITH buried AS (
         must_heartbeat_before = NULL
     WHERE b.id IN (
             SELECT x.id FROM tasks AS x
-            WHERE x.state = 'running'
+            WHERE $2::boolean
+              AND x.state = 'running'
               AND x.must_heartbeat_before <= now()
               AND x.attempts >= x.max_attempts
             FOR UPDATE SKIP LOCKED)
     RETURNING b.id
 ),
 due AS (
-    SELECT d.id, d.scheduled_at FROM tasks_due(cardinality($2::text[])) AS d (id, scheduled_at)
+    SELECT d.id, d.scheduled_at FROM tasks_due(cardinality($3::text[])) AS d (id, scheduled_at)
 ),
 lapsed AS (
     SELECT r.id, r.scheduled_at FROM tasks AS r
-    WHERE r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
-    LIMIT cardinality($2::text[])
+    WHERE $2::boolean
+      AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
+    LIMIT cardinality($3::text[])
     FOR UPDATE SKIP LOCKED
 ),
 picked AS (
@@ -44,7 +46,7 @@ picked AS (
 assigned AS (
     SELECT picked.id, w.processor
     FROM picked
-    JOIN unnest($2::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+    JOIN unnest($3::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
 )
 UPDATE tasks AS t
 SET state = 'running',
@@ -66,16 +68,20 @@ RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.at
 
 type TaskClaimParams struct {
 	TTLSeconds int32
+	WithLapsed bool
 	Processors []string
 }
 
 // TaskClaim claims up to one task per processor named, oldest schedule
 // first, each under a new lease held in the task's row (a new fence from
 // lease_fence_seq, drawn under the row lock; TTL ttl_seconds): pending
-// tasks that are due, and running tasks whose lease lapsed before a reaper
-// put them back (the claim counts an attempt either way, and records the
-// lapsed one in earlier_attempts). Lapsed tasks that have used all their
-// attempts are declared dead instead.
+// tasks that are due and, with with_lapsed, running tasks whose lease
+// lapsed before a reaper put them back (the claim counts an attempt either
+// way, and records the lapsed one in earlier_attempts); lapsed tasks that
+// have used all their attempts are then declared dead instead. Without
+// with_lapsed the claim reads no running task: their index holds an entry
+// for every task run since the last VACUUM, too many to walk on every
+// claim of a busy queue, where the reaper puts lapsed tasks back anyway.
 // Two index-driven picks (an OR of the two would scan every claimable row):
 // due pending tasks by schedule, and lapsed running ones. Each locks at
 // most one row per processor; rows not used stay locked only until this
@@ -83,7 +89,7 @@ type TaskClaimParams struct {
 // tasks_due (schema/0010) is the first of these, in index order whatever
 // the statistics say: the due pending tasks by schedule.
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, error) {
-	rows, err := q.db.Query(ctx, taskClaim, arg.TTLSeconds, arg.Processors)
+	rows, err := q.db.Query(ctx, taskClaim, arg.TTLSeconds, arg.WithLapsed, arg.Processors)
 	if err != nil {
 		return nil, err
 	}

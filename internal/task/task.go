@@ -165,10 +165,26 @@ func (s *Store) InsertGenerated(ctx context.Context, holder string, fence int64,
 }
 
 // Claim claims up to one task for each processor named, in one statement,
-// each under a new lease of the given TTL. The i-th task returned belongs
-// to the processor named in its Processor field.
+// each under a new lease of the given TTL: due pending tasks, and running
+// tasks whose lease lapsed. The i-th task returned belongs to the
+// processor named in its Processor field.
 func (s *Store) Claim(ctx context.Context, processors []string, ttl time.Duration) ([]Task, error) {
-	rows, err := s.q.TaskClaim(ctx, db.TaskClaimParams{Processors: processors, TTLSeconds: int32(ttl / time.Second)})
+	return s.claim(ctx, processors, ttl, true)
+}
+
+// ClaimPending is Claim of due pending tasks only: it does not look for
+// running tasks whose lease lapsed, which the reaper puts back to pending
+// (RequeueLapsed). It is the claim a busy dispatcher makes again and
+// again: looking for lapsed tasks walks the index of running tasks, which
+// holds an entry for every task run since the table's last VACUUM.
+func (s *Store) ClaimPending(ctx context.Context, processors []string, ttl time.Duration) ([]Task, error) {
+	return s.claim(ctx, processors, ttl, false)
+}
+
+func (s *Store) claim(ctx context.Context, processors []string, ttl time.Duration, withLapsed bool) ([]Task, error) {
+	rows, err := s.q.TaskClaim(ctx, db.TaskClaimParams{
+		Processors: processors, TTLSeconds: int32(ttl / time.Second), WithLapsed: withLapsed,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("claim tasks: %w", err)
 	}

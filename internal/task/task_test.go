@@ -381,7 +381,7 @@ func TestClaimWalksThePendingIndexInOrder(t *testing.T) {
 		workers[i] = fmt.Sprintf("w%d", i)
 	}
 	before := returned()
-	claimed, err := db.New(tx).TaskClaim(ctx, db.TaskClaimParams{Processors: workers, TTLSeconds: 30})
+	claimed, err := db.New(tx).TaskClaim(ctx, db.TaskClaimParams{Processors: workers, TTLSeconds: 30, WithLapsed: true})
 	if err != nil || len(claimed) != take {
 		t.Fatalf("claim: %d tasks, %v; want %d", len(claimed), err, take)
 	}

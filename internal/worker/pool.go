@@ -339,7 +339,11 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 		// after TTL − margin, when the workers would count the leases lost.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.TTL-p.margin())
 		sent := time.Now()
-		tasks, err := p.Tasks.Claim(cctx, names, p.TTL)
+		claim := p.Tasks.ClaimPending
+		if wake&lookForLapsed != 0 {
+			claim = p.Tasks.Claim
+		}
+		tasks, err := claim(cctx, names, p.TTL)
 		cancel()
 		p.counters.claims.Add(1)
 		if err != nil {
@@ -388,6 +392,15 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 	}
 	d.scheduleNextDue(ctx)
 }
+
+// lookForLapsed are the wake-ups whose claim also takes running tasks whose
+// lease lapsed. Otherwise the reaper announces a lapse by putting the task
+// back to pending, and the "requeued" notification wakes the dispatcher:
+// only the catch-ups (start, reconnect) and the safety poll look for what a
+// missing reaper or a lost notification left behind, since looking walks
+// the index of running tasks, which holds an entry for every task run since
+// the last VACUUM.
+const lookForLapsed = WakeStart | WakeResync | WakeSafetyPoll
 
 // lingerThenUnregister unregisters the pool as a waiter for inserted tasks
 // after WaitLinger, or at once when WaitLinger is negative.
