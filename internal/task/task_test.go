@@ -395,3 +395,30 @@ func TestClaimWalksThePendingIndexInOrder(t *testing.T) {
 		t.Errorf("the claim of %d tasks read %d entries of the pending index (%d pending); want it to stop after those it takes", take, read, burst)
 	}
 }
+
+// TestClaimPendingLeavesLapsedTasks: the busy dispatcher's claim takes due
+// pending tasks only; a running task whose lease lapsed waits for the
+// reaper's requeue, or for a full Claim.
+func TestClaimPendingLeavesLapsedTasks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := pgtest.New(t)
+	s := task.NewStore(tdb.Pool)
+	if _, err := s.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.ClaimPending(ctx, []string{"a"}, 30*time.Second)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("claim of the pending task: %+v, %v", first, err)
+	}
+	if _, err := tdb.Pool.Exec(ctx, `UPDATE tasks SET must_heartbeat_before = now() WHERE id = $1`, first[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ClaimPending(ctx, []string{"b"}, 30*time.Second); err != nil || len(got) != 0 {
+		t.Fatalf("ClaimPending took %+v, %v; want nothing: the task is running, its lease lapsed", got, err)
+	}
+	got, err := s.Claim(ctx, []string{"c"}, 30*time.Second)
+	if err != nil || len(got) != 1 || got[0].ID != first[0].ID || got[0].Attempts != 2 {
+		t.Fatalf("Claim: %+v, %v; want the lapsed task, second attempt", got, err)
+	}
+}
