@@ -135,8 +135,11 @@ RETURNING t.*;
 
 -- name: TaskCompleteMany :many
 -- TaskCompleteMany is TaskComplete for many tasks in one statement (one
--- commit), each under its own compare-and-set: the tasks it returns were
--- completed, the others were not (lease lost, or already processed).
+-- commit), each under its own compare-and-set: the ids it returns were
+-- completed, the others were not (lease lost, or already processed). Only
+-- the ids come back: the rows are the workers' own, and a batch of whole
+-- rows (task data, output, history) cost the replica more to decode than
+-- anything else about a completion.
 UPDATE tasks AS t
 SET state = 'done',
     processed_at = now(),
@@ -151,7 +154,7 @@ WHERE t.id = input.id
   AND t.processor = input.processor
   AND t.fence = input.fence
   AND t.must_heartbeat_before > now()
-RETURNING t.*;
+RETURNING t.id;
 
 -- name: TaskFail :one
 -- TaskFail records a failed attempt, which ends its lease, under the same

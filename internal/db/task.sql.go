@@ -196,7 +196,7 @@ WHERE t.id = input.id
   AND t.processor = input.processor
   AND t.fence = input.fence
   AND t.must_heartbeat_before > now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
+RETURNING t.id
 `
 
 type TaskCompleteManyParams struct {
@@ -207,9 +207,12 @@ type TaskCompleteManyParams struct {
 }
 
 // TaskCompleteMany is TaskComplete for many tasks in one statement (one
-// commit), each under its own compare-and-set: the tasks it returns were
-// completed, the others were not (lease lost, or already processed).
-func (q *Queries) TaskCompleteMany(ctx context.Context, arg TaskCompleteManyParams) ([]Task, error) {
+// commit), each under its own compare-and-set: the ids it returns were
+// completed, the others were not (lease lost, or already processed). Only
+// the ids come back: the rows are the workers' own, and a batch of whole
+// rows (task data, output, history) cost the replica more to decode than
+// anything else about a completion.
+func (q *Queries) TaskCompleteMany(ctx context.Context, arg TaskCompleteManyParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, taskCompleteMany,
 		arg.Ids,
 		arg.Processors,
@@ -220,32 +223,13 @@ func (q *Queries) TaskCompleteMany(ctx context.Context, arg TaskCompleteManyPara
 		return nil, err
 	}
 	defer rows.Close()
-	items := []Task{}
+	items := []int64{}
 	for rows.Next() {
-		var i Task
-		if err := rows.Scan(
-			&i.ID,
-			&i.TaskData,
-			&i.State,
-			&i.ScheduledAt,
-			&i.Processor,
-			&i.Fence,
-			&i.Attempts,
-			&i.MaxAttempts,
-			&i.LastHeartbeatAt,
-			&i.MustHeartbeatBefore,
-			&i.StartedAt,
-			&i.ProcessedAt,
-			&i.TaskOutput,
-			&i.LastError,
-			&i.CreatedAt,
-			&i.GeneratorFence,
-			&i.TTLSeconds,
-			&i.EarlierAttempts,
-		); err != nil {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
 			return nil, err
 		}
-		items = append(items, i)
+		items = append(items, id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -218,10 +218,10 @@ type Completion struct {
 }
 
 // CompleteMany completes many tasks in one statement and one commit, each
-// under the compare-and-set of Complete, and returns the tasks it completed
-// by id. A task missing from the result was refused: its lease was lost or
-// it was already processed (ErrLeaseLost for Complete).
-func (s *Store) CompleteMany(ctx context.Context, cs []Completion) (map[int64]Task, error) {
+// under the compare-and-set of Complete, and returns the ids of those it
+// completed. A task missing from the result was refused: its lease was
+// lost or it was already processed (ErrLeaseLost for Complete).
+func (s *Store) CompleteMany(ctx context.Context, cs []Completion) (map[int64]bool, error) {
 	p := db.TaskCompleteManyParams{
 		Ids: make([]int64, len(cs)), Processors: make([]string, len(cs)),
 		Fences: make([]int64, len(cs)), Outputs: make([][]byte, len(cs)),
@@ -232,13 +232,13 @@ func (s *Store) CompleteMany(ctx context.Context, cs []Completion) (map[int64]Ta
 			p.Outputs[i] = []byte("null")
 		}
 	}
-	rows, err := s.q.TaskCompleteMany(ctx, p)
+	ids, err := s.q.TaskCompleteMany(ctx, p)
 	if err != nil {
 		return nil, fmt.Errorf("complete %d tasks: %w", len(cs), err)
 	}
-	done := make(map[int64]Task, len(rows))
-	for _, r := range rows {
-		done[r.ID] = fromRow(r)
+	done := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		done[id] = true
 	}
 	return done, nil
 }

@@ -327,11 +327,14 @@ func TestCompleteMany(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(done) != 2 || done[claimed[1].ID].State != task.StateDone || done[claimed[4].ID].State != task.StateDone {
-		t.Fatalf("completed %+v; want exactly tasks %d and %d", done, claimed[1].ID, claimed[4].ID)
+	if len(done) != 2 || !done[claimed[1].ID] || !done[claimed[4].ID] {
+		t.Fatalf("completed %v; want exactly tasks %d and %d", done, claimed[1].ID, claimed[4].ID)
 	}
-	if got := string(done[claimed[1].ID].TaskOutput); got != `{"i": 1}` {
-		t.Errorf("task %d output %s", claimed[1].ID, got)
+	for i, want := range map[int]string{1: `{"i": 1}`, 4: `null`} {
+		got, err := s.Get(ctx, claimed[i].ID)
+		if err != nil || got.State != task.StateDone || string(got.TaskOutput) != want {
+			t.Errorf("task %d after the batch: %+v (output %s), %v; want done with output %s", claimed[i].ID, got, got.TaskOutput, err, want)
+		}
 	}
 	for _, i := range []int{2, 3} {
 		if got, err := s.Get(ctx, claimed[i].ID); err != nil || got.State != task.StateRunning {

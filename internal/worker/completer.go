@@ -25,13 +25,9 @@ type completer struct {
 type completeReq struct {
 	c        task.Completion
 	deadline time.Time // the requester waits until then
-	reply    chan completeResult
+	reply    chan error
 }
 
-type completeResult struct {
-	t   task.Task
-	err error
-}
 
 func newCompleter(tasks *task.Store) *completer {
 	return &completer{tasks: tasks, reqs: make(chan completeReq)}
@@ -39,23 +35,23 @@ func newCompleter(tasks *task.Store) *completer {
 
 // complete completes one task as part of the next batch. Its errors are
 // Store.Complete's: task.ErrLeaseLost when the compare-and-set refused it.
-func (c *completer) complete(ctx context.Context, comp task.Completion) (task.Task, error) {
+func (c *completer) complete(ctx context.Context, comp task.Completion) error {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(time.Minute)
 	}
-	req := completeReq{c: comp, deadline: deadline, reply: make(chan completeResult, 1)}
+	req := completeReq{c: comp, deadline: deadline, reply: make(chan error, 1)}
 	select {
 	case c.reqs <- req:
 	case <-ctx.Done():
-		return task.Task{}, context.Cause(ctx)
+		return context.Cause(ctx)
 	}
 	select {
-	case r := <-req.reply:
-		return r.t, r.err
+	case err := <-req.reply:
+		return err
 	case <-ctx.Done():
 		// The batch may still commit; the caller's retry finds out.
-		return task.Task{}, context.Cause(ctx)
+		return context.Cause(ctx)
 	}
 }
 
@@ -98,13 +94,13 @@ func (c *completer) record(batch []completeReq) {
 	done, err := c.tasks.CompleteMany(ctx, cs)
 	cancel()
 	for _, r := range batch {
-		switch t, ok := done[r.c.ID]; {
+		switch {
 		case err != nil:
-			r.reply <- completeResult{err: err}
-		case ok:
-			r.reply <- completeResult{t: t}
+			r.reply <- err
+		case done[r.c.ID]:
+			r.reply <- nil
 		default:
-			r.reply <- completeResult{err: fmt.Errorf("complete task %d: %w", r.c.ID, task.ErrLeaseLost)}
+			r.reply <- fmt.Errorf("complete task %d: %w", r.c.ID, task.ErrLeaseLost)
 		}
 	}
 }

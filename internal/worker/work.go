@@ -34,11 +34,30 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) EventKind {
 	taskCtx, cancelTask := context.WithCancelCause(workCtx)
 	defer cancelTask(nil)
 	hbCtx, stopHeartbeats := context.WithCancel(taskCtx)
-	var deadline time.Time // the lease's local deadline when the heartbeats stopped
-	var hb sync.WaitGroup
-	hb.Go(func() { deadline = p.heartbeat(hbCtx, log, t.ID, w.name, fence, c.sent, cancelTask) })
+	// The lease's local deadline when the heartbeats stopped; the claim's
+	// when none was due.
+	deadline := c.sent.Add(p.TTL - p.margin())
+	// The heartbeat goroutine starts when the first heartbeat is nearly
+	// due (the earliest its jitter allows): most tasks of a busy queue are
+	// over by then, and cost no goroutine and no timers of their own.
+	var (
+		hb      sync.WaitGroup
+		hbMu    sync.Mutex
+		stopped bool
+	)
+	first := time.AfterFunc(time.Until(c.sent.Add(p.TTL/3-p.TTL/30)), func() {
+		hbMu.Lock()
+		defer hbMu.Unlock()
+		if !stopped {
+			hb.Go(func() { deadline = p.heartbeat(hbCtx, log, t.ID, w.name, fence, c.sent, cancelTask) })
+		}
+	})
 	output, runErr := p.run(taskCtx, log, w.name, t)
 	stopHeartbeats()
+	first.Stop()
+	hbMu.Lock()
+	stopped = true
+	hbMu.Unlock()
 	hb.Wait()
 	cause := context.Cause(taskCtx)
 
@@ -58,17 +77,19 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) EventKind {
 		p.emit(ev)
 		return EventLeaseLost
 	case runErr == nil:
-		return p.finish(workCtx, log, ev, deadline, EventCompleted, func(ctx context.Context) (task.Task, error) {
-			return p.completer.complete(ctx, task.Completion{ID: t.ID, Processor: w.name, Fence: fence, Output: output})
+		return p.finish(workCtx, log, ev, deadline, EventCompleted, func(ctx context.Context) (string, error) {
+			return task.StateDone, p.completer.complete(ctx, task.Completion{ID: t.ID, Processor: w.name, Fence: fence, Output: output})
 		})
 	case errors.Is(runErr, context.Canceled) && workCtx.Err() != nil:
-		return p.finish(workCtx, log, ev, deadline, EventRequeued, func(ctx context.Context) (task.Task, error) {
-			return p.Tasks.Requeue(ctx, t.ID, w.name, fence, "the worker shut down before the task finished")
+		return p.finish(workCtx, log, ev, deadline, EventRequeued, func(ctx context.Context) (string, error) {
+			t, err := p.Tasks.Requeue(ctx, t.ID, w.name, fence, "the worker shut down before the task finished")
+			return t.State, err
 		})
 	default:
 		ev.Err = runErr
-		return p.finish(workCtx, log, ev, deadline, EventFailed, func(ctx context.Context) (task.Task, error) {
-			return p.Tasks.Fail(ctx, t.ID, w.name, fence, runErr.Error())
+		return p.finish(workCtx, log, ev, deadline, EventFailed, func(ctx context.Context) (string, error) {
+			t, err := p.Tasks.Fail(ctx, t.ID, w.name, fence, runErr.Error())
+			return t.State, err
 		})
 	}
 }
@@ -79,29 +100,29 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) EventKind {
 // when the write succeeded, EventLeaseLost when it was refused, "" when it
 // could not be made.
 func (p *Pool) finish(ctx context.Context, log zerolog.Logger, ev Event, deadline time.Time,
-	kind EventKind, write func(ctx context.Context) (task.Task, error),
+	kind EventKind, write func(ctx context.Context) (state string, err error),
 ) EventKind {
 	ev.Kind = kind
 	for retry := false; ; retry = true {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(time.Until(deadline), 0)+p.margin())
-		t, err := write(wctx)
+		state, err := write(wctx)
 		if retry && kind == EventCompleted && errors.Is(err, task.ErrLeaseLost) {
 			// The attempt that seemed to fail may have committed.
 			if cur, gerr := p.Tasks.Get(wctx, ev.TaskID); gerr == nil && cur.State == task.StateDone && deref(cur.Fence) == ev.Fence {
-				t, err = cur, nil
+				state, err = cur.State, nil
 			}
 		}
 		cancel()
 		switch {
 		case err == nil:
-			ev.State = t.State
+			ev.State = state
 			switch kind {
 			case EventCompleted:
 				p.counters.completed.Add(1)
 				log.Debug().Msg("completed task")
 			case EventFailed:
 				p.counters.failed.Add(1)
-				log.Info().Err(ev.Err).Str("state", t.State).Msg("task failed")
+				log.Info().Err(ev.Err).Str("state", state).Msg("task failed")
 			case EventRequeued:
 				p.counters.requeued.Add(1)
 				log.Info().Msg("handed the task back at shutdown")
