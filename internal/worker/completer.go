@@ -28,7 +28,6 @@ type completeReq struct {
 	reply    chan error
 }
 
-
 func newCompleter(tasks *task.Store) *completer {
 	return &completer{tasks: tasks, reqs: make(chan completeReq)}
 }
