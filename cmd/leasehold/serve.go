@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -86,6 +87,7 @@ func poolConfig(url, app string) (*pgxpool.Config, error) {
 		return nil, fmt.Errorf("database URL: %w", err)
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	maps.Copy(cfg.ConnConfig.RuntimeParams, schema.SessionParams())
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}

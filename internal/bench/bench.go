@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"runtime"
 	"slices"
@@ -231,6 +232,7 @@ func newDB(ctx context.Context, base string, maxConns int32) (*freshDB, error) {
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
+	maps.Copy(cfg.ConnConfig.RuntimeParams, schema.SessionParams())
 	if d.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		d.drop()
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"os"
 	"sync"
@@ -164,7 +165,13 @@ func create(t testing.TB, tmpl string) DB {
 		t.Fatalf("pgtest: create database: %v", err)
 	}
 	dbURL := withDatabase(t, ServerURL(t), name)
-	pool, err := pgxpool.New(ctx, dbURL)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatalf("pgtest: pool: %v", err)
+	}
+	// The settings a replica's sessions run with.
+	maps.Copy(cfg.ConnConfig.RuntimeParams, schema.SessionParams())
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatalf("pgtest: pool: %v", err)
 	}
