@@ -124,11 +124,16 @@ DECLARE
     finished   boolean;
     watched    boolean;
 BEGIN
-    SELECT min(n.must_heartbeat_before) FILTER (WHERE n.state = 'running' AND n.fence IS DISTINCT FROM o.fence),
-           bool_or(n.state = 'pending' AND o.state <> 'pending'),
-           bool_or(n.state IN ('done', 'dead') AND o.state NOT IN ('done', 'dead'))
+    -- From the new rows alone (keeping the old ones cost every statement
+    -- a copy of each row it changed): a claim stamps started_at, and an
+    -- ending processed_at, with the transaction's now(); a row left
+    -- pending was put back (only failures, hand-backs and the reaper's
+    -- requeue leave a row pending).
+    SELECT min(n.must_heartbeat_before) FILTER (WHERE n.state = 'running' AND n.started_at = now()),
+           bool_or(n.state = 'pending'),
+           bool_or(n.state IN ('done', 'dead') AND n.processed_at = now())
     INTO claimed_by, requeued, finished
-    FROM new_rows AS n JOIN old_rows AS o ON o.id = n.id;
+    FROM new_rows AS n;
 
     IF requeued THEN
         PERFORM pg_notify('leasehold_task', 'requeued');
@@ -155,6 +160,12 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+
+DROP TRIGGER tasks_changed ON tasks;
+CREATE TRIGGER tasks_changed
+    AFTER UPDATE ON tasks
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION tasks_changed();
 
 -- task_next_lapse returns the earliest expiry of a running task's lease
 -- (NULL when none runs), read after every claim that may have skipped its
@@ -191,6 +202,11 @@ $$;
 
 -- +goose Down
 DROP FUNCTION task_next_lapse(integer);
+DROP TRIGGER tasks_changed ON tasks;
+CREATE TRIGGER tasks_changed
+    AFTER UPDATE ON tasks
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION tasks_changed();
 CREATE OR REPLACE FUNCTION tasks_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
