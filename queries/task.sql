@@ -264,3 +264,51 @@ SELECT * FROM tasks
 WHERE state = 'dead'
 ORDER BY processed_at DESC, id DESC
 LIMIT @row_limit;
+
+-- name: TaskCompleteAndClaim :many
+-- TaskCompleteAndClaim is TaskCompleteMany and a claim of due pending tasks
+-- (as TaskClaim without with_lapsed) for the processors claim_for, in one
+-- statement and one commit: a busy replica's workers hand in their
+-- completions and get their next tasks at once. Every row carries the ids
+-- completed; a row's other columns are a claimed task, all NULL in the one
+-- row that comes back when nothing was claimed.
+WITH input AS (
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@processors::text[]) AS processor,
+           unnest(@fences::bigint[]) AS fence, unnest(@outputs::jsonb[]) AS output
+),
+completed AS (
+    UPDATE tasks AS c
+    SET state = 'done',
+        processed_at = now(),
+        task_output = input.output
+    FROM input
+    WHERE c.id = input.id
+      AND c.state = 'running'
+      AND c.processor = input.processor
+      AND c.fence = input.fence
+      AND c.must_heartbeat_before > now()
+    RETURNING c.id
+),
+picked AS (
+    SELECT d.id, row_number() OVER (ORDER BY d.scheduled_at, d.id) AS n
+    FROM tasks_due(cardinality(@claim_for::text[])) AS d (id, scheduled_at)
+),
+claimed AS (
+    UPDATE tasks AS t
+    SET state = 'running',
+        processor = w.processor,
+        fence = nextval('lease_fence_seq'),
+        ttl_seconds = @ttl_seconds::integer,
+        attempts = t.attempts + 1,
+        started_at = now(),
+        last_heartbeat_at = now(),
+        must_heartbeat_before = now() + make_interval(secs => @ttl_seconds::integer)
+    FROM picked
+    JOIN unnest(@claim_for::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+    WHERE t.id = picked.id
+    RETURNING t.id, t.task_data, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts,
+              t.must_heartbeat_before, t.started_at, t.created_at
+)
+SELECT done.ids::bigint[] AS completed_ids, claimed.*
+FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
+LEFT JOIN claimed ON true;

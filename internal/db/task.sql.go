@@ -181,6 +181,117 @@ func (q *Queries) TaskComplete(ctx context.Context, arg TaskCompleteParams) (Tas
 	return i, err
 }
 
+const taskCompleteAndClaim = `-- name: TaskCompleteAndClaim :many
+WITH input AS (
+    SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS processor,
+           unnest($3::bigint[]) AS fence, unnest($4::jsonb[]) AS output
+),
+completed AS (
+    UPDATE tasks AS c
+    SET state = 'done',
+        processed_at = now(),
+        task_output = input.output
+    FROM input
+    WHERE c.id = input.id
+      AND c.state = 'running'
+      AND c.processor = input.processor
+      AND c.fence = input.fence
+      AND c.must_heartbeat_before > now()
+    RETURNING c.id
+),
+picked AS (
+    SELECT d.id, row_number() OVER (ORDER BY d.scheduled_at, d.id) AS n
+    FROM tasks_due(cardinality($5::text[])) AS d (id, scheduled_at)
+),
+claimed AS (
+    UPDATE tasks AS t
+    SET state = 'running',
+        processor = w.processor,
+        fence = nextval('lease_fence_seq'),
+        ttl_seconds = $6::integer,
+        attempts = t.attempts + 1,
+        started_at = now(),
+        last_heartbeat_at = now(),
+        must_heartbeat_before = now() + make_interval(secs => $6::integer)
+    FROM picked
+    JOIN unnest($5::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+    WHERE t.id = picked.id
+    RETURNING t.id, t.task_data, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts,
+              t.must_heartbeat_before, t.started_at, t.created_at
+)
+SELECT done.ids::bigint[] AS completed_ids, claimed.id, claimed.task_data, claimed.scheduled_at, claimed.processor, claimed.fence, claimed.attempts, claimed.max_attempts, claimed.must_heartbeat_before, claimed.started_at, claimed.created_at
+FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
+LEFT JOIN claimed ON true
+`
+
+type TaskCompleteAndClaimParams struct {
+	Ids        []int64
+	Processors []string
+	Fences     []int64
+	Outputs    [][]byte
+	ClaimFor   []string
+	TTLSeconds int32
+}
+
+type TaskCompleteAndClaimRow struct {
+	CompletedIds        []int64
+	ID                  *int64
+	TaskData            []byte
+	ScheduledAt         *time.Time
+	Processor           *string
+	Fence               *int64
+	Attempts            *int32
+	MaxAttempts         *int32
+	MustHeartbeatBefore *time.Time
+	StartedAt           *time.Time
+	CreatedAt           *time.Time
+}
+
+// TaskCompleteAndClaim is TaskCompleteMany and a claim of due pending tasks
+// (as TaskClaim without with_lapsed) for the processors claim_for, in one
+// statement and one commit: a busy replica's workers hand in their
+// completions and get their next tasks at once. Every row carries the ids
+// completed; a row's other columns are a claimed task, all NULL in the one
+// row that comes back when nothing was claimed.
+func (q *Queries) TaskCompleteAndClaim(ctx context.Context, arg TaskCompleteAndClaimParams) ([]TaskCompleteAndClaimRow, error) {
+	rows, err := q.db.Query(ctx, taskCompleteAndClaim,
+		arg.Ids,
+		arg.Processors,
+		arg.Fences,
+		arg.Outputs,
+		arg.ClaimFor,
+		arg.TTLSeconds,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []TaskCompleteAndClaimRow{}
+	for rows.Next() {
+		var i TaskCompleteAndClaimRow
+		if err := rows.Scan(
+			&i.CompletedIds,
+			&i.ID,
+			&i.TaskData,
+			&i.ScheduledAt,
+			&i.Processor,
+			&i.Fence,
+			&i.Attempts,
+			&i.MaxAttempts,
+			&i.MustHeartbeatBefore,
+			&i.StartedAt,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const taskCompleteMany = `-- name: TaskCompleteMany :many
 UPDATE tasks AS t
 SET state = 'done',

@@ -222,25 +222,65 @@ type Completion struct {
 // completed. A task missing from the result was refused: its lease was
 // lost or it was already processed (ErrLeaseLost for Complete).
 func (s *Store) CompleteMany(ctx context.Context, cs []Completion) (map[int64]bool, error) {
-	p := db.TaskCompleteManyParams{
-		Ids: make([]int64, len(cs)), Processors: make([]string, len(cs)),
-		Fences: make([]int64, len(cs)), Outputs: make([][]byte, len(cs)),
-	}
-	for i, c := range cs {
-		p.Ids[i], p.Processors[i], p.Fences[i], p.Outputs[i] = c.ID, c.Processor, c.Fence, c.Output
-		if len(c.Output) == 0 {
-			p.Outputs[i] = []byte("null")
-		}
-	}
-	ids, err := s.q.TaskCompleteMany(ctx, p)
+	ids, processors, fences, outputs := completionArrays(cs)
+	done, err := s.q.TaskCompleteMany(ctx, db.TaskCompleteManyParams{Ids: ids, Processors: processors, Fences: fences, Outputs: outputs})
 	if err != nil {
 		return nil, fmt.Errorf("complete %d tasks: %w", len(cs), err)
 	}
-	done := make(map[int64]bool, len(ids))
-	for _, id := range ids {
-		done[id] = true
+	return idSet(done), nil
+}
+
+// CompleteAndClaim is CompleteMany and ClaimPending for the processors
+// claimFor (at most one task each), in one statement and one commit: a
+// busy replica's workers hand in their completions and get their next
+// tasks in the same round trip. The claimed tasks carry their processor;
+// the completions are judged as CompleteMany's, whatever is claimed.
+func (s *Store) CompleteAndClaim(ctx context.Context, cs []Completion, claimFor []string, ttl time.Duration) (map[int64]bool, []Task, error) {
+	ids, processors, fences, outputs := completionArrays(cs)
+	rows, err := s.q.TaskCompleteAndClaim(ctx, db.TaskCompleteAndClaimParams{
+		Ids: ids, Processors: processors, Fences: fences, Outputs: outputs,
+		ClaimFor: claimFor, TTLSeconds: int32(ttl / time.Second),
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("complete %d tasks and claim for %d workers: %w", len(cs), len(claimFor), err)
 	}
-	return done, nil
+	if len(rows) == 0 { // cannot happen: the completions' row always comes back
+		return nil, nil, fmt.Errorf("complete %d tasks and claim for %d workers: no result", len(cs), len(claimFor))
+	}
+	var claimed []Task
+	for _, r := range rows {
+		if r.ID == nil {
+			continue // nothing claimed
+		}
+		claimed = append(claimed, Task{
+			ID: *r.ID, TaskData: r.TaskData, State: StateRunning, ScheduledAt: *r.ScheduledAt,
+			Processor: r.Processor, Fence: r.Fence, Attempts: *r.Attempts, MaxAttempts: *r.MaxAttempts,
+			LastHeartbeatAt: r.StartedAt, MustHeartbeatBefore: r.MustHeartbeatBefore, StartedAt: r.StartedAt,
+			CreatedAt: *r.CreatedAt,
+		})
+	}
+	return idSet(rows[0].CompletedIds), claimed, nil
+}
+
+// completionArrays lays out completions as the batch statements take them.
+func completionArrays(cs []Completion) (ids []int64, processors []string, fences []int64, outputs [][]byte) {
+	ids, processors = make([]int64, len(cs)), make([]string, len(cs))
+	fences, outputs = make([]int64, len(cs)), make([][]byte, len(cs))
+	for i, c := range cs {
+		ids[i], processors[i], fences[i], outputs[i] = c.ID, c.Processor, c.Fence, c.Output
+		if len(c.Output) == 0 {
+			outputs[i] = []byte("null")
+		}
+	}
+	return ids, processors, fences, outputs
+}
+
+func idSet(ids []int64) map[int64]bool {
+	set := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		set[id] = true
+	}
+	return set
 }
 
 // Backoff of failed attempts: Base × 2^(attempts−1), at most Max, times a

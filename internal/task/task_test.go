@@ -425,3 +425,51 @@ func TestClaimPendingLeavesLapsedTasks(t *testing.T) {
 		t.Fatalf("Claim: %+v, %v; want the lapsed task, second attempt", got, err)
 	}
 }
+
+// TestCompleteAndClaim: one statement records the completions, each under
+// its own compare-and-set, and claims a due pending task for each worker
+// named; with nothing left to claim the completions still come back.
+func TestCompleteAndClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := pgtest.New(t)
+	s := task.NewStore(tdb.Pool)
+	data := make([]task.NewTask, 3)
+	for i := range data {
+		data[i] = task.NewTask{TaskData: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}
+	}
+	if _, err := s.Insert(ctx, data); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.ClaimPending(ctx, []string{"a", "b"}, 30*time.Second)
+	if err != nil || len(first) != 2 {
+		t.Fatalf("claim: %+v, %v", first, err)
+	}
+	stale := task.Completion{ID: first[1].ID, Processor: "b", Fence: *first[1].Fence - 1}
+	done, claimed, err := s.CompleteAndClaim(ctx,
+		[]task.Completion{{ID: first[0].ID, Processor: "a", Fence: *first[0].Fence, Output: json.RawMessage(`{"ok":1}`)}, stale},
+		[]string{"a", "b"}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(done) != 1 || !done[first[0].ID] {
+		t.Fatalf("completed %v; want only task %d (the other's fence is stale)", done, first[0].ID)
+	}
+	if len(claimed) != 1 || claimed[0].ID != first[1].ID+1 || *claimed[0].Processor != "a" ||
+		claimed[0].State != task.StateRunning || *claimed[0].Fence <= *first[1].Fence || claimed[0].Attempts != 1 {
+		t.Fatalf("claimed %+v; want the one task left, for a, running under a new fence", claimed)
+	}
+	got, err := s.Get(ctx, claimed[0].ID)
+	if err != nil || got.State != task.StateRunning || *got.Fence != *claimed[0].Fence || !got.MustHeartbeatBefore.Equal(*claimed[0].MustHeartbeatBefore) {
+		t.Fatalf("the claimed task as stored: %+v, %v; want it as returned", got, err)
+	}
+	if string(claimed[0].TaskData) != `{"i": 2}` {
+		t.Errorf("claimed task data %s", claimed[0].TaskData)
+	}
+	// Nothing left to claim: the completions come back all the same.
+	done, claimed, err = s.CompleteAndClaim(ctx,
+		[]task.Completion{{ID: first[1].ID, Processor: "b", Fence: *first[1].Fence}}, []string{"b"}, 30*time.Second)
+	if err != nil || len(done) != 1 || !done[first[1].ID] || len(claimed) != 0 {
+		t.Fatalf("complete with nothing to claim: %v, %+v, %v; want task %d completed, nothing claimed", done, claimed, err, first[1].ID)
+	}
+}

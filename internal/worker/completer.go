@@ -17,40 +17,59 @@ const maxCompleteBatch = 500
 // completion and nothing waits; under load one commit carries many, which
 // is what lets a replica complete more tasks a second than it can commit
 // transactions.
+//
+// While the pool is fed (its dispatcher's last claim got a task for every
+// idle worker: more are likely waiting), the same statement also claims
+// the next task of each worker whose completion it records
+// (task.Store.CompleteAndClaim): a busy replica then runs one statement
+// and one commit per round of tasks, not a claim and a completion. A
+// claim that comes back short stops the feeding; the workers left without
+// a task go idle, and the dispatcher takes over, registering as a waiter
+// for inserted tasks as it does.
 type completer struct {
-	tasks *task.Store
-	reqs  chan completeReq
+	p    *Pool
+	reqs chan completeReq
 }
 
 type completeReq struct {
 	c        task.Completion
 	deadline time.Time // the requester waits until then
-	reply    chan error
+	reply    chan completeReply
 }
 
-func newCompleter(tasks *task.Store) *completer {
-	return &completer{tasks: tasks, reqs: make(chan completeReq)}
+// completeReply is what became of a completion, and the worker's next task
+// when the statement claimed one for it.
+type completeReply struct {
+	err  error
+	next *claim
 }
 
-// complete completes one task as part of the next batch. Its errors are
-// Store.Complete's: task.ErrLeaseLost when the compare-and-set refused it.
-func (c *completer) complete(ctx context.Context, comp task.Completion) error {
+func newCompleter(p *Pool) *completer {
+	return &completer{p: p, reqs: make(chan completeReq)}
+}
+
+// complete completes one task as part of the next batch, and returns the
+// worker's next task when the batch claimed one for it (whatever became
+// of the completion). Its errors are Store.Complete's: task.ErrLeaseLost
+// when the compare-and-set refused it.
+func (c *completer) complete(ctx context.Context, comp task.Completion) (*claim, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(time.Minute)
 	}
-	req := completeReq{c: comp, deadline: deadline, reply: make(chan error, 1)}
+	req := completeReq{c: comp, deadline: deadline, reply: make(chan completeReply, 1)}
 	select {
 	case c.reqs <- req:
 	case <-ctx.Done():
-		return context.Cause(ctx)
+		return nil, context.Cause(ctx)
 	}
 	select {
-	case err := <-req.reply:
-		return err
+	case r := <-req.reply:
+		return r.next, r.err
 	case <-ctx.Done():
-		// The batch may still commit; the caller's retry finds out.
-		return context.Cause(ctx)
+		// The batch may still commit; the caller's retry finds out. A task
+		// it claimed for this worker is left to lapse, and be requeued.
+		return nil, context.Cause(ctx)
 	}
 }
 
@@ -77,8 +96,10 @@ func (c *completer) run(ctx context.Context) {
 	}
 }
 
-// record completes one batch and answers every request in it.
+// record completes one batch, claiming the workers' next tasks while the
+// pool is fed, and answers every request in it.
 func (c *completer) record(batch []completeReq) {
+	p := c.p
 	cs := make([]task.Completion, len(batch))
 	latest := batch[0].deadline
 	for i, r := range batch {
@@ -87,19 +108,47 @@ func (c *completer) record(batch []completeReq) {
 			latest = r.deadline
 		}
 	}
+	var claimFor []string
+	if p.fed.Load() {
+		claimFor = make([]string, len(batch))
+		for i, r := range batch {
+			claimFor[i] = r.c.Processor
+		}
+	}
 	// No requester waits past its own deadline; the statement may run until
 	// the last of them stops waiting.
 	ctx, cancel := context.WithDeadline(context.Background(), latest)
-	done, err := c.tasks.CompleteMany(ctx, cs)
+	sent := time.Now()
+	var (
+		done    map[int64]bool
+		claimed []task.Task
+		err     error
+	)
+	if claimFor == nil {
+		done, err = p.Tasks.CompleteMany(ctx, cs)
+	} else {
+		done, claimed, err = p.Tasks.CompleteAndClaim(ctx, cs, claimFor, p.TTL)
+	}
 	cancel()
+	next := make(map[string]*claim, len(claimed))
+	if claimFor != nil && err == nil {
+		p.counters.claims.Add(1)
+		p.counters.claimed.Add(int64(len(claimed)))
+		if len(claimed) < len(claimFor) {
+			p.fed.Store(false) // the queue ran short: the dispatcher takes over
+		}
+		for _, t := range claimed {
+			next[deref(t.Processor)] = &claim{task: t, sent: sent, wake: WakeChained}
+		}
+	}
 	for _, r := range batch {
 		switch {
 		case err != nil:
-			r.reply <- err
+			r.reply <- completeReply{err: err}
 		case done[r.c.ID]:
-			r.reply <- nil
+			r.reply <- completeReply{next: next[r.c.Processor]}
 		default:
-			r.reply <- fmt.Errorf("complete task %d: %w", r.c.ID, task.ErrLeaseLost)
+			r.reply <- completeReply{err: fmt.Errorf("complete task %d: %w", r.c.ID, task.ErrLeaseLost), next: next[r.c.Processor]}
 		}
 	}
 }

@@ -25,9 +25,12 @@ const (
 	// inserted tasks; the claim catches up with the inserts that did not
 	// notify because nobody was registered.
 	WakeRegistered
+	// WakeChained: no dispatcher round; the statement that recorded the
+	// worker's completion claimed its next task (while the pool is fed).
+	WakeChained
 )
 
-var wakeNames = []string{"start", "insert", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry", "requeued", "registered"}
+var wakeNames = []string{"start", "insert", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry", "requeued", "registered", "chained"}
 
 // String lists the reasons, e.g. "insert|requeued".
 func (w Wake) String() string {

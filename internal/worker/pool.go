@@ -72,6 +72,14 @@ type Pool struct {
 	reasons   atomic.Uint32 // the Wake reasons behind wakeC
 	completer *completer
 	counters  counters
+	// fed: the dispatcher's last claim got a task for every idle worker,
+	// so more are likely waiting, and the completer claims each completing
+	// worker's next task in the completion's statement. Cleared by a claim
+	// that comes back short, and when the pool stops.
+	fed atomic.Bool
+	// stopping: Run's context has ended; a task claimed for a worker from
+	// now on is handed back, not run.
+	stopping atomic.Bool
 }
 
 // finished is a worker done with its task.
@@ -140,7 +148,7 @@ func (p *Pool) init() error {
 		p.byName[w.name] = w
 	}
 	p.idle = make(chan finished, p.Workers)
-	p.completer = newCompleter(p.Tasks)
+	p.completer = newCompleter(p)
 	p.wakeC = make(chan struct{}, 1)
 	return nil
 }
@@ -174,8 +182,21 @@ func (p *Pool) Run(ctx context.Context) error {
 	for _, w := range p.workers {
 		workers.Go(func() {
 			for c := range w.tasks {
-				outcome := p.work(workCtx, w, c)
-				p.idle <- finished{w: w, failed: outcome == EventFailed}
+				for {
+					outcome, next := p.work(workCtx, w, c)
+					if next == nil {
+						p.idle <- finished{w: w, failed: outcome == EventFailed}
+						break
+					}
+					// The completion's statement claimed this worker's next task.
+					if p.stopping.Load() {
+						p.handBack(workCtx, []task.Task{next.task})
+						p.idle <- finished{w: w}
+						break
+					}
+					p.claimed(next.task, next.wake)
+					c = *next
+				}
 			}
 		})
 	}
@@ -262,6 +283,11 @@ func (p *Pool) dispatch(ctx context.Context) {
 	// that does not answer must not hold up the shutdown (the row goes
 	// with the LISTEN session anyway).
 	defer d.waiter.UnregisterWithin(ctx, time.Second)
+	// Nor completions: a task claimed by one in flight is handed back.
+	defer func() {
+		p.stopping.Store(true)
+		p.fed.Store(false)
+	}()
 	var safetyC <-chan time.Time
 	if p.SafetyPoll > 0 {
 		// The last resort, not the mechanism: every way work appears is
@@ -385,9 +411,11 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 				}
 			}
 			d.backlog = false
+			p.fed.Store(false)
 			d.stopLinger()
 			break
 		}
+		p.fed.Store(true) // more may be waiting: completions claim the next tasks
 		wake = WakeBacklog
 	}
 	d.scheduleNextDue(ctx)
@@ -467,10 +495,15 @@ func (d *dispatcher) assign(t task.Task, sent time.Time, wake Wake) {
 			break
 		}
 	}
-	p.log.Debug().Int64("task", t.ID).Str("processor", name).Int64("fence", deref(t.Fence)).
-		Int32("attempt", t.Attempts).Stringer("wake", wake).Msg("claimed task")
-	p.emit(Event{Kind: EventClaimed, Processor: name, TaskID: t.ID, Fence: deref(t.Fence), Attempts: t.Attempts, Wake: wake, Waited: waited(t)})
+	p.claimed(t, wake)
 	w.tasks <- claim{task: t, sent: sent, wake: wake}
+}
+
+// claimed logs and emits the claim of t, about to be run by its processor.
+func (p *Pool) claimed(t task.Task, wake Wake) {
+	p.log.Debug().Int64("task", t.ID).Str("processor", deref(t.Processor)).Int64("fence", deref(t.Fence)).
+		Int32("attempt", t.Attempts).Stringer("wake", wake).Msg("claimed task")
+	p.emit(Event{Kind: EventClaimed, Processor: deref(t.Processor), TaskID: t.ID, Fence: deref(t.Fence), Attempts: t.Attempts, Wake: wake, Waited: waited(t)})
 }
 
 // scheduleNextDue sets the timer for when the next pending task falls due:

@@ -76,11 +76,18 @@ func TestExactlyOnce(t *testing.T) {
 	if oneLease != n || fences != n {
 		t.Fatalf("lease history: %d tasks completed under their one lease, %d fences; want %d", oneLease, fences, n)
 	}
-	// And from the workers' side: each task completed once, nothing else went wrong.
-	completed := map[int64]int{}
+	// And from the workers' side: each task claimed and completed once,
+	// nothing else went wrong; with a backlog, completions claimed the
+	// workers' next tasks in their own statements.
+	completed, claimed, chained := map[int64]int{}, map[int64]int{}, 0
 	for _, r := range replicas {
 		for _, ev := range r.events.all(func(worker.Event) bool { return true }) {
 			switch ev.Kind {
+			case worker.EventClaimed:
+				claimed[ev.TaskID]++
+				if ev.Wake&worker.WakeChained != 0 {
+					chained++
+				}
 			case worker.EventCompleted:
 				completed[ev.TaskID]++
 			case worker.EventFailed, worker.EventLeaseLost, worker.EventCrashed, worker.EventRequeued:
@@ -92,13 +99,17 @@ func TestExactlyOnce(t *testing.T) {
 			r.Instance, c.Claims, c.Empty, c.Claimed, c.Completed)
 	}
 	for id, k := range completed {
-		if k != 1 {
-			t.Errorf("task %d completed %d times by the workers", id, k)
+		if k != 1 || claimed[id] != 1 {
+			t.Errorf("task %d claimed %d and completed %d times by the workers", id, claimed[id], k)
 		}
 	}
-	if len(completed) != n {
-		t.Errorf("workers completed %d tasks, want %d", len(completed), n)
+	if len(completed) != n || len(claimed) != n {
+		t.Errorf("workers claimed %d and completed %d tasks, want %d", len(claimed), len(completed), n)
 	}
+	if chained == 0 {
+		t.Errorf("no task was claimed by a completion's statement, though %d tasks waited", n)
+	}
+	t.Logf("%d of %d tasks claimed by a completion's statement", chained, n)
 }
 
 // TestLeaseLostDuringWork pauses a worker past its lease (a simulated spike

@@ -22,8 +22,9 @@ var errCrashed = errors.New("simulated crash")
 // work runs one claimed task under its lease, then completes it, fails it,
 // hands it back (shutdown) or, when the lease was lost, leaves it alone.
 // workCtx ends when the shutdown grace is over. It returns what became of
-// the task.
-func (p *Pool) work(workCtx context.Context, w *worker, c claim) EventKind {
+// the task and, when the completion's statement claimed one, the worker's
+// next task.
+func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *claim) {
 	t := c.task
 	fence := deref(t.Fence)
 	log := p.log.With().Int64("task", t.ID).Str("processor", w.name).Int64("fence", fence).Int32("attempt", t.Attempts).Logger()
@@ -69,28 +70,32 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) EventKind {
 		p.counters.crashed.Add(1)
 		ev.Kind = EventCrashed
 		p.emit(ev)
-		return EventCrashed
+		return EventCrashed, nil
 	case errors.Is(cause, task.ErrLeaseLost) || errors.Is(cause, lease.ErrDeadline):
 		log.Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("task lease lost: abandoned the task without completing it")
 		p.counters.leaseLost.Add(1)
 		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
 		p.emit(ev)
-		return EventLeaseLost
+		return EventLeaseLost, nil
 	case runErr == nil:
-		return p.finish(workCtx, log, ev, deadline, EventCompleted, func(ctx context.Context) (string, error) {
-			return task.StateDone, p.completer.complete(ctx, task.Completion{ID: t.ID, Processor: w.name, Fence: fence, Output: output})
+		var next *claim // from the last attempt: a retry's batch claims afresh
+		kind := p.finish(workCtx, log, ev, deadline, EventCompleted, func(ctx context.Context) (string, error) {
+			n, err := p.completer.complete(ctx, task.Completion{ID: t.ID, Processor: w.name, Fence: fence, Output: output})
+			next = n
+			return task.StateDone, err
 		})
+		return kind, next
 	case errors.Is(runErr, context.Canceled) && workCtx.Err() != nil:
 		return p.finish(workCtx, log, ev, deadline, EventRequeued, func(ctx context.Context) (string, error) {
 			t, err := p.Tasks.Requeue(ctx, t.ID, w.name, fence, "the worker shut down before the task finished")
 			return t.State, err
-		})
+		}), nil
 	default:
 		ev.Err = runErr
 		return p.finish(workCtx, log, ev, deadline, EventFailed, func(ctx context.Context) (string, error) {
 			t, err := p.Tasks.Fail(ctx, t.ID, w.name, fence, runErr.Error())
 			return t.State, err
-		})
+		}), nil
 	}
 }
 
