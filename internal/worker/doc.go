@@ -32,8 +32,19 @@
 // claim anyway), and when it stops. A registration names the LISTEN
 // session; after a reconnect the resync's claim registers again.
 //
-// A worker runs its task while a heartbeat goroutine renews the task's lease
-// every TTL/3. The worker counts the lease lost when a heartbeat is refused,
+// Completions are recorded in batches by one completer per pool (one
+// statement and one commit for all that arrived while the previous one
+// ran). While the queue has a backlog (the dispatcher's last claim got a
+// task for every idle worker) the completer's statement also claims each
+// completing worker's next task (task.Store.CompleteAndClaim, Wake
+// WakeChained): a busy replica runs one statement per round of tasks, not
+// a claim and a completion. A chained claim that comes back short ends
+// the chaining; the workers left without a task go idle and the dispatcher
+// takes over. A task chained to a worker after Run's context ended is
+// handed back at once.
+//
+// A worker runs its task while a heartbeat goroutine, started when the
+// first heartbeat is nearly due, renews the task's lease every TTL/3. The worker counts the lease lost when a heartbeat is refused,
 // or when none succeeded before its own deadline (the time the claim or the
 // last successful heartbeat was sent + TTL − margin, on this process's
 // monotonic clock, so that it steps down before the database can give the
