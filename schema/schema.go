@@ -168,17 +168,26 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 	return applied, nil
 }
 
-// SessionParams returns the session settings leasehold's queries are
-// written for, to start every session of a pool with (pgx's RuntimeParams).
+// PrepareSession gives a new session the settings leasehold's queries are
+// written for: every pool of the runtime runs it on each connection
+// (pgxpool.Config.AfterConnect).
 //
 // plan_cache_mode=force_generic_plan: every query is an index-bound
 // statement whose best plan does not depend on its parameters, and pgx
-// prepares each once per session. PostgreSQL's default (auto) keeps
-// planning the claim and the batched completion afresh on every execution
-// when it cannot tell a generic plan would do (their arrays' lengths are
+// prepares each once per session. PostgreSQL's default (auto) kept
+// planning the claim and the batched completion afresh on every execution,
+// unable to tell a generic plan would do (their arrays' lengths are
 // unknown to it): in a busy queue's profile, planning was an eighth of the
-// database's work. The plans that matter do not rest on this alone: the
+// database's work. The plan that matters does not rest on this alone: the
 // claim's pick of due tasks is pinned to its index (schema/0010).
-func SessionParams() map[string]string {
-	return map[string]string{"plan_cache_mode": "force_generic_plan"}
+//
+// A SET rather than a startup parameter, which a transaction-mode pooler
+// would refuse: through one, the setting reaches the server sessions the
+// statements happen to run on, and where it does not, only planning costs
+// more.
+func PrepareSession(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+		return fmt.Errorf("prepare session: %w", err)
+	}
+	return nil
 }

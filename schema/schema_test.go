@@ -73,3 +73,42 @@ func TestAppliedOnEmptyDatabase(t *testing.T) {
 		t.Fatalf("Applied on an empty database = %d, %v; want 0, nil", v, err)
 	}
 }
+
+// TestPrepareSession: a pool that prepares its sessions plans with generic
+// plans, on every connection it opens.
+func TestPrepareSession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := pgtest.NewEmpty(t)
+	cfg, err := pgxpool.ParseConfig(tdb.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.AfterConnect = schema.PrepareSession
+	cfg.MinConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	// Two connections at once: each is prepared, not only the first.
+	c1, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Release()
+	c2, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Release()
+	for i, c := range []*pgxpool.Conn{c1, c2} {
+		var mode string
+		if err := c.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode); err != nil {
+			t.Fatal(err)
+		}
+		if mode != "force_generic_plan" {
+			t.Errorf("connection %d: plan_cache_mode %q, want force_generic_plan", i+1, mode)
+		}
+	}
+}

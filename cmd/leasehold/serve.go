@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -87,7 +86,7 @@ func poolConfig(url, app string) (*pgxpool.Config, error) {
 		return nil, fmt.Errorf("database URL: %w", err)
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	maps.Copy(cfg.ConnConfig.RuntimeParams, schema.SessionParams())
+	cfg.AfterConnect = schema.PrepareSession
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}

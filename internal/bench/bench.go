@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/url"
 	"runtime"
 	"slices"
@@ -232,7 +231,7 @@ func newDB(ctx context.Context, base string, maxConns int32) (*freshDB, error) {
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
-	maps.Copy(cfg.ConnConfig.RuntimeParams, schema.SessionParams())
+	cfg.AfterConnect = schema.PrepareSession
 	if d.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		d.drop()
 		return nil, err

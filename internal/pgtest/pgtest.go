@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"maps"
 	"net/url"
 	"os"
 	"sync"
@@ -170,7 +169,7 @@ func create(t testing.TB, tmpl string) DB {
 		t.Fatalf("pgtest: pool: %v", err)
 	}
 	// The settings a replica's sessions run with.
-	maps.Copy(cfg.ConnConfig.RuntimeParams, schema.SessionParams())
+	cfg.AfterConnect = schema.PrepareSession
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatalf("pgtest: pool: %v", err)
