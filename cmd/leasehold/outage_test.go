@@ -134,15 +134,28 @@ func TestDatabaseOutage(t *testing.T) {
 			slices.ContainsFunc(msgs, func(m pageMessage) bool { return m.Type == "lease" && m.Lease.Resource == generator.Resource })
 	})
 
-	// A task inserted now is claimed woken by its NOTIFY: the listener is back.
-	fresh := call[taskBody](t, r, "POST", "/api/tasks", `{"task_data": {"sleep_duration_seconds": 0}}`, http.StatusCreated)
-	eventually(t, r, "the task inserted after the restart done", func() bool {
-		return call[taskBody](t, r, "GET", fmt.Sprintf("/api/tasks/%d", fresh.ID), "", http.StatusOK).State == "done"
-	})
-	for _, l := range logLines(r, mark) {
-		if l.Message == "claimed task" && l.Task == fresh.ID && !strings.Contains(l.Wake, "insert") {
-			t.Errorf("the task inserted after the restart was claimed woken by %q, want by its insert's NOTIFY", l.Wake)
+	// A task inserted now is claimed woken by its NOTIFY: the listener is
+	// back. Unless the dispatcher is still settling after the restart (its
+	// last claim came back short, and it is registering as a waiter): then
+	// the catch-up claim after the registration may take the task first,
+	// woken "registered", and the next task tells.
+	var (
+		wakes []string
+		fresh taskBody
+	)
+	for try := 0; try < 5 && !slices.ContainsFunc(wakes, func(w string) bool { return strings.Contains(w, "insert") }); try++ {
+		fresh = call[taskBody](t, r, "POST", "/api/tasks", `{"task_data": {"sleep_duration_seconds": 0}}`, http.StatusCreated)
+		eventually(t, r, "the task inserted after the restart done", func() bool {
+			return call[taskBody](t, r, "GET", fmt.Sprintf("/api/tasks/%d", fresh.ID), "", http.StatusOK).State == "done"
+		})
+		for _, l := range logLines(r, mark) {
+			if l.Message == "claimed task" && l.Task == fresh.ID {
+				wakes = append(wakes, l.Wake)
+			}
 		}
+	}
+	if !slices.ContainsFunc(wakes, func(w string) bool { return strings.Contains(w, "insert") }) {
+		t.Errorf("no task inserted after the restart was claimed woken by its insert's NOTIFY: woken by %q", wakes)
 	}
 
 	// The generator, switched on, generates under the lease it won again.
