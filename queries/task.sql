@@ -269,9 +269,9 @@ LIMIT @row_limit;
 -- TaskCompleteAndClaim is TaskCompleteMany and a claim of due pending tasks
 -- (as TaskClaim without with_lapsed) for the processors claim_for, in one
 -- statement and one commit: a busy replica's workers hand in their
--- completions and get their next tasks at once. Every row carries the ids
--- completed; a row's other columns are a claimed task, all NULL in the one
--- row that comes back when nothing was claimed.
+-- completions and get their next tasks at once. The first row carries the
+-- ids completed; a row's other columns are a claimed task, all NULL in the
+-- one row that comes back when nothing was claimed.
 WITH input AS (
     SELECT unnest(@ids::bigint[]) AS id, unnest(@processors::text[]) AS processor,
            unnest(@fences::bigint[]) AS fence, unnest(@outputs::jsonb[]) AS output
@@ -309,6 +309,10 @@ claimed AS (
     RETURNING t.id, t.task_data, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts,
               t.must_heartbeat_before, t.started_at, t.created_at
 )
-SELECT done.ids::bigint[] AS completed_ids, claimed.*
+-- The ids ride on the first row only: repeated on every row, the replica
+-- decoded the same array once per claimed task.
+SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM claimed AS f)
+             THEN done.ids END)::bigint[] AS completed_ids,
+       claimed.*
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true;

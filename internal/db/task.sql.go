@@ -219,7 +219,9 @@ claimed AS (
     RETURNING t.id, t.task_data, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts,
               t.must_heartbeat_before, t.started_at, t.created_at
 )
-SELECT done.ids::bigint[] AS completed_ids, claimed.id, claimed.task_data, claimed.scheduled_at, claimed.processor, claimed.fence, claimed.attempts, claimed.max_attempts, claimed.must_heartbeat_before, claimed.started_at, claimed.created_at
+SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM claimed AS f)
+             THEN done.ids END)::bigint[] AS completed_ids,
+       claimed.id, claimed.task_data, claimed.scheduled_at, claimed.processor, claimed.fence, claimed.attempts, claimed.max_attempts, claimed.must_heartbeat_before, claimed.started_at, claimed.created_at
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true
 `
@@ -250,9 +252,11 @@ type TaskCompleteAndClaimRow struct {
 // TaskCompleteAndClaim is TaskCompleteMany and a claim of due pending tasks
 // (as TaskClaim without with_lapsed) for the processors claim_for, in one
 // statement and one commit: a busy replica's workers hand in their
-// completions and get their next tasks at once. Every row carries the ids
-// completed; a row's other columns are a claimed task, all NULL in the one
-// row that comes back when nothing was claimed.
+// completions and get their next tasks at once. The first row carries the
+// ids completed; a row's other columns are a claimed task, all NULL in the
+// one row that comes back when nothing was claimed.
+// The ids ride on the first row only: repeated on every row, the replica
+// decoded the same array once per claimed task.
 func (q *Queries) TaskCompleteAndClaim(ctx context.Context, arg TaskCompleteAndClaimParams) ([]TaskCompleteAndClaimRow, error) {
 	rows, err := q.db.Query(ctx, taskCompleteAndClaim,
 		arg.Ids,

@@ -247,8 +247,14 @@ func (s *Store) CompleteAndClaim(ctx context.Context, cs []Completion, claimFor 
 	if len(rows) == 0 { // cannot happen: the completions' row always comes back
 		return nil, nil, fmt.Errorf("complete %d tasks and claim for %d workers: no result", len(cs), len(claimFor))
 	}
-	var claimed []Task
+	var (
+		claimed []Task
+		done    []int64
+	)
 	for _, r := range rows {
+		if r.CompletedIds != nil {
+			done = r.CompletedIds // on one row only
+		}
 		if r.ID == nil {
 			continue // nothing claimed
 		}
@@ -259,7 +265,7 @@ func (s *Store) CompleteAndClaim(ctx context.Context, cs []Completion, claimFor 
 			CreatedAt: *r.CreatedAt,
 		})
 	}
-	return idSet(rows[0].CompletedIds), claimed, nil
+	return idSet(done), claimed, nil
 }
 
 // completionArrays lays out completions as the batch statements take them.
