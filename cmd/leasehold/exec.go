@@ -128,31 +128,42 @@ func runExec(ctx context.Context, args []string, getenv func(string) string, std
 	signal.Notify(sigs, execSignals...)
 	defer signal.Stop(sigs)
 
-	if err := winLease(ctx, client, o, sigs); err != nil {
+	won, sent, err := winLease(ctx, client, o, sigs)
+	if err != nil {
 		return err
 	}
-	// The holding lives until CMD has exited, whatever happens to ctx.
-	h, err := client.Hold(context.WithoutCancel(ctx), o.resource, o.holder, o.keep())
-	var held *lease.HeldError
-	switch {
-	case errors.As(err, &held):
-		// Our lease lapsed between winning it and holding it.
-		return exitStatus{exitNotWon, heldMessage(held, o.wait)}
-	case err != nil:
-		releaseQuietly(client, o)
-		return fmt.Errorf("keep the lease on %s: %w", o.resource, o.client.describe(err))
+	// The holding lives until CMD has exited, whatever happens to ctx. Its
+	// first deadline counts from when the winning request was sent; one
+	// that waited for the lease (or found it already ours) is renewed
+	// first, so that the deadline counts from a request sent now.
+	keep := o.keep()
+	l := won.Lease
+	if !won.New || time.Since(sent) > keep.RenewInterval {
+		sent = time.Now()
+		l, err = client.Renew(context.WithoutCancel(ctx), lease.RenewParams{Resource: o.resource, Holder: o.holder, Fence: l.Fence, TTL: o.ttl})
+		switch {
+		case errors.Is(err, lease.ErrNotHeld):
+			return exitStatus{exitNotWon, fmt.Errorf("the lease on %s lapsed between winning it and keeping it; %s did not run", o.resource, o.argv[0])}
+		case err != nil:
+			releaseQuietly(client, o)
+			return fmt.Errorf("keep the lease on %s: %w", o.resource, o.client.describe(err))
+		}
 	}
-	return runHolding(ctx, client, h, o, sigs, stdout, stderr)
+	return runHolding(ctx, client, client.Keep(context.WithoutCancel(ctx), l, sent, keep), o, sigs, stdout, stderr)
 }
 
-// winLease acquires the lease, waiting up to o.wait for it. A signal that
-// asks to stop (or ctx ending) ends the wait; CMD then never runs.
-func winLease(ctx context.Context, client *lease.Client, o execOptions, sigs <-chan os.Signal) error {
+// winLease acquires the lease, waiting up to o.wait for it, and returns
+// the acquisition and when its request was sent. A signal that asks to
+// stop (or ctx ending) ends the wait; CMD then never runs.
+func winLease(ctx context.Context, client *lease.Client, o execOptions, sigs <-chan os.Signal) (lease.Acquisition, time.Time, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
+	var won lease.Acquisition
+	sent := time.Now()
 	go func() {
-		_, err := client.Acquire(wctx, lease.AcquireParams{Resource: o.resource, Holder: o.holder, TTL: o.ttl, Wait: o.wait})
+		var err error
+		won, err = client.Acquire(wctx, lease.AcquireParams{Resource: o.resource, Holder: o.holder, TTL: o.ttl, Wait: o.wait})
 		done <- err
 	}()
 	var err error
@@ -179,18 +190,18 @@ wait:
 		releaseQuietly(client, o)
 		if stop != nil {
 			sig := stop.(syscall.Signal)
-			return exitStatus{128 + int(sig), fmt.Errorf("signal %d (%s) while waiting for the lease on %s; %s did not run", int(sig), sig, o.resource, o.argv[0])}
+			return lease.Acquisition{}, sent, exitStatus{128 + int(sig), fmt.Errorf("signal %d (%s) while waiting for the lease on %s; %s did not run", int(sig), sig, o.resource, o.argv[0])}
 		}
-		return ctx.Err()
+		return lease.Acquisition{}, sent, ctx.Err()
 	case err == nil:
-		return nil
+		return won, sent, nil
 	case errors.As(err, &held):
-		return exitStatus{exitNotWon, heldMessage(held, o.wait)}
+		return lease.Acquisition{}, sent, exitStatus{exitNotWon, heldMessage(held, o.wait)}
 	case lease.IsTransient(err):
 		// The lease may have been won although the answer was lost.
 		releaseQuietly(client, o)
 	}
-	return fmt.Errorf("acquire the lease on %s: %w", o.resource, o.client.describe(err))
+	return lease.Acquisition{}, sent, fmt.Errorf("acquire the lease on %s: %w", o.resource, o.client.describe(err))
 }
 
 // releaseTimeout bounds the release of the lease when CMD is done.

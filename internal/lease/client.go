@@ -493,10 +493,19 @@ func (c *Client) Hold(ctx context.Context, resource, holder string, cfg KeepConf
 			return nil, fmt.Errorf("renew the lease %s already held by %s: %w", resource, holder, err)
 		}
 	}
+	return c.Keep(ctx, l, sent, cfg), nil
+}
+
+// Keep is Hold of a lease the caller has just acquired or renewed itself:
+// l as that answer gave it, and sent when its request was sent, from
+// which the holding's first deadline counts (so an acquisition that waited
+// for the lease should be renewed first: its request was sent before the
+// wait). cfg must be valid (KeepConfig.Validate), its TTL the lease's.
+func (c *Client) Keep(ctx context.Context, l Lease, sent time.Time, cfg KeepConfig) *Holding {
 	hctx, cancel := context.WithCancelCause(ctx)
 	h := &Holding{client: c, ctx: hctx, cancel: cancel, done: make(chan struct{}), lease: l}
 	go h.run(ctx, cfg, sent)
-	return h, nil
+	return h
 }
 
 // Holding is a lease kept alive in the background, made by Client.Hold.

@@ -140,6 +140,7 @@ func TestClientHold(t *testing.T) {
 		t.Run("Taken", testClientHoldTaken)
 		t.Run("Release", testClientHoldRelease)
 		t.Run("ContextEnd", testClientHoldContextEnd)
+		t.Run("Keep", testClientKeep)
 	})
 	goleak.VerifyNone(t, ignore)
 }
@@ -178,6 +179,50 @@ func testClientHoldKeepsAlive(t *testing.T) {
 	}
 	if err := h.Release(t.Context()); err != nil {
 		t.Fatalf("Release: %v", err)
+	}
+}
+
+// Keep holds a lease acquired beforehand, with no request of its own until
+// the first renewal: the lease's events are its acquisition, then only
+// renewals by the same fence, until the release.
+func testClientKeep(t *testing.T) {
+	t.Parallel()
+	s := startClientServer(t, "")
+	c := s.client()
+	cfg := lease.KeepConfig{TTL: time.Second}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	acq, err := c.Acquire(t.Context(), lease.AcquireParams{Resource: "job:kept", Holder: "a", TTL: cfg.TTL})
+	if err != nil || !acq.New {
+		t.Fatalf("acquire: %+v, %v", acq, err)
+	}
+	h := c.Keep(t.Context(), acq.Lease, sent, cfg)
+	waitFor(t, 15*time.Second, "3 renewals", func() bool {
+		if err := h.Err(); err != nil {
+			t.Fatalf("the holding ended: %v", err)
+		}
+		return renewals(t, c, "job:kept", acq.Lease.Fence) >= 3
+	})
+	if err := h.Release(t.Context()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	events, err := c.Events(t.Context(), lease.EventsParams{Resource: "job:kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range events {
+		want := "renewed"
+		switch i {
+		case 0:
+			want = "acquired"
+		case len(events) - 1:
+			want = "released"
+		}
+		if e.Kind != want || e.Fence != acq.Lease.Fence {
+			t.Errorf("event %d: %s with fence %d, want %s with fence %d", i, e.Kind, e.Fence, want, acq.Lease.Fence)
+		}
 	}
 }
 
