@@ -13,8 +13,10 @@ import (
 // TestEveryScenarioRuns runs each scenario small on the test server and checks that every
 // figure it promises is there and plausible; the figures themselves are for people.
 func TestEveryScenarioRuns(t *testing.T) {
+	// Half a second per timed phase: at 300 ms, steady once completed no
+	// task at all while other tests loaded both cores under -race.
 	cfg := Config{
-		DatabaseURL: pgtest.ServerURL(t), Duration: 300 * time.Millisecond, Clients: []int{2},
+		DatabaseURL: pgtest.ServerURL(t), Duration: 500 * time.Millisecond, Clients: []int{2},
 		Tasks: 200, Replicas: 2, Workers: 2, Samples: 20, SteadyRate: 200, Fanout: 5,
 	}
 	rep, err := Run(t.Context(), cfg)
