@@ -386,29 +386,12 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		`CREATE SCHEMA evil`,
 		`CREATE ROLE evil`,
 	} {
-		_, err := app.Pool.Exec(ctx, sql)
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
-			t.Errorf("%s as the runtime role: %v, want insufficient_privilege (42501)", sql, err)
-		}
+		wantRefused(t, app, sql)
 	}
 
 	// The retention functions run as their owner with a pinned search_path,
 	// and only the runtime role (not PUBLIC) may execute them.
-	var fns, secure, granted, public int
-	if err := db.Pool.QueryRow(ctx, `
-		SELECT count(*),
-		       count(*) FILTER (WHERE p.prosecdef AND EXISTS (SELECT 1 FROM unnest(p.proconfig) AS c WHERE c LIKE 'search_path=%')),
-		       count(*) FILTER (WHERE has_function_privilege($1, p.oid, 'EXECUTE')),
-		       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a
-		                                      WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
-		FROM pg_proc AS p
-		WHERE p.proname IN ('prune_tasks', 'prune_lease_events', 'prune_leases')`, user).Scan(&fns, &secure, &granted, &public); err != nil {
-		t.Fatal(err)
-	}
-	if fns != 3 || secure != 3 || granted != 3 || public != 0 {
-		t.Errorf("retention functions: %d, %d SECURITY DEFINER with search_path, %d executable by the role, %d by PUBLIC; want 3, 3, 3, 0", fns, secure, granted, public)
-	}
+	wantOwnerFunctions(t, db, user, "retention", "prune_tasks", "prune_lease_events", "prune_leases")
 
 	// task_waiters is changed only through its functions, which run as
 	// their owner with a pinned search_path; only the role (not PUBLIC)
@@ -418,26 +401,9 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		`UPDATE task_waiters SET waiter = 'evil'`,
 		`DELETE FROM task_waiters`,
 	} {
-		_, err := app.Pool.Exec(ctx, sql)
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
-			t.Errorf("%s as the runtime role: %v, want insufficient_privilege (42501)", sql, err)
-		}
+		wantRefused(t, app, sql)
 	}
-	var wfns, wsecure, wgranted, wpublic int
-	if err := db.Pool.QueryRow(ctx, `
-		SELECT count(*),
-		       count(*) FILTER (WHERE p.prosecdef AND EXISTS (SELECT 1 FROM unnest(p.proconfig) AS c WHERE c LIKE 'search_path=%')),
-		       count(*) FILTER (WHERE has_function_privilege($1, p.oid, 'EXECUTE')),
-		       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a
-		                                      WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
-		FROM pg_proc AS p
-		WHERE p.proname IN ('task_waiter_register', 'task_waiter_unregister', 'task_waiters_prune')`, user).Scan(&wfns, &wsecure, &wgranted, &wpublic); err != nil {
-		t.Fatal(err)
-	}
-	if wfns != 3 || wsecure != 3 || wgranted != 3 || wpublic != 0 {
-		t.Errorf("waiter functions: %d, %d SECURITY DEFINER with search_path, %d executable by the role, %d by PUBLIC; want 3, 3, 3, 0", wfns, wsecure, wgranted, wpublic)
-	}
+	wantOwnerFunctions(t, db, user, "waiter", "task_waiter_register", "task_waiter_unregister", "task_waiters_prune")
 
 	// Every table is readable by the role (a new migration's table must be
 	// added to the grants), and none can be emptied.
@@ -465,6 +431,40 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	})
 	if err != nil || len(tables) < 6 {
 		t.Errorf("tables %v, %v; want leasehold's six", tables, err)
+	}
+}
+
+// wantRefused runs sql as the runtime role (app's pool), which must be
+// refused for lack of privilege.
+func wantRefused(t *testing.T, app pgtest.DB, sql string) {
+	t.Helper()
+	_, err := app.Pool.Exec(t.Context(), sql)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Errorf("%s as the runtime role: %v, want insufficient_privilege (42501)", sql, err)
+	}
+}
+
+// wantOwnerFunctions checks, as the owner (db), that every function named
+// exists, runs as its owner (SECURITY DEFINER) with a pinned search_path,
+// and may be executed by role but not by PUBLIC.
+func wantOwnerFunctions(t *testing.T, db pgtest.DB, role, what string, names ...string) {
+	t.Helper()
+	var fns, secure, granted, public int
+	if err := db.Pool.QueryRow(t.Context(), `
+		SELECT count(*),
+		       count(*) FILTER (WHERE p.prosecdef AND EXISTS (SELECT 1 FROM unnest(p.proconfig) AS c WHERE c LIKE 'search_path=%')),
+		       count(*) FILTER (WHERE has_function_privilege($1, p.oid, 'EXECUTE')),
+		       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a
+		                                      WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
+		FROM pg_proc AS p
+		WHERE p.proname = ANY($2)`, role, names).Scan(&fns, &secure, &granted, &public); err != nil {
+		t.Fatal(err)
+	}
+	n := len(names)
+	if fns != n || secure != n || granted != n || public != 0 {
+		t.Errorf("%s functions: %d, %d SECURITY DEFINER with search_path, %d executable by the role, %d by PUBLIC; want %d, %d, %d, 0",
+			what, fns, secure, granted, public, n, n, n)
 	}
 }
 
