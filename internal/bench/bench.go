@@ -17,12 +17,15 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
+	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/schema"
 )
 
@@ -244,6 +247,22 @@ func newDB(ctx context.Context, base string, maxConns int32) (*freshDB, error) {
 }
 
 func (d *freshDB) Close() { d.drop() }
+
+// listen starts a LISTEN connection to the database on channels, which wg
+// runs until ctx ends, and returns it once it listens (its first resync).
+func (d *freshDB) listen(ctx context.Context, wg *sync.WaitGroup, channels ...string) (*notify.Listener, error) {
+	l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, d.URL) },
+		zerolog.Nop(), channels...)
+	ready := l.Subscribe(channels[0], 1)
+	defer ready.Close()
+	wg.Go(func() { _ = l.Run(ctx) })
+	select {
+	case <-ready.Resync():
+		return l, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
 
 // WriteJSON writes the report as one JSON document.
 func (r *Report) WriteJSON(w io.Writer) error {

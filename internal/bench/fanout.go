@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/generator"
@@ -35,23 +34,17 @@ func runFanout(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 	}
 	defer d.Close()
 	leases := lease.NewStore(d.Pool)
-	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, d.URL) },
-		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
-	deps := hub.Deps{Leases: leases, Tasks: task.NewStore(d.Pool), Generator: generator.NewState(d.Pool),
-		Instances: instance.NewStore(d.Pool), Listener: listener, Instance: "bench", SendBuffer: 4096, Log: zerolog.Nop()}
-	h := hub.New(deps)
 	runCtx, stop := context.WithCancel(ctx)
 	var bg sync.WaitGroup
 	defer func() { stop(); bg.Wait() }()
-	ready := listener.Subscribe(notify.ChannelLease, 1)
-	bg.Go(func() { _ = listener.Run(runCtx) })
-	bg.Go(func() { _ = h.Run(runCtx) })
-	select {
-	case <-ready.Resync():
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	listener, err := d.listen(runCtx, &bg, notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
+	if err != nil {
+		return nil, err
 	}
-	ready.Close()
+	deps := hub.Deps{Leases: leases, Tasks: task.NewStore(d.Pool), Generator: generator.NewState(d.Pool),
+		Instances: instance.NewStore(d.Pool), Listener: listener, Instance: "bench", SendBuffer: 4096, Log: zerolog.Nop()}
+	h := hub.New(deps)
+	bg.Go(func() { _ = h.Run(runCtx) })
 	api, err := startAPI(server.Deps{Leases: leases, Tasks: deps.Tasks, Generator: deps.Generator,
 		Instances: deps.Instances, Hub: h, DefaultTTL: 30 * time.Second,
 		Instance: server.Instance{ID: "bench", StartedAt: time.Now().UTC(), Roles: []string{"api"}, Version: "bench"}})

@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/notify"
@@ -37,17 +36,11 @@ func startReplicas(ctx context.Context, d *freshDB, tasks *task.Store, n, worker
 	ctx, cancel := context.WithCancel(ctx)
 	r := &replicas{cancel: cancel}
 	for i := range n {
-		l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, d.URL) },
-			zerolog.Nop(), notify.ChannelTask, notify.ChannelLease)
-		ready := l.Subscribe(notify.ChannelTask, 1)
-		r.wg.Go(func() { _ = l.Run(ctx) })
-		select {
-		case <-ready.Resync():
-		case <-ctx.Done():
+		l, err := d.listen(ctx, &r.wg, notify.ChannelTask)
+		if err != nil {
 			r.Stop()
-			return nil, ctx.Err()
+			return nil, err
 		}
-		ready.Close()
 		p := &worker.Pool{Tasks: tasks, Listener: l, Instance: fmt.Sprintf("bench-%d", i+1), Workers: workers,
 			TTL: 30 * time.Second, Log: zerolog.Nop(), OnEvent: onEvent}
 		r.wg.Go(func() { _ = p.Run(ctx) })
@@ -383,15 +376,9 @@ func runNotifyCost(ctx context.Context, c Config, _ []Result) ([]Result, error) 
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stop()
-	l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, d.URL) },
-		zerolog.Nop(), notify.ChannelTask)
-	ready := l.Subscribe(notify.ChannelTask, 1)
-	wg.Go(func() { _ = l.Run(lctx) })
-	select {
-	case <-ready.Resync():
-		ready.Close()
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	l, err := d.listen(lctx, &wg, notify.ChannelTask)
+	if err != nil {
+		return nil, err
 	}
 	waiter := l.Waiter("bench/waiting")
 
