@@ -126,11 +126,12 @@ DECLARE
 BEGIN
     -- From the new rows alone (keeping the old ones cost every statement
     -- a copy of each row it changed): a claim stamps started_at, and an
-    -- ending processed_at, with the transaction's now(); a row left
-    -- pending was put back (only failures, hand-backs and the reaper's
-    -- requeue leave a row pending).
+    -- ending processed_at, with the transaction's now(); a row put back to
+    -- pending (a failure, a hand-back, the reaper's requeue) has just had
+    -- its attempt appended to earlier_attempts, ended now(). Another
+    -- update of a pending row (its schedule, say) is no requeue.
     SELECT min(n.must_heartbeat_before) FILTER (WHERE n.state = 'running' AND n.started_at = now()),
-           bool_or(n.state = 'pending'),
+           bool_or(n.state = 'pending' AND (n.earlier_attempts -> -1 ->> 'ended_at')::timestamptz = now()),
            bool_or(n.state IN ('done', 'dead') AND n.processed_at = now())
     INTO claimed_by, requeued, finished
     FROM new_rows AS n;
