@@ -1,20 +1,42 @@
 -- name: TaskInsert :many
 -- TaskInsert adds tasks in one statement (one NOTIFY): the i-th task gets
--- task_data[i], scheduled_at[i] (an RFC 3339 time, or '' for now) and
--- max_attempts[i].
-INSERT INTO tasks (task_data, scheduled_at, max_attempts)
-SELECT d.v, coalesce(nullif(s.v, '')::timestamptz, now()), m.v
+-- the i-th element of each array (scheduled_at: an RFC 3339 time, or ''
+-- for now; unique_key '' and ttl_seconds 0 for none). A task whose (kind,
+-- unique_key) another task not cancelled holds is not inserted (nor the
+-- second of two in the batch with the same key): what comes back is the
+-- tasks inserted, in the order given. TaskGetByUniqueKeys then reads the
+-- holders of the others.
+INSERT INTO tasks (task_data, kind, queue, priority, unique_key, ttl_seconds, scheduled_at, max_attempts)
+SELECT d.v, k.v, q.v, p.v, nullif(u.v, ''), nullif(l.v, 0), coalesce(nullif(s.v, '')::timestamptz, now()), m.v
 FROM unnest(@task_data::jsonb[]) WITH ORDINALITY AS d (v, i)
+JOIN unnest(@kinds::text[]) WITH ORDINALITY AS k (v, i) ON k.i = d.i
+JOIN unnest(@queues::text[]) WITH ORDINALITY AS q (v, i) ON q.i = d.i
+JOIN unnest(@priorities::smallint[]) WITH ORDINALITY AS p (v, i) ON p.i = d.i
+JOIN unnest(@unique_keys::text[]) WITH ORDINALITY AS u (v, i) ON u.i = d.i
+JOIN unnest(@ttl_seconds::integer[]) WITH ORDINALITY AS l (v, i) ON l.i = d.i
 JOIN unnest(@scheduled_at::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
 JOIN unnest(@max_attempts::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
 ORDER BY d.i
+ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL AND state <> 'cancelled' DO NOTHING
 RETURNING *;
 
+-- name: TaskGetByUniqueKeys :many
+-- TaskGetByUniqueKeys returns the tasks not cancelled that hold the unique
+-- keys (kinds[i], unique_keys[i]): the tasks that kept TaskInsert from
+-- inserting, read by a statement of their own so that its snapshot sees
+-- a holder whose transaction committed while the insert waited for it.
+SELECT t.* FROM tasks AS t
+WHERE t.unique_key IS NOT NULL AND t.state <> 'cancelled'
+  AND (t.kind, t.unique_key) IN (SELECT k.v, u.v
+                                 FROM unnest(@kinds::text[]) WITH ORDINALITY AS k (v, i)
+                                 JOIN unnest(@unique_keys::text[]) WITH ORDINALITY AS u (v, i) ON u.i = k.i);
+
 -- name: TaskInsertGenerated :many
--- TaskInsertGenerated is the generator's fenced insert: it adds the tasks
--- only while the generator is started and the holder's generator lease with
--- this fence is live, holding that lease row locked against a takeover
--- until the insert commits. No rows back: not (or no longer) allowed.
+-- TaskInsertGenerated is the generator's fenced insert of demo tasks (kind
+-- sleep, queue default): it adds the tasks only while the generator is
+-- started and the holder's generator lease with this fence is live,
+-- holding that lease row locked against a takeover until the insert
+-- commits. No rows back: not (or no longer) allowed.
 WITH live AS (
     SELECT l.fence FROM leases AS l
     WHERE l.resource = 'leasehold:generator'
@@ -33,22 +55,25 @@ JOIN generator_state AS g ON g.started
 RETURNING *;
 
 -- name: TaskClaim :many
--- TaskClaim claims up to one task per processor named, oldest schedule
--- first, each under a new lease held in the task's row (a new fence from
--- lease_fence_seq, drawn under the row lock; TTL ttl_seconds): pending
--- tasks that are due and, with with_lapsed, running tasks whose lease
--- lapsed before a reaper put them back (the claim counts an attempt either
--- way, and records the lapsed one in earlier_attempts); lapsed tasks that
--- have used all their attempts are then declared dead instead. Without
--- with_lapsed the claim reads no running task: their index holds an entry
--- for every task run since the last VACUUM, too many to walk on every
--- claim of a busy queue, where the reaper puts lapsed tasks back anyway.
+-- TaskClaim claims up to one task for each processor named, of the queues
+-- and kinds given (NULL: all), lowest (priority, scheduled_at, id) first,
+-- each under a new lease held in the task's row (a new fence from
+-- lease_fence_seq, drawn under the row lock; the task's TTL, or
+-- ttl_seconds when it has none): due pending tasks (tasks_claimable,
+-- schema/0011, with the claimer's hints) and, with with_lapsed, running
+-- tasks whose lease lapsed before a reaper put them back (the claim counts
+-- an attempt either way, and records the lapsed one in earlier_attempts);
+-- lapsed tasks that have used all their attempts are then declared dead
+-- instead. Without with_lapsed the claim reads no running task: their
+-- index holds an entry for every task run since the last VACUUM, too many
+-- to walk on every claim of a busy queue, where the reaper puts lapsed
+-- tasks back anyway.
 WITH buried AS (
     UPDATE tasks AS b
     SET state = 'dead',
         processed_at = now(),
         last_error = coalesce(b.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)'),
-        earlier_attempts = b.earlier_attempts || task_attempt(b, 'expired'),
+        earlier_attempts = b.earlier_attempts || task_attempt(b, 'expired', NULL),
         must_heartbeat_before = NULL
     WHERE b.id IN (
             SELECT x.id FROM tasks AS x
@@ -56,30 +81,35 @@ WITH buried AS (
               AND x.state = 'running'
               AND x.must_heartbeat_before <= now()
               AND x.attempts >= x.max_attempts
+              AND (sqlc.narg(want_queues)::text[] IS NULL OR x.queue = ANY (sqlc.narg(want_queues)::text[]))
+              AND (sqlc.narg(want_kinds)::text[] IS NULL OR x.kind = ANY (sqlc.narg(want_kinds)::text[]))
             FOR UPDATE SKIP LOCKED)
     RETURNING b.id
 ),
--- Two index-driven picks (an OR of the two would scan every claimable row):
--- due pending tasks by schedule, and lapsed running ones. Each locks at
--- most one row per processor; rows not used stay locked only until this
--- statement commits.
--- tasks_due (schema/0010) is the first of these, in index order whatever
--- the statistics say: the due pending tasks by schedule.
+-- Two picks (an OR of the two would scan every claimable row): due
+-- pending tasks, and lapsed running ones. Every due row picked is used
+-- (tasks_claimable must not leave a row it locked: see there); lapsed rows
+-- not used stay locked only until this statement commits.
 due AS (
-    SELECT d.id, d.scheduled_at FROM tasks_due(cardinality(@processors::text[])) AS d (id, scheduled_at)
+    SELECT d.id, d.priority, d.scheduled_at
+    FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], cardinality(@processors::text[]),
+                         @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
+                         @hint_at::timestamptz[], @hint_ids::bigint[]) AS d (id, priority, scheduled_at)
 ),
 lapsed AS (
-    SELECT r.id, r.scheduled_at FROM tasks AS r
+    SELECT r.id, r.priority, r.scheduled_at FROM tasks AS r
     WHERE sqlc.arg(with_lapsed)::boolean
       AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
-    LIMIT cardinality(@processors::text[])
+      AND (sqlc.narg(want_queues)::text[] IS NULL OR r.queue = ANY (sqlc.narg(want_queues)::text[]))
+      AND (sqlc.narg(want_kinds)::text[] IS NULL OR r.kind = ANY (sqlc.narg(want_kinds)::text[]))
+    LIMIT cardinality(@processors::text[]) - (SELECT count(*) FROM due)
     FOR UPDATE SKIP LOCKED
 ),
 picked AS (
-    SELECT p.id, row_number() OVER (ORDER BY p.scheduled_at, p.id) AS n
-    FROM (SELECT due.id, due.scheduled_at FROM due
+    SELECT p.id, row_number() OVER (ORDER BY p.priority, p.scheduled_at, p.id) AS n
+    FROM (SELECT due.id, due.priority, due.scheduled_at FROM due
           UNION ALL
-          SELECT lapsed.id, lapsed.scheduled_at FROM lapsed) AS p
+          SELECT lapsed.id, lapsed.priority, lapsed.scheduled_at FROM lapsed) AS p
 ),
 assigned AS (
     SELECT picked.id, w.processor
@@ -88,17 +118,17 @@ assigned AS (
 )
 UPDATE tasks AS t
 SET state = 'running',
-    earlier_attempts = CASE WHEN t.state = 'running' THEN t.earlier_attempts || task_attempt(t, 'expired')
+    earlier_attempts = CASE WHEN t.state = 'running' THEN t.earlier_attempts || task_attempt(t, 'expired', NULL)
                             ELSE t.earlier_attempts END,
     processor = a.processor,
     -- Drawn now, under the row lock: the fence of every earlier attempt
     -- was drawn before it.
     fence = nextval('lease_fence_seq'),
-    ttl_seconds = @ttl_seconds::integer,
+    ttl_seconds = coalesce(t.ttl_seconds, @ttl_seconds::integer),
     attempts = t.attempts + 1,
     started_at = now(),
     last_heartbeat_at = now(),
-    must_heartbeat_before = now() + make_interval(secs => @ttl_seconds::integer)
+    must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer))
 FROM assigned AS a
 WHERE t.id = a.id
 RETURNING t.*;
@@ -106,8 +136,8 @@ RETURNING t.*;
 -- name: TaskHeartbeat :one
 -- TaskHeartbeat renews the task's lease for its processor: a
 -- compare-and-set on (processor, fence when given, lease live). No row:
--- the task is not this processor's, is finished, or its lease lapsed. It
--- writes no indexed column, so it is a heap-only update.
+-- the task is not this processor's, is finished or cancelled, or its lease
+-- lapsed. It writes no indexed column, so it is a heap-only update.
 UPDATE tasks AS t
 SET last_heartbeat_at = now(),
     must_heartbeat_before = now() + make_interval(secs => t.ttl_seconds)
@@ -158,29 +188,87 @@ RETURNING t.id;
 
 -- name: TaskFail :one
 -- TaskFail records a failed attempt, which ends its lease, under the same
--- compare-and-set: back to pending after an exponential backoff with
+-- compare-and-set: back to pending after retry_in_seconds (the kind's
+-- backoff, when the worker has one) or else an exponential backoff with
 -- jitter (base_seconds × 2^(attempts−1), at most max_backoff_seconds,
--- times 0.5–1.0), or dead when the attempts are used up. With requeue, the
--- attempt is not counted and the task is due at once (a worker shutting
--- down hands it back). The attempt goes to earlier_attempts either way.
+-- times 0.5–1.0); dead when the attempts are used up. The attempt goes to
+-- earlier_attempts with its error.
 UPDATE tasks AS t
-SET state = CASE WHEN NOT sqlc.arg(requeue)::boolean AND t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
-    attempts = CASE WHEN sqlc.arg(requeue)::boolean THEN t.attempts - 1 ELSE t.attempts END,
-    scheduled_at = CASE
-        WHEN sqlc.arg(requeue)::boolean THEN now()
-        ELSE now() + make_interval(secs => least(sqlc.arg(base_seconds)::float8 * power(2, t.attempts - 1), sqlc.arg(max_backoff_seconds)::float8)
-                                           * (0.5 + random() / 2))
-    END,
-    processed_at = CASE WHEN NOT sqlc.arg(requeue)::boolean AND t.attempts >= t.max_attempts THEN now() END,
+SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
+    scheduled_at = now() + make_interval(secs => coalesce(
+        sqlc.narg(retry_in_seconds)::float8,
+        least(sqlc.arg(base_seconds)::float8 * power(2, t.attempts - 1), sqlc.arg(max_backoff_seconds)::float8)
+            * (0.5 + random() / 2))),
+    processed_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
     last_error = sqlc.arg(error)::text,
-    earlier_attempts = t.earlier_attempts
-        || task_attempt(t, CASE WHEN sqlc.arg(requeue)::boolean THEN 'requeued' ELSE 'failed' END),
+    earlier_attempts = t.earlier_attempts || task_attempt(t, 'failed', sqlc.arg(error)::text),
     must_heartbeat_before = NULL
 WHERE t.id = @id::bigint
   AND t.state = 'running'
   AND t.processor = @processor::text
   AND (sqlc.narg(fence)::bigint IS NULL OR t.fence = sqlc.narg(fence)::bigint)
   AND t.must_heartbeat_before > now()
+RETURNING t.*;
+
+-- name: TaskPutBack :one
+-- TaskPutBack ends the running attempt without counting it, under the same
+-- compare-and-set: the task goes back to pending, due after
+-- delay_seconds. Outcome 'requeued' is a worker shutting down handing the
+-- task back (delay 0: another worker may claim it at once); 'snoozed' is a
+-- handler asking to run again later. The attempt goes to earlier_attempts
+-- with the reason.
+UPDATE tasks AS t
+SET state = 'pending',
+    attempts = t.attempts - 1,
+    scheduled_at = now() + make_interval(secs => @delay_seconds::float8),
+    earlier_attempts = t.earlier_attempts || task_attempt(t, @outcome::text, sqlc.narg(reason)::text),
+    must_heartbeat_before = NULL
+WHERE t.id = @id::bigint
+  AND t.state = 'running'
+  AND t.processor = @processor::text
+  AND (sqlc.narg(fence)::bigint IS NULL OR t.fence = sqlc.narg(fence)::bigint)
+  AND t.must_heartbeat_before > now()
+  AND @outcome::text IN ('requeued', 'snoozed')
+RETURNING t.*;
+
+-- name: TaskCancel :one
+-- TaskCancel cancels a pending or running task: cancelled, finished now,
+-- reason as its last_error. A running task's lease is revoked with it
+-- (every compare-and-set of its holder asks for state running) and its
+-- attempt goes to earlier_attempts, which makes the statement trigger
+-- NOTIFY 'cancelled:<id>' (schema/0011), so that a holder that listens
+-- stops at once. With processor, the cancellation is its holder's own (a
+-- handler giving up on its task): a compare-and-set on (processor, fence
+-- when given, lease live), as TaskFail. No row: the task is done, dead or
+-- cancelled already, not the holder's, or does not exist.
+UPDATE tasks AS t
+SET state = 'cancelled',
+    processed_at = now(),
+    last_error = @reason::text,
+    earlier_attempts = CASE WHEN t.state = 'running'
+                            THEN t.earlier_attempts || task_attempt(t, 'cancelled', @reason::text)
+                            ELSE t.earlier_attempts END
+WHERE t.id = @id::bigint AND t.state IN ('pending', 'running')
+  AND (sqlc.narg(processor)::text IS NULL
+       OR (t.state = 'running' AND t.processor = sqlc.narg(processor)::text
+           AND (sqlc.narg(fence)::bigint IS NULL OR t.fence = sqlc.narg(fence)::bigint)
+           AND t.must_heartbeat_before > now()))
+RETURNING t.*;
+
+-- name: TaskRetry :one
+-- TaskRetry puts a dead or cancelled task back to pending, due now, with a
+-- fresh budget of max_attempts (attempts starts again from 0; its earlier
+-- attempts stay in its history); the statement trigger NOTIFYs 'requeued'
+-- (a pending task due now) so that workers look. A unique key another task
+-- now holds makes it fail with a unique violation (23505). No row: the task
+-- is not dead or cancelled, or does not exist.
+UPDATE tasks AS t
+SET state = 'pending',
+    scheduled_at = now(),
+    attempts = 0,
+    processed_at = NULL,
+    must_heartbeat_before = NULL
+WHERE t.id = @id::bigint AND t.state IN ('dead', 'cancelled')
 RETURNING t.*;
 
 -- name: TaskRequeueLapsed :many
@@ -197,7 +285,7 @@ SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' EN
     last_error = CASE WHEN t.attempts >= t.max_attempts
                       THEN coalesce(t.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)')
                       ELSE t.last_error END,
-    earlier_attempts = t.earlier_attempts || task_attempt(t, 'expired'),
+    earlier_attempts = t.earlier_attempts || task_attempt(t, 'expired', NULL),
     must_heartbeat_before = NULL
 WHERE t.id IN (
         SELECT x.id FROM tasks AS x
@@ -221,17 +309,11 @@ SELECT coalesce(task_next_lapse(@wait_ms::integer), now() + interval '1 hour')::
 SELECT * FROM tasks WHERE id = @id;
 
 -- name: TaskList :many
--- TaskList pages through tasks in id order: all ('all'), those processed
--- (done or dead) or those started.
-SELECT * FROM tasks
-WHERE id > @after_id
-  AND CASE @filter::text
-          WHEN 'processed' THEN state IN ('done', 'dead')
-          WHEN 'started'   THEN started_at IS NOT NULL
-          ELSE true
-      END
-ORDER BY id
-LIMIT @row_limit;
+-- TaskList pages through tasks in id order, of the states, kinds and
+-- queues given (NULL: any), and with started only those ever claimed
+-- (tasks_filtered, schema/0011).
+SELECT * FROM tasks_filtered(sqlc.narg(states)::text[], sqlc.narg(kinds)::text[], sqlc.narg(queues)::text[],
+                             @started::boolean, @after_id::bigint, @row_limit::integer);
 
 -- name: TaskStats :one
 -- TaskStats counts tasks by state, and those finished in the last minute.
@@ -239,17 +321,18 @@ SELECT count(*) FILTER (WHERE state = 'pending')                                
        count(*) FILTER (WHERE state = 'running')                                  AS running,
        count(*) FILTER (WHERE state = 'done')                                     AS done,
        count(*) FILTER (WHERE state = 'dead')                                     AS dead,
+       count(*) FILTER (WHERE state = 'cancelled')                                AS cancelled,
        count(*) FILTER (WHERE state = 'done' AND processed_at > now() - interval '1 minute') AS done_last_minute
 FROM tasks;
 
 -- name: TaskNextDue :one
--- TaskNextDue tells an idle dispatcher when the next pending task falls
--- due (scheduled in the future, e.g. a retry's backoff); an hour from now
--- when none is (a new task arrives by NOTIFY).
-SELECT coalesce(min(scheduled_at), now() + interval '1 hour')::timestamptz AS next_due,
-       now()::timestamptz AS db_now
-FROM tasks
-WHERE state = 'pending';
+-- TaskNextDue tells an idle dispatcher when the next pending task of its
+-- queues and kinds (NULL: all) falls due (scheduled in the future, e.g. a
+-- retry's backoff); an hour from now when none is (a new task arrives by
+-- NOTIFY).
+SELECT coalesce(tasks_next_due(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[]),
+                now() + interval '1 hour')::timestamptz AS next_due,
+       now()::timestamptz AS db_now;
 
 -- name: TaskListRunning :many
 -- TaskListRunning returns running tasks, oldest claim first.
@@ -264,6 +347,15 @@ SELECT * FROM tasks
 WHERE state = 'dead'
 ORDER BY processed_at DESC, id DESC
 LIMIT @row_limit;
+
+-- name: TaskPendingSummary :many
+-- TaskPendingSummary counts the pending tasks of each (queue, kind), at most
+-- max_count each, with the scheduled_at of the longest-waiting due one
+-- (tasks_pending_summary, schema/0011).
+-- oldest_wait_seconds is 0 for a (queue, kind) none of whose tasks is due.
+SELECT s.queue::text AS queue, s.kind::text AS kind, s.pending::bigint AS pending,
+       coalesce(extract(epoch FROM now() - s.oldest_due), 0)::float8 AS oldest_wait_seconds
+FROM tasks_pending_summary(@max_count::integer) AS s;
 
 -- name: TaskCompleteAndClaim :many
 -- TaskCompleteAndClaim is TaskCompleteMany and a claim of due pending tasks
@@ -290,24 +382,26 @@ completed AS (
     RETURNING c.id
 ),
 picked AS (
-    SELECT d.id, row_number() OVER (ORDER BY d.scheduled_at, d.id) AS n
-    FROM tasks_due(cardinality(@claim_for::text[])) AS d (id, scheduled_at)
+    SELECT d.id, row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
+    FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], cardinality(@claim_for::text[]),
+                         @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
+                         @hint_at::timestamptz[], @hint_ids::bigint[]) AS d (id, priority, scheduled_at)
 ),
 claimed AS (
     UPDATE tasks AS t
     SET state = 'running',
         processor = w.processor,
         fence = nextval('lease_fence_seq'),
-        ttl_seconds = @ttl_seconds::integer,
+        ttl_seconds = coalesce(t.ttl_seconds, @ttl_seconds::integer),
         attempts = t.attempts + 1,
         started_at = now(),
         last_heartbeat_at = now(),
-        must_heartbeat_before = now() + make_interval(secs => @ttl_seconds::integer)
+        must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer))
     FROM picked
     JOIN unnest(@claim_for::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     WHERE t.id = picked.id
-    RETURNING t.id, t.task_data, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts,
-              t.must_heartbeat_before, t.started_at, t.created_at
+    RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
+              t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at
 )
 -- The ids ride on the first row only: repeated on every row, the replica
 -- decoded the same array once per claimed task.

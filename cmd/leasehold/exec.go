@@ -15,7 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
 )
 
 const execUsage = `usage: leasehold exec --resource R [--ttl 30s] [--holder H] [--wait D] [--grace 10s] -- CMD ARGS...
@@ -155,7 +156,7 @@ func runExec(ctx context.Context, args []string, getenv func(string) string, std
 // winLease acquires the lease, waiting up to o.wait for it, and returns
 // the acquisition and when its request was sent. A signal that asks to
 // stop (or ctx ending) ends the wait; CMD then never runs.
-func winLease(ctx context.Context, client *lease.Client, o execOptions, sigs <-chan os.Signal) (lease.Acquisition, time.Time, error) {
+func winLease(ctx context.Context, client *leasing.Client, o execOptions, sigs <-chan os.Signal) (lease.Acquisition, time.Time, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
@@ -197,7 +198,7 @@ wait:
 		return won, sent, nil
 	case errors.As(err, &held):
 		return lease.Acquisition{}, sent, exitStatus{exitNotWon, heldMessage(held, o.wait)}
-	case lease.IsTransient(err):
+	case leasing.IsTransient(err):
 		// The lease may have been won although the answer was lost.
 		releaseQuietly(client, o)
 	}
@@ -209,7 +210,7 @@ const releaseTimeout = 10 * time.Second
 
 // releaseQuietly gives up whatever lease o's holder may hold on the
 // resource, when exec ends without knowing.
-func releaseQuietly(client *lease.Client, o execOptions) {
+func releaseQuietly(client *leasing.Client, o execOptions) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	_, _ = client.Release(ctx, lease.ReleaseParams{Resource: o.resource, Holder: o.holder})
@@ -217,7 +218,7 @@ func releaseQuietly(client *lease.Client, o execOptions) {
 
 // runHolding runs CMD under the held lease until CMD exits, stopping it
 // when the lease is lost, and releases the lease after it.
-func runHolding(ctx context.Context, client *lease.Client, h *lease.Holding, o execOptions,
+func runHolding(ctx context.Context, client *leasing.Client, h *leasing.Holding, o execOptions,
 	sigs <-chan os.Signal, stdout, stderr io.Writer) error {
 	l := h.Lease()
 	name := filepath.Base(o.argv[0])

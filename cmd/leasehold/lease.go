@@ -15,7 +15,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/apitime"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
 )
 
 const leaseUsage = `leasehold lease: acquire, renew, release and look at leases over the REST API
@@ -89,10 +91,10 @@ const requestTimeout = 30 * time.Second
 // connect returns a client of the server and a function that closes its
 // idle connections, for when the command is done. A bad --url is a usage
 // error.
-func (c *clientFlags) connect() (*lease.Client, func(), error) {
+func (c *clientFlags) connect() (*leasing.Client, func(), error) {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
-	client, err := lease.NewClient(c.url, lease.WithToken(c.token),
-		lease.WithHTTPClient(&http.Client{Transport: transport, Timeout: requestTimeout}))
+	client, err := leasing.NewClient(c.url, leasing.WithToken(c.token),
+		leasing.WithHTTPClient(&http.Client{Transport: transport, Timeout: requestTimeout}))
 	if err != nil {
 		return nil, nil, usagef("--url: %v", err)
 	}
@@ -106,7 +108,7 @@ func (c *clientFlags) describe(err error) error {
 	if errors.As(err, &transport) && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("cannot reach leasehold at %s (%w); check that it runs, or point --url (LEASEHOLD_URL) at it", c.url, transport.Err)
 	}
-	var status *lease.StatusError
+	var status *leasing.StatusError
 	if errors.As(err, &status) && status.StatusCode == http.StatusUnauthorized {
 		return fmt.Errorf("%w (pass the server's token with --api-token or LEASEHOLD_API_TOKEN)", err)
 	}
@@ -283,7 +285,7 @@ func heldMessage(held *lease.HeldError, waited time.Duration) error {
 		what = "still held after waiting " + waited.String()
 	}
 	return fmt.Errorf("%s is held by %s until %s (fence %d); %s",
-		l.Resource, l.Holder, lease.FormatTime(l.ExpiresAt), l.Fence, what)
+		l.Resource, l.Holder, apitime.Format(l.ExpiresAt), l.Fence, what)
 }
 
 // runLeaseGet is "leasehold lease get ID" or "get --resource R".
@@ -334,7 +336,7 @@ func runLeaseGet(ctx context.Context, args []string, getenv func(string) string,
 // leaseOf finds the lease of resource, the one lease a resource has: the
 // API lists by prefix, so it pages through the resources that start with
 // it for the one that is it.
-func leaseOf(ctx context.Context, c *lease.Client, resource string) (lease.Lease, error) {
+func leaseOf(ctx context.Context, c *leasing.Client, resource string) (lease.Lease, error) {
 	p := lease.ListParams{Filter: lease.FilterAll, Prefix: resource, Limit: 1000}
 	for {
 		page, err := c.List(ctx, p)
@@ -432,7 +434,7 @@ func leaseTable(w io.Writer, leases []lease.Lease) error {
 	fmt.Fprintln(tw, "ID\tRESOURCE\tHOLDER\tFENCE\tSTATE\tTTL\tEXPIRES_AT")
 	for _, l := range leases {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n",
-			l.ID, l.Resource, l.Holder, l.Fence, l.State, l.TTL(), lease.FormatTime(l.ExpiresAt))
+			l.ID, l.Resource, l.Holder, l.Fence, l.State, l.TTL(), apitime.Format(l.ExpiresAt))
 	}
 	return tw.Flush()
 }

@@ -16,17 +16,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/localpg"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // outageLimit bounds every wait of these tests, only so that a broken test
@@ -492,7 +493,7 @@ func insertTask(t *testing.T, dbURL string) int64 {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	ts, err := task.NewStore(pool).Insert(t.Context(), []task.NewTask{{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}})
+	ts, err := taskstore.NewStore(pool).Insert(t.Context(), []taskstore.NewTask{{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}})
 	if err != nil {
 		t.Fatal(err)
 	}

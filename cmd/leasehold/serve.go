@@ -13,6 +13,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
@@ -20,13 +25,11 @@ import (
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/localpg"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/retention"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/schema"
 )
@@ -147,6 +150,13 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	if err != nil {
 		return err
 	}
+	// The service's workers run the built-in demo kind only; every other
+	// kind is for the programs that bring its handler (the Go library,
+	// leasehold work, any REST client).
+	sleep, err := worker.Sleep(c.SimCrashRate, nil)
+	if err != nil {
+		return usagef("--sim-crash-rate: %v", err)
+	}
 	poolCfg, err := poolConfig(c.DatabaseURL, "leasehold "+c.Instance)
 	if err != nil {
 		return err
@@ -190,8 +200,8 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	}
 	defer pool.Close()
 
-	leases := lease.NewStore(pool)
-	tasks := task.NewStore(pool)
+	leases := leasing.NewStore(pool)
+	tasks := taskstore.NewStore(pool)
 	genState := generator.NewState(pool)
 	instances := instance.NewStore(pool)
 	metrics := server.NewMetrics(listener.Connected, listener.Reconnects)
@@ -256,7 +266,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	// srv.Shutdown does not wait for hijacked connections.
 	background("hub", wsHub.Run)
 	// The replica is live while it holds its instance lease.
-	background("instance lease", (&lease.Elector{
+	background("instance lease", (&leasing.Elector{
 		Store: leases, Listener: listener, Resource: instance.LeaseResource(c.Instance),
 		Holder: c.Instance, Log: log,
 		Keep: lease.KeepConfig{TTL: 10 * time.Second, Observer: metrics.KeepObserver(server.HolderInstance)},
@@ -287,8 +297,8 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		}
 		background("workers", (&worker.Pool{
 			Tasks: tasks, Listener: listener, Instance: c.Instance, Workers: c.Workers, TTL: c.LeaseTTL,
-			SimCrashRate: c.SimCrashRate, SimSpikeRate: c.SimSpikeRate, ShutdownGrace: grace, Log: log,
-			OnEvent: metrics.WorkerEvent,
+			Kinds: []string{task.DefaultKind}, Handler: sleep,
+			SimSpikeRate: c.SimSpikeRate, ShutdownGrace: grace, Log: log, OnEvent: metrics.WorkerEvent,
 		}).Run)
 	}
 

@@ -9,16 +9,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/gorilla/websocket"
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // fanoutRounds is how many lease changes fanout times.
@@ -33,7 +35,7 @@ func runFanout(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 		return nil, err
 	}
 	defer d.Close()
-	leases := lease.NewStore(d.Pool)
+	leases := leasing.NewStore(d.Pool)
 	runCtx, stop := context.WithCancel(ctx)
 	var bg sync.WaitGroup
 	defer func() { stop(); bg.Wait() }()
@@ -41,7 +43,7 @@ func runFanout(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	deps := hub.Deps{Leases: leases, Tasks: task.NewStore(d.Pool), Generator: generator.NewState(d.Pool),
+	deps := hub.Deps{Leases: leases, Tasks: taskstore.NewStore(d.Pool), Generator: generator.NewState(d.Pool),
 		Instances: instance.NewStore(d.Pool), Listener: listener, Instance: "bench", SendBuffer: 4096, Log: zerolog.Nop()}
 	h := hub.New(deps)
 	bg.Go(func() { _ = h.Run(runCtx) })

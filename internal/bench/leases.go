@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/server"
 )
 
@@ -31,7 +33,7 @@ func runLeases(ctx context.Context, c Config, earlier []Result) ([]Result, error
 		return nil, err
 	}
 	defer d.Close()
-	store := lease.NewStore(d.Pool)
+	store := leasing.NewStore(d.Pool)
 	api, err := startAPI(server.Deps{Leases: store, DefaultTTL: 30 * time.Second})
 	if err != nil {
 		return nil, err
@@ -127,7 +129,7 @@ func renewalsHOT(ctx context.Context, base string) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	store := storeOps{lease.NewStore(pool)}
+	store := storeOps{leasing.NewStore(pool)}
 	for i := range leases {
 		res := fmt.Sprintf("bench:hot:%d", i)
 		fence, err := store.acquire(ctx, res)
@@ -170,7 +172,7 @@ type leaseOps interface {
 	release(ctx context.Context, resource string, fence int64) error
 }
 
-type storeOps struct{ s *lease.Store }
+type storeOps struct{ s *leasing.Store }
 
 func (o storeOps) acquire(ctx context.Context, res string) (int64, error) {
 	a, err := o.s.Acquire(ctx, lease.AcquireParams{Resource: res, Holder: "bench", TTL: 30 * time.Second})

@@ -14,10 +14,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/internal/worker"
 )
 
@@ -32,7 +33,7 @@ type replicas struct {
 }
 
 // startReplicas starts n replicas of workers each and returns once every one listens.
-func startReplicas(ctx context.Context, d *freshDB, tasks *task.Store, n, workers int, onEvent func(worker.Event)) (*replicas, error) {
+func startReplicas(ctx context.Context, d *freshDB, tasks *taskstore.Store, n, workers int, onEvent func(worker.Event)) (*replicas, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	r := &replicas{cancel: cancel}
 	for i := range n {
@@ -55,11 +56,11 @@ func (r *replicas) Stop() {
 }
 
 // insertMany inserts n zero-work tasks in batches of 1000.
-func insertMany(ctx context.Context, tasks *task.Store, n int) error {
+func insertMany(ctx context.Context, tasks *taskstore.Store, n int) error {
 	for n > 0 {
-		batch := make([]task.NewTask, min(n, 1000))
+		batch := make([]taskstore.NewTask, min(n, 1000))
 		for i := range batch {
-			batch[i] = task.NewTask{TaskData: zeroWork}
+			batch[i] = taskstore.NewTask{TaskData: zeroWork}
 		}
 		if _, err := tasks.Insert(ctx, batch); err != nil {
 			return err
@@ -76,7 +77,7 @@ func runDrain(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 		return nil, err
 	}
 	defer d.Close()
-	tasks := task.NewStore(d.Pool)
+	tasks := taskstore.NewStore(d.Pool)
 	if err := insertMany(ctx, tasks, c.Tasks); err != nil {
 		return nil, err
 	}
@@ -129,7 +130,7 @@ func drainProcesses(ctx context.Context, c Config) (Result, error) {
 		return Result{}, err
 	}
 	defer d.Close()
-	if err := insertMany(ctx, task.NewStore(d.Pool), c.Tasks); err != nil {
+	if err := insertMany(ctx, taskstore.NewStore(d.Pool), c.Tasks); err != nil {
 		return Result{}, err
 	}
 	var procs []*exec.Cmd
@@ -153,7 +154,7 @@ func drainProcesses(ctx context.Context, c Config) (Result, error) {
 		procs = append(procs, cmd)
 	}
 	// A harness's wait, not the product's: the count is read every 50 ms.
-	store := task.NewStore(d.Pool)
+	store := taskstore.NewStore(d.Pool)
 	for deadline := time.Now().Add(10 * time.Minute); ; {
 		stats, err := store.Stats(ctx)
 		if err != nil {
@@ -191,7 +192,7 @@ func runSteady(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 		return nil, err
 	}
 	defer d.Close()
-	tasks := task.NewStore(d.Pool)
+	tasks := taskstore.NewStore(d.Pool)
 	var completed atomic.Int64
 	r, err := startReplicas(ctx, d, tasks, c.Replicas, c.Workers, func(ev worker.Event) {
 		if ev.Kind == worker.EventCompleted {
@@ -282,7 +283,7 @@ func runLatency(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 		return nil, err
 	}
 	defer d.Close()
-	tasks := task.NewStore(d.Pool)
+	tasks := taskstore.NewStore(d.Pool)
 	claimed := make(chan int64, 16)
 	completed := make(chan int64, 16)
 	r, err := startReplicas(ctx, d, tasks, c.Replicas, c.Workers, func(ev worker.Event) {
@@ -297,7 +298,7 @@ func runLatency(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 		return nil, err
 	}
 	defer r.Stop()
-	one := []task.NewTask{{TaskData: zeroWork}}
+	one := []taskstore.NewTask{{TaskData: zeroWork}}
 	lat := make([]time.Duration, 0, c.Samples)
 	for range c.Samples {
 		sent := time.Now()
@@ -306,11 +307,11 @@ func runLatency(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 			return nil, err
 		}
 		from := sent.Add(time.Since(sent) / 2)
-		if err := await(ctx, claimed, ts[0].ID); err != nil {
+		if err := await(ctx, claimed, ts[0].Task.ID); err != nil {
 			return nil, err
 		}
 		lat = append(lat, time.Since(from))
-		if err := await(ctx, completed, ts[0].ID); err != nil { // idle again before the next insert
+		if err := await(ctx, completed, ts[0].Task.ID); err != nil { // idle again before the next insert
 			return nil, err
 		}
 	}
@@ -355,11 +356,11 @@ func runNotifyCost(ctx context.Context, c Config, _ []Result) ([]Result, error) 
 		return nil, err
 	}
 	defer d.Close()
-	tasks := task.NewStore(d.Pool)
+	tasks := taskstore.NewStore(d.Pool)
 	slice := max(c.Duration/turns, 50*time.Millisecond)
 	insert := func() (int, time.Duration, error) {
 		return timed(ctx, clients, slice, func(ctx context.Context, _ int, more func() bool) (int, error) {
-			one := []task.NewTask{{TaskData: zeroWork}}
+			one := []taskstore.NewTask{{TaskData: zeroWork}}
 			count := 0
 			for more() {
 				if _, err := tasks.Insert(ctx, one); err != nil {

@@ -12,11 +12,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leasehold/leasehold/internal/checker"
 	"github.com/leasehold/leasehold/internal/reaper"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // Measurements poll the database this often: the soak is a test tool, and what it measures
@@ -339,7 +341,7 @@ func (s *soak) term(ctx context.Context, r *replica) (Fault, bool) {
 // heldLease is a live lease a replica holds: one of the leases table, or a task's lease,
 // which lives in the task's row.
 type heldLease struct {
-	resource string // as the report names it: task.LeaseResource for a task's lease
+	resource string // as the report names it: taskstore.LeaseResource for a task's lease
 	task     int64  // the task whose lease it is; 0 for a lease of the leases table
 	fence    int64
 }
@@ -369,7 +371,7 @@ func (s *soak) heldBy(ctx context.Context, r *replica) (time.Time, []heldLease, 
 	for i := range held {
 		held[i] = heldLease{resource: resources[i], task: tasks[i], fence: fences[i]}
 		if tasks[i] != 0 {
-			held[i].resource = task.LeaseResource(tasks[i])
+			held[i].resource = taskstore.LeaseResource(tasks[i])
 		}
 	}
 	return at, held, nil
@@ -525,7 +527,7 @@ func (s *soak) taskLeasesFree(ctx context.Context, ids, fences []int64, ends map
 		if err := rows.Scan(&id, &state, &current, &processedAt, &expiresAt, &lapsed, &ended); err != nil {
 			return err
 		}
-		name := task.LeaseResource(id)
+		name := taskstore.LeaseResource(id)
 		switch {
 		case ended != nil:
 			var a task.Attempt

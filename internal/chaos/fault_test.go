@@ -11,9 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // TestHeldLeasesFree checks the SIGTERM measurement's reads on real leases and tasks: which
@@ -25,11 +28,11 @@ func TestHeldLeasesFree(t *testing.T) {
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	s := &soak{pool: tdb.Pool}
-	leases := lease.NewStore(tdb.Pool)
-	tasks := task.NewStore(tdb.Pool)
+	leases := leasing.NewStore(tdb.Pool)
+	tasks := taskstore.NewStore(tdb.Pool)
 	data := json.RawMessage(`{"sleep_duration_seconds": 0}`)
 
-	inserted, err := tasks.Insert(ctx, slices.Repeat([]task.NewTask{{TaskData: data}}, 7))
+	inserted, err := tasks.Insert(ctx, slices.Repeat([]taskstore.NewTask{{TaskData: data}}, 7))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +68,7 @@ func TestHeldLeasesFree(t *testing.T) {
 	}
 	want := []heldLease{{resource: "res:r", fence: acq.Lease.Fence}}
 	for _, c := range claimed[:5] {
-		want = append(want, heldLease{resource: task.LeaseResource(c.ID), task: c.ID, fence: *c.Fence})
+		want = append(want, heldLease{resource: taskstore.LeaseResource(c.ID), task: c.ID, fence: *c.Fence})
 	}
 	if !slices.Equal(held, want) || at.Before(r.started) {
 		t.Fatalf("held at %v: %v; want %v after %v", at, held, want, r.started)
@@ -133,12 +136,12 @@ func TestHeldLeasesFree(t *testing.T) {
 		return a[0].EndedAt
 	}
 	wantEnds := map[string]leaseEnd{
-		"res:r":                         {at: *released.ReleasedAt, released: true},
-		task.LeaseResource(done.ID):     {at: *completed.ProcessedAt, released: true},
-		task.LeaseResource(requeued.ID): {at: ended(requeuedTask), released: true},
-		task.LeaseResource(failed.ID):   {at: ended(failedTask), released: true},
-		task.LeaseResource(lapsed.ID):   {at: lapsedExpiry},
-		task.LeaseResource(putBack.ID):  {at: putBackExpiry},
+		"res:r":                              {at: *released.ReleasedAt, released: true},
+		taskstore.LeaseResource(done.ID):     {at: *completed.ProcessedAt, released: true},
+		taskstore.LeaseResource(requeued.ID): {at: ended(requeuedTask), released: true},
+		taskstore.LeaseResource(failed.ID):   {at: ended(failedTask), released: true},
+		taskstore.LeaseResource(lapsed.ID):   {at: lapsedExpiry},
+		taskstore.LeaseResource(putBack.ID):  {at: putBackExpiry},
 	}
 	if !maps.EqualFunc(got, wantEnds, func(a, b leaseEnd) bool { return a.at.Equal(b.at) && a.released == b.released }) {
 		t.Errorf("ends:\n got %s\nwant %s", showEnds(got), showEnds(wantEnds))

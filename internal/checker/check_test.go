@@ -10,14 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/internal/checker"
 	"github.com/leasehold/leasehold/internal/generator"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // TestCheck runs real lease and task operations, checks that their history
@@ -28,8 +31,8 @@ func TestCheck(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	leases := lease.NewStore(tdb.Pool)
-	tasks := task.NewStore(tdb.Pool)
+	leases := leasing.NewStore(tdb.Pool)
+	tasks := taskstore.NewStore(tdb.Pool)
 	data := json.RawMessage(`{"sleep_duration_seconds": 0}`)
 
 	acquire := func(resource, holder string, ttl time.Duration) lease.Lease {
@@ -67,7 +70,7 @@ func TestCheck(t *testing.T) {
 
 	// Tasks x and u are claimed by w1 and w3, whose leases on them run out
 	// too: x's first, so that a claim can only take x.
-	inserted, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data}, {TaskData: data}})
+	inserted, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data}, {TaskData: data}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +132,7 @@ func TestCheck(t *testing.T) {
 
 	// Three more tasks: y is handed back once before it is done, doomed
 	// fails its only attempt; the rest, u included, are done.
-	inserted, err = tasks.Insert(ctx, []task.NewTask{{TaskData: data}, {TaskData: data}, {TaskData: data, MaxAttempts: 1}})
+	inserted, err = tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data}, {TaskData: data}, {TaskData: data, MaxAttempts: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,10 +56,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/leasehold/leasehold/internal/lease"
 )
 
 // Window is a span of time, e.g. one in which the database was down.

@@ -7,10 +7,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/leasehold/leasehold/internal/generator"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/reaper"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // The rules, as Violation.Rule names them. Times are compared exactly, to
@@ -204,7 +206,7 @@ type fenceUse struct {
 
 func (u fenceUse) String() string {
 	if u.attempt > 0 {
-		return fmt.Sprintf("%s (attempt %d)", task.LeaseResource(u.id), u.attempt)
+		return fmt.Sprintf("%s (attempt %d)", taskstore.LeaseResource(u.id), u.attempt)
 	}
 	return fmt.Sprintf("%s (event %d)", u.resource, u.id)
 }
@@ -437,7 +439,7 @@ func (v *verifier) taskIntervals(t Task) []interval {
 		return ivs
 	}
 	v.rep.Resources++
-	resource := task.LeaseResource(t.ID)
+	resource := taskstore.LeaseResource(t.ID)
 	n := len(t.Attempts)
 	for i := range n + 1 {
 		var iv interval

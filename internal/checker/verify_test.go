@@ -7,11 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/leasehold/leasehold/internal/checker"
 	"github.com/leasehold/leasehold/internal/generator"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/reaper"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)

@@ -28,8 +28,8 @@ SELECT
         SELECT 1 FROM tasks WHERE state = 'running' LIMIT $1::bigint) AS r)::bigint AS tasks_running,
     (SELECT count(*) FROM (
         SELECT 1 FROM tasks WHERE state = 'dead' LIMIT $1::bigint) AS d)::bigint AS tasks_dead,
-    coalesce((SELECT extract(epoch FROM now() - min(scheduled_at)) FROM tasks
-              WHERE state = 'pending' AND scheduled_at <= now()), 0)::float8 AS oldest_due_task_seconds,
+    coalesce((SELECT extract(epoch FROM now() - min(s.oldest_due)) FROM tasks_pending_summary($1::integer) AS s),
+             0)::float8 AS oldest_due_task_seconds,
     (SELECT reltuples FROM pg_catalog.pg_class WHERE oid = 'leases'::regclass)::float8 AS leases_rows_estimate,
     (SELECT reltuples FROM pg_catalog.pg_class WHERE oid = 'lease_events'::regclass)::float8 AS lease_events_rows_estimate,
     (SELECT reltuples FROM pg_catalog.pg_class WHERE oid = 'tasks'::regclass)::float8 AS tasks_rows_estimate
@@ -56,8 +56,8 @@ type MetricsGaugesRow struct {
 // a set as large as the live leases plus the expiries not yet announced)
 // are walked once for the active count, which stops at max_count, and
 // once for the expired ones, whose count (capped at max_count) and oldest
-// expiry come from the same walk; the oldest due task is the first entry of
-// tasks_pending_idx; and the tables' sizes are the planner's estimates
+// expiry come from the same walk; the oldest due task is the first due entry
+// of each branch of tasks_claim_idx (tasks_pending_summary); and the tables' sizes are the planner's estimates
 // (pg_class.reltuples, refreshed by VACUUM and ANALYZE, -1 before the
 // first), never a count of every row. Done tasks and past leases have no
 // gauge: they only grow.

@@ -66,6 +66,10 @@ type Task struct {
 	GeneratorFence      *int64
 	TTLSeconds          *int32
 	EarlierAttempts     []byte
+	Kind                string
+	Queue               string
+	Priority            int16
+	UniqueKey           *string
 }
 
 type TaskWaiter struct {

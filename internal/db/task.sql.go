@@ -10,13 +10,80 @@ import (
 	"time"
 )
 
+const taskCancel = `-- name: TaskCancel :one
+UPDATE tasks AS t
+SET state = 'cancelled',
+    processed_at = now(),
+    last_error = $1::text,
+    earlier_attempts = CASE WHEN t.state = 'running'
+                            THEN t.earlier_attempts || task_attempt(t, 'cancelled', $1::text)
+                            ELSE t.earlier_attempts END
+WHERE t.id = $2::bigint AND t.state IN ('pending', 'running')
+  AND ($3::text IS NULL
+       OR (t.state = 'running' AND t.processor = $3::text
+           AND ($4::bigint IS NULL OR t.fence = $4::bigint)
+           AND t.must_heartbeat_before > now()))
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+`
+
+type TaskCancelParams struct {
+	Reason    string
+	ID        int64
+	Processor *string
+	Fence     *int64
+}
+
+// TaskCancel cancels a pending or running task: cancelled, finished now,
+// reason as its last_error. A running task's lease is revoked with it
+// (every compare-and-set of its holder asks for state running) and its
+// attempt goes to earlier_attempts, which makes the statement trigger
+// NOTIFY 'cancelled:<id>' (schema/0011), so that a holder that listens
+// stops at once. With processor, the cancellation is its holder's own (a
+// handler giving up on its task): a compare-and-set on (processor, fence
+// when given, lease live), as TaskFail. No row: the task is done, dead or
+// cancelled already, not the holder's, or does not exist.
+func (q *Queries) TaskCancel(ctx context.Context, arg TaskCancelParams) (Task, error) {
+	row := q.db.QueryRow(ctx, taskCancel,
+		arg.Reason,
+		arg.ID,
+		arg.Processor,
+		arg.Fence,
+	)
+	var i Task
+	err := row.Scan(
+		&i.ID,
+		&i.TaskData,
+		&i.State,
+		&i.ScheduledAt,
+		&i.Processor,
+		&i.Fence,
+		&i.Attempts,
+		&i.MaxAttempts,
+		&i.LastHeartbeatAt,
+		&i.MustHeartbeatBefore,
+		&i.StartedAt,
+		&i.ProcessedAt,
+		&i.TaskOutput,
+		&i.LastError,
+		&i.CreatedAt,
+		&i.GeneratorFence,
+		&i.TTLSeconds,
+		&i.EarlierAttempts,
+		&i.Kind,
+		&i.Queue,
+		&i.Priority,
+		&i.UniqueKey,
+	)
+	return i, err
+}
+
 const taskClaim = `-- name: TaskClaim :many
 WITH buried AS (
     UPDATE tasks AS b
     SET state = 'dead',
         processed_at = now(),
         last_error = coalesce(b.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)'),
-        earlier_attempts = b.earlier_attempts || task_attempt(b, 'expired'),
+        earlier_attempts = b.earlier_attempts || task_attempt(b, 'expired', NULL),
         must_heartbeat_before = NULL
     WHERE b.id IN (
             SELECT x.id FROM tasks AS x
@@ -24,72 +91,98 @@ WITH buried AS (
               AND x.state = 'running'
               AND x.must_heartbeat_before <= now()
               AND x.attempts >= x.max_attempts
+              AND ($3::text[] IS NULL OR x.queue = ANY ($3::text[]))
+              AND ($4::text[] IS NULL OR x.kind = ANY ($4::text[]))
             FOR UPDATE SKIP LOCKED)
     RETURNING b.id
 ),
 due AS (
-    SELECT d.id, d.scheduled_at FROM tasks_due(cardinality($3::text[])) AS d (id, scheduled_at)
+    SELECT d.id, d.priority, d.scheduled_at
+    FROM tasks_claimable($3::text[], $4::text[], cardinality($5::text[]),
+                         $6::text[], $7::text[], $8::smallint[],
+                         $9::timestamptz[], $10::bigint[]) AS d (id, priority, scheduled_at)
 ),
 lapsed AS (
-    SELECT r.id, r.scheduled_at FROM tasks AS r
+    SELECT r.id, r.priority, r.scheduled_at FROM tasks AS r
     WHERE $2::boolean
       AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
-    LIMIT cardinality($3::text[])
+      AND ($3::text[] IS NULL OR r.queue = ANY ($3::text[]))
+      AND ($4::text[] IS NULL OR r.kind = ANY ($4::text[]))
+    LIMIT cardinality($5::text[]) - (SELECT count(*) FROM due)
     FOR UPDATE SKIP LOCKED
 ),
 picked AS (
-    SELECT p.id, row_number() OVER (ORDER BY p.scheduled_at, p.id) AS n
-    FROM (SELECT due.id, due.scheduled_at FROM due
+    SELECT p.id, row_number() OVER (ORDER BY p.priority, p.scheduled_at, p.id) AS n
+    FROM (SELECT due.id, due.priority, due.scheduled_at FROM due
           UNION ALL
-          SELECT lapsed.id, lapsed.scheduled_at FROM lapsed) AS p
+          SELECT lapsed.id, lapsed.priority, lapsed.scheduled_at FROM lapsed) AS p
 ),
 assigned AS (
     SELECT picked.id, w.processor
     FROM picked
-    JOIN unnest($3::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+    JOIN unnest($5::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
 )
 UPDATE tasks AS t
 SET state = 'running',
-    earlier_attempts = CASE WHEN t.state = 'running' THEN t.earlier_attempts || task_attempt(t, 'expired')
+    earlier_attempts = CASE WHEN t.state = 'running' THEN t.earlier_attempts || task_attempt(t, 'expired', NULL)
                             ELSE t.earlier_attempts END,
     processor = a.processor,
     -- Drawn now, under the row lock: the fence of every earlier attempt
     -- was drawn before it.
     fence = nextval('lease_fence_seq'),
-    ttl_seconds = $1::integer,
+    ttl_seconds = coalesce(t.ttl_seconds, $1::integer),
     attempts = t.attempts + 1,
     started_at = now(),
     last_heartbeat_at = now(),
-    must_heartbeat_before = now() + make_interval(secs => $1::integer)
+    must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, $1::integer))
 FROM assigned AS a
 WHERE t.id = a.id
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
 `
 
 type TaskClaimParams struct {
-	TTLSeconds int32
-	WithLapsed bool
-	Processors []string
+	TTLSeconds     int32
+	WithLapsed     bool
+	WantQueues     []string
+	WantKinds      []string
+	Processors     []string
+	HintQueues     []string
+	HintKinds      []string
+	HintPriorities []int16
+	HintAt         []time.Time
+	HintIds        []int64
 }
 
-// TaskClaim claims up to one task per processor named, oldest schedule
-// first, each under a new lease held in the task's row (a new fence from
-// lease_fence_seq, drawn under the row lock; TTL ttl_seconds): pending
-// tasks that are due and, with with_lapsed, running tasks whose lease
-// lapsed before a reaper put them back (the claim counts an attempt either
-// way, and records the lapsed one in earlier_attempts); lapsed tasks that
-// have used all their attempts are then declared dead instead. Without
-// with_lapsed the claim reads no running task: their index holds an entry
-// for every task run since the last VACUUM, too many to walk on every
-// claim of a busy queue, where the reaper puts lapsed tasks back anyway.
-// Two index-driven picks (an OR of the two would scan every claimable row):
-// due pending tasks by schedule, and lapsed running ones. Each locks at
-// most one row per processor; rows not used stay locked only until this
-// statement commits.
-// tasks_due (schema/0010) is the first of these, in index order whatever
-// the statistics say: the due pending tasks by schedule.
+// TaskClaim claims up to one task for each processor named, of the queues
+// and kinds given (NULL: all), lowest (priority, scheduled_at, id) first,
+// each under a new lease held in the task's row (a new fence from
+// lease_fence_seq, drawn under the row lock; the task's TTL, or
+// ttl_seconds when it has none): due pending tasks (tasks_claimable,
+// schema/0011, with the claimer's hints) and, with with_lapsed, running
+// tasks whose lease lapsed before a reaper put them back (the claim counts
+// an attempt either way, and records the lapsed one in earlier_attempts);
+// lapsed tasks that have used all their attempts are then declared dead
+// instead. Without with_lapsed the claim reads no running task: their
+// index holds an entry for every task run since the last VACUUM, too many
+// to walk on every claim of a busy queue, where the reaper puts lapsed
+// tasks back anyway.
+// Two picks (an OR of the two would scan every claimable row): due
+// pending tasks, and lapsed running ones. Every due row picked is used
+// (tasks_claimable must not leave a row it locked: see there); lapsed rows
+// not used stay locked only until this statement commits.
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, error) {
-	rows, err := q.db.Query(ctx, taskClaim, arg.TTLSeconds, arg.WithLapsed, arg.Processors)
+	rows, err := q.db.Query(ctx, taskClaim,
+		arg.TTLSeconds,
+		arg.WithLapsed,
+		arg.WantQueues,
+		arg.WantKinds,
+		arg.Processors,
+		arg.HintQueues,
+		arg.HintKinds,
+		arg.HintPriorities,
+		arg.HintAt,
+		arg.HintIds,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -116,6 +209,10 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, e
 			&i.GeneratorFence,
 			&i.TTLSeconds,
 			&i.EarlierAttempts,
+			&i.Kind,
+			&i.Queue,
+			&i.Priority,
+			&i.UniqueKey,
 		); err != nil {
 			return nil, err
 		}
@@ -137,7 +234,7 @@ WHERE t.id = $2::bigint
   AND t.processor = $3::text
   AND ($4::bigint IS NULL OR t.fence = $4::bigint)
   AND t.must_heartbeat_before > now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
 `
 
 type TaskCompleteParams struct {
@@ -177,6 +274,10 @@ func (q *Queries) TaskComplete(ctx context.Context, arg TaskCompleteParams) (Tas
 		&i.GeneratorFence,
 		&i.TTLSeconds,
 		&i.EarlierAttempts,
+		&i.Kind,
+		&i.Queue,
+		&i.Priority,
+		&i.UniqueKey,
 	)
 	return i, err
 }
@@ -200,48 +301,61 @@ completed AS (
     RETURNING c.id
 ),
 picked AS (
-    SELECT d.id, row_number() OVER (ORDER BY d.scheduled_at, d.id) AS n
-    FROM tasks_due(cardinality($5::text[])) AS d (id, scheduled_at)
+    SELECT d.id, row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
+    FROM tasks_claimable($5::text[], $6::text[], cardinality($7::text[]),
+                         $8::text[], $9::text[], $10::smallint[],
+                         $11::timestamptz[], $12::bigint[]) AS d (id, priority, scheduled_at)
 ),
 claimed AS (
     UPDATE tasks AS t
     SET state = 'running',
         processor = w.processor,
         fence = nextval('lease_fence_seq'),
-        ttl_seconds = $6::integer,
+        ttl_seconds = coalesce(t.ttl_seconds, $13::integer),
         attempts = t.attempts + 1,
         started_at = now(),
         last_heartbeat_at = now(),
-        must_heartbeat_before = now() + make_interval(secs => $6::integer)
+        must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, $13::integer))
     FROM picked
-    JOIN unnest($5::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+    JOIN unnest($7::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     WHERE t.id = picked.id
-    RETURNING t.id, t.task_data, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts,
-              t.must_heartbeat_before, t.started_at, t.created_at
+    RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
+              t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at
 )
 SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM claimed AS f)
              THEN done.ids END)::bigint[] AS completed_ids,
-       claimed.id, claimed.task_data, claimed.scheduled_at, claimed.processor, claimed.fence, claimed.attempts, claimed.max_attempts, claimed.must_heartbeat_before, claimed.started_at, claimed.created_at
+       claimed.id, claimed.kind, claimed.queue, claimed.priority, claimed.task_data, claimed.scheduled_at, claimed.processor, claimed.fence, claimed.ttl_seconds, claimed.attempts, claimed.max_attempts, claimed.must_heartbeat_before, claimed.started_at, claimed.created_at
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true
 `
 
 type TaskCompleteAndClaimParams struct {
-	Ids        []int64
-	Processors []string
-	Fences     []int64
-	Outputs    [][]byte
-	ClaimFor   []string
-	TTLSeconds int32
+	Ids            []int64
+	Processors     []string
+	Fences         []int64
+	Outputs        [][]byte
+	WantQueues     []string
+	WantKinds      []string
+	ClaimFor       []string
+	HintQueues     []string
+	HintKinds      []string
+	HintPriorities []int16
+	HintAt         []time.Time
+	HintIds        []int64
+	TTLSeconds     int32
 }
 
 type TaskCompleteAndClaimRow struct {
 	CompletedIds        []int64
 	ID                  *int64
+	Kind                *string
+	Queue               *string
+	Priority            *int16
 	TaskData            []byte
 	ScheduledAt         *time.Time
 	Processor           *string
 	Fence               *int64
+	TTLSeconds          *int32
 	Attempts            *int32
 	MaxAttempts         *int32
 	MustHeartbeatBefore *time.Time
@@ -263,7 +377,14 @@ func (q *Queries) TaskCompleteAndClaim(ctx context.Context, arg TaskCompleteAndC
 		arg.Processors,
 		arg.Fences,
 		arg.Outputs,
+		arg.WantQueues,
+		arg.WantKinds,
 		arg.ClaimFor,
+		arg.HintQueues,
+		arg.HintKinds,
+		arg.HintPriorities,
+		arg.HintAt,
+		arg.HintIds,
 		arg.TTLSeconds,
 	)
 	if err != nil {
@@ -276,10 +397,14 @@ func (q *Queries) TaskCompleteAndClaim(ctx context.Context, arg TaskCompleteAndC
 		if err := rows.Scan(
 			&i.CompletedIds,
 			&i.ID,
+			&i.Kind,
+			&i.Queue,
+			&i.Priority,
 			&i.TaskData,
 			&i.ScheduledAt,
 			&i.Processor,
 			&i.Fence,
+			&i.TTLSeconds,
 			&i.Attempts,
 			&i.MaxAttempts,
 			&i.MustHeartbeatBefore,
@@ -354,28 +479,25 @@ func (q *Queries) TaskCompleteMany(ctx context.Context, arg TaskCompleteManyPara
 
 const taskFail = `-- name: TaskFail :one
 UPDATE tasks AS t
-SET state = CASE WHEN NOT $1::boolean AND t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
-    attempts = CASE WHEN $1::boolean THEN t.attempts - 1 ELSE t.attempts END,
-    scheduled_at = CASE
-        WHEN $1::boolean THEN now()
-        ELSE now() + make_interval(secs => least($2::float8 * power(2, t.attempts - 1), $3::float8)
-                                           * (0.5 + random() / 2))
-    END,
-    processed_at = CASE WHEN NOT $1::boolean AND t.attempts >= t.max_attempts THEN now() END,
+SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
+    scheduled_at = now() + make_interval(secs => coalesce(
+        $1::float8,
+        least($2::float8 * power(2, t.attempts - 1), $3::float8)
+            * (0.5 + random() / 2))),
+    processed_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
     last_error = $4::text,
-    earlier_attempts = t.earlier_attempts
-        || task_attempt(t, CASE WHEN $1::boolean THEN 'requeued' ELSE 'failed' END),
+    earlier_attempts = t.earlier_attempts || task_attempt(t, 'failed', $4::text),
     must_heartbeat_before = NULL
 WHERE t.id = $5::bigint
   AND t.state = 'running'
   AND t.processor = $6::text
   AND ($7::bigint IS NULL OR t.fence = $7::bigint)
   AND t.must_heartbeat_before > now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
 `
 
 type TaskFailParams struct {
-	Requeue           bool
+	RetryInSeconds    *float64
 	BaseSeconds       float64
 	MaxBackoffSeconds float64
 	Error             string
@@ -385,14 +507,14 @@ type TaskFailParams struct {
 }
 
 // TaskFail records a failed attempt, which ends its lease, under the same
-// compare-and-set: back to pending after an exponential backoff with
+// compare-and-set: back to pending after retry_in_seconds (the kind's
+// backoff, when the worker has one) or else an exponential backoff with
 // jitter (base_seconds × 2^(attempts−1), at most max_backoff_seconds,
-// times 0.5–1.0), or dead when the attempts are used up. With requeue, the
-// attempt is not counted and the task is due at once (a worker shutting
-// down hands it back). The attempt goes to earlier_attempts either way.
+// times 0.5–1.0); dead when the attempts are used up. The attempt goes to
+// earlier_attempts with its error.
 func (q *Queries) TaskFail(ctx context.Context, arg TaskFailParams) (Task, error) {
 	row := q.db.QueryRow(ctx, taskFail,
-		arg.Requeue,
+		arg.RetryInSeconds,
 		arg.BaseSeconds,
 		arg.MaxBackoffSeconds,
 		arg.Error,
@@ -420,12 +542,16 @@ func (q *Queries) TaskFail(ctx context.Context, arg TaskFailParams) (Task, error
 		&i.GeneratorFence,
 		&i.TTLSeconds,
 		&i.EarlierAttempts,
+		&i.Kind,
+		&i.Queue,
+		&i.Priority,
+		&i.UniqueKey,
 	)
 	return i, err
 }
 
 const taskGet = `-- name: TaskGet :one
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts FROM tasks WHERE id = $1
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key FROM tasks WHERE id = $1
 `
 
 func (q *Queries) TaskGet(ctx context.Context, id int64) (Task, error) {
@@ -450,79 +576,33 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (Task, error) {
 		&i.GeneratorFence,
 		&i.TTLSeconds,
 		&i.EarlierAttempts,
+		&i.Kind,
+		&i.Queue,
+		&i.Priority,
+		&i.UniqueKey,
 	)
 	return i, err
 }
 
-const taskHeartbeat = `-- name: TaskHeartbeat :one
-UPDATE tasks AS t
-SET last_heartbeat_at = now(),
-    must_heartbeat_before = now() + make_interval(secs => t.ttl_seconds)
-WHERE t.id = $1::bigint
-  AND t.state = 'running'
-  AND t.processor = $2::text
-  AND ($3::bigint IS NULL OR t.fence = $3::bigint)
-  AND t.must_heartbeat_before > now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
+const taskGetByUniqueKeys = `-- name: TaskGetByUniqueKeys :many
+SELECT t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key FROM tasks AS t
+WHERE t.unique_key IS NOT NULL AND t.state <> 'cancelled'
+  AND (t.kind, t.unique_key) IN (SELECT k.v, u.v
+                                 FROM unnest($1::text[]) WITH ORDINALITY AS k (v, i)
+                                 JOIN unnest($2::text[]) WITH ORDINALITY AS u (v, i) ON u.i = k.i)
 `
 
-type TaskHeartbeatParams struct {
-	ID        int64
-	Processor string
-	Fence     *int64
+type TaskGetByUniqueKeysParams struct {
+	Kinds      []string
+	UniqueKeys []string
 }
 
-// TaskHeartbeat renews the task's lease for its processor: a
-// compare-and-set on (processor, fence when given, lease live). No row:
-// the task is not this processor's, is finished, or its lease lapsed. It
-// writes no indexed column, so it is a heap-only update.
-func (q *Queries) TaskHeartbeat(ctx context.Context, arg TaskHeartbeatParams) (Task, error) {
-	row := q.db.QueryRow(ctx, taskHeartbeat, arg.ID, arg.Processor, arg.Fence)
-	var i Task
-	err := row.Scan(
-		&i.ID,
-		&i.TaskData,
-		&i.State,
-		&i.ScheduledAt,
-		&i.Processor,
-		&i.Fence,
-		&i.Attempts,
-		&i.MaxAttempts,
-		&i.LastHeartbeatAt,
-		&i.MustHeartbeatBefore,
-		&i.StartedAt,
-		&i.ProcessedAt,
-		&i.TaskOutput,
-		&i.LastError,
-		&i.CreatedAt,
-		&i.GeneratorFence,
-		&i.TTLSeconds,
-		&i.EarlierAttempts,
-	)
-	return i, err
-}
-
-const taskInsert = `-- name: TaskInsert :many
-INSERT INTO tasks (task_data, scheduled_at, max_attempts)
-SELECT d.v, coalesce(nullif(s.v, '')::timestamptz, now()), m.v
-FROM unnest($1::jsonb[]) WITH ORDINALITY AS d (v, i)
-JOIN unnest($2::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
-JOIN unnest($3::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
-ORDER BY d.i
-RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts
-`
-
-type TaskInsertParams struct {
-	TaskData    [][]byte
-	ScheduledAt []string
-	MaxAttempts []int32
-}
-
-// TaskInsert adds tasks in one statement (one NOTIFY): the i-th task gets
-// task_data[i], scheduled_at[i] (an RFC 3339 time, or ” for now) and
-// max_attempts[i].
-func (q *Queries) TaskInsert(ctx context.Context, arg TaskInsertParams) ([]Task, error) {
-	rows, err := q.db.Query(ctx, taskInsert, arg.TaskData, arg.ScheduledAt, arg.MaxAttempts)
+// TaskGetByUniqueKeys returns the tasks not cancelled that hold the unique
+// keys (kinds[i], unique_keys[i]): the tasks that kept TaskInsert from
+// inserting, read by a statement of their own so that its snapshot sees
+// a holder whose transaction committed while the insert waited for it.
+func (q *Queries) TaskGetByUniqueKeys(ctx context.Context, arg TaskGetByUniqueKeysParams) ([]Task, error) {
+	rows, err := q.db.Query(ctx, taskGetByUniqueKeys, arg.Kinds, arg.UniqueKeys)
 	if err != nil {
 		return nil, err
 	}
@@ -549,6 +629,148 @@ func (q *Queries) TaskInsert(ctx context.Context, arg TaskInsertParams) ([]Task,
 			&i.GeneratorFence,
 			&i.TTLSeconds,
 			&i.EarlierAttempts,
+			&i.Kind,
+			&i.Queue,
+			&i.Priority,
+			&i.UniqueKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const taskHeartbeat = `-- name: TaskHeartbeat :one
+UPDATE tasks AS t
+SET last_heartbeat_at = now(),
+    must_heartbeat_before = now() + make_interval(secs => t.ttl_seconds)
+WHERE t.id = $1::bigint
+  AND t.state = 'running'
+  AND t.processor = $2::text
+  AND ($3::bigint IS NULL OR t.fence = $3::bigint)
+  AND t.must_heartbeat_before > now()
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+`
+
+type TaskHeartbeatParams struct {
+	ID        int64
+	Processor string
+	Fence     *int64
+}
+
+// TaskHeartbeat renews the task's lease for its processor: a
+// compare-and-set on (processor, fence when given, lease live). No row:
+// the task is not this processor's, is finished or cancelled, or its lease
+// lapsed. It writes no indexed column, so it is a heap-only update.
+func (q *Queries) TaskHeartbeat(ctx context.Context, arg TaskHeartbeatParams) (Task, error) {
+	row := q.db.QueryRow(ctx, taskHeartbeat, arg.ID, arg.Processor, arg.Fence)
+	var i Task
+	err := row.Scan(
+		&i.ID,
+		&i.TaskData,
+		&i.State,
+		&i.ScheduledAt,
+		&i.Processor,
+		&i.Fence,
+		&i.Attempts,
+		&i.MaxAttempts,
+		&i.LastHeartbeatAt,
+		&i.MustHeartbeatBefore,
+		&i.StartedAt,
+		&i.ProcessedAt,
+		&i.TaskOutput,
+		&i.LastError,
+		&i.CreatedAt,
+		&i.GeneratorFence,
+		&i.TTLSeconds,
+		&i.EarlierAttempts,
+		&i.Kind,
+		&i.Queue,
+		&i.Priority,
+		&i.UniqueKey,
+	)
+	return i, err
+}
+
+const taskInsert = `-- name: TaskInsert :many
+INSERT INTO tasks (task_data, kind, queue, priority, unique_key, ttl_seconds, scheduled_at, max_attempts)
+SELECT d.v, k.v, q.v, p.v, nullif(u.v, ''), nullif(l.v, 0), coalesce(nullif(s.v, '')::timestamptz, now()), m.v
+FROM unnest($1::jsonb[]) WITH ORDINALITY AS d (v, i)
+JOIN unnest($2::text[]) WITH ORDINALITY AS k (v, i) ON k.i = d.i
+JOIN unnest($3::text[]) WITH ORDINALITY AS q (v, i) ON q.i = d.i
+JOIN unnest($4::smallint[]) WITH ORDINALITY AS p (v, i) ON p.i = d.i
+JOIN unnest($5::text[]) WITH ORDINALITY AS u (v, i) ON u.i = d.i
+JOIN unnest($6::integer[]) WITH ORDINALITY AS l (v, i) ON l.i = d.i
+JOIN unnest($7::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
+JOIN unnest($8::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
+ORDER BY d.i
+ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL AND state <> 'cancelled' DO NOTHING
+RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key
+`
+
+type TaskInsertParams struct {
+	TaskData    [][]byte
+	Kinds       []string
+	Queues      []string
+	Priorities  []int16
+	UniqueKeys  []string
+	TTLSeconds  []int32
+	ScheduledAt []string
+	MaxAttempts []int32
+}
+
+// TaskInsert adds tasks in one statement (one NOTIFY): the i-th task gets
+// the i-th element of each array (scheduled_at: an RFC 3339 time, or ”
+// for now; unique_key ” and ttl_seconds 0 for none). A task whose (kind,
+// unique_key) another task not cancelled holds is not inserted (nor the
+// second of two in the batch with the same key): what comes back is the
+// tasks inserted, in the order given. TaskGetByUniqueKeys then reads the
+// holders of the others.
+func (q *Queries) TaskInsert(ctx context.Context, arg TaskInsertParams) ([]Task, error) {
+	rows, err := q.db.Query(ctx, taskInsert,
+		arg.TaskData,
+		arg.Kinds,
+		arg.Queues,
+		arg.Priorities,
+		arg.UniqueKeys,
+		arg.TTLSeconds,
+		arg.ScheduledAt,
+		arg.MaxAttempts,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Task{}
+	for rows.Next() {
+		var i Task
+		if err := rows.Scan(
+			&i.ID,
+			&i.TaskData,
+			&i.State,
+			&i.ScheduledAt,
+			&i.Processor,
+			&i.Fence,
+			&i.Attempts,
+			&i.MaxAttempts,
+			&i.LastHeartbeatAt,
+			&i.MustHeartbeatBefore,
+			&i.StartedAt,
+			&i.ProcessedAt,
+			&i.TaskOutput,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.GeneratorFence,
+			&i.TTLSeconds,
+			&i.EarlierAttempts,
+			&i.Kind,
+			&i.Queue,
+			&i.Priority,
+			&i.UniqueKey,
 		); err != nil {
 			return nil, err
 		}
@@ -576,7 +798,7 @@ SELECT d.v, live.fence
 FROM unnest($1::jsonb[]) AS d (v)
 CROSS JOIN live
 JOIN generator_state AS g ON g.started
-RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts
+RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key
 `
 
 type TaskInsertGeneratedParams struct {
@@ -585,10 +807,11 @@ type TaskInsertGeneratedParams struct {
 	Fence    int64
 }
 
-// TaskInsertGenerated is the generator's fenced insert: it adds the tasks
-// only while the generator is started and the holder's generator lease with
-// this fence is live, holding that lease row locked against a takeover
-// until the insert commits. No rows back: not (or no longer) allowed.
+// TaskInsertGenerated is the generator's fenced insert of demo tasks (kind
+// sleep, queue default): it adds the tasks only while the generator is
+// started and the holder's generator lease with this fence is live,
+// holding that lease row locked against a takeover until the insert
+// commits. No rows back: not (or no longer) allowed.
 func (q *Queries) TaskInsertGenerated(ctx context.Context, arg TaskInsertGeneratedParams) ([]Task, error) {
 	rows, err := q.db.Query(ctx, taskInsertGenerated, arg.TaskData, arg.Holder, arg.Fence)
 	if err != nil {
@@ -617,6 +840,10 @@ func (q *Queries) TaskInsertGenerated(ctx context.Context, arg TaskInsertGenerat
 			&i.GeneratorFence,
 			&i.TTLSeconds,
 			&i.EarlierAttempts,
+			&i.Kind,
+			&i.Queue,
+			&i.Priority,
+			&i.UniqueKey,
 		); err != nil {
 			return nil, err
 		}
@@ -629,27 +856,31 @@ func (q *Queries) TaskInsertGenerated(ctx context.Context, arg TaskInsertGenerat
 }
 
 const taskList = `-- name: TaskList :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts FROM tasks
-WHERE id > $1
-  AND CASE $2::text
-          WHEN 'processed' THEN state IN ('done', 'dead')
-          WHEN 'started'   THEN started_at IS NOT NULL
-          ELSE true
-      END
-ORDER BY id
-LIMIT $3
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key FROM tasks_filtered($1::text[], $2::text[], $3::text[],
+                             $4::boolean, $5::bigint, $6::integer)
 `
 
 type TaskListParams struct {
+	States   []string
+	Kinds    []string
+	Queues   []string
+	Started  bool
 	AfterID  int64
-	Filter   string
 	RowLimit int32
 }
 
-// TaskList pages through tasks in id order: all ('all'), those processed
-// (done or dead) or those started.
+// TaskList pages through tasks in id order, of the states, kinds and
+// queues given (NULL: any), and with started only those ever claimed
+// (tasks_filtered, schema/0011).
 func (q *Queries) TaskList(ctx context.Context, arg TaskListParams) ([]Task, error) {
-	rows, err := q.db.Query(ctx, taskList, arg.AfterID, arg.Filter, arg.RowLimit)
+	rows, err := q.db.Query(ctx, taskList,
+		arg.States,
+		arg.Kinds,
+		arg.Queues,
+		arg.Started,
+		arg.AfterID,
+		arg.RowLimit,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -676,6 +907,10 @@ func (q *Queries) TaskList(ctx context.Context, arg TaskListParams) ([]Task, err
 			&i.GeneratorFence,
 			&i.TTLSeconds,
 			&i.EarlierAttempts,
+			&i.Kind,
+			&i.Queue,
+			&i.Priority,
+			&i.UniqueKey,
 		); err != nil {
 			return nil, err
 		}
@@ -688,7 +923,7 @@ func (q *Queries) TaskList(ctx context.Context, arg TaskListParams) ([]Task, err
 }
 
 const taskListDead = `-- name: TaskListDead :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts FROM tasks
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key FROM tasks
 WHERE state = 'dead'
 ORDER BY processed_at DESC, id DESC
 LIMIT $1
@@ -723,6 +958,10 @@ func (q *Queries) TaskListDead(ctx context.Context, rowLimit int32) ([]Task, err
 			&i.GeneratorFence,
 			&i.TTLSeconds,
 			&i.EarlierAttempts,
+			&i.Kind,
+			&i.Queue,
+			&i.Priority,
+			&i.UniqueKey,
 		); err != nil {
 			return nil, err
 		}
@@ -735,7 +974,7 @@ func (q *Queries) TaskListDead(ctx context.Context, rowLimit int32) ([]Task, err
 }
 
 const taskListRunning = `-- name: TaskListRunning :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts FROM tasks
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key FROM tasks
 WHERE state = 'running'
 ORDER BY id
 LIMIT $1
@@ -770,6 +1009,10 @@ func (q *Queries) TaskListRunning(ctx context.Context, rowLimit int32) ([]Task, 
 			&i.GeneratorFence,
 			&i.TTLSeconds,
 			&i.EarlierAttempts,
+			&i.Kind,
+			&i.Queue,
+			&i.Priority,
+			&i.UniqueKey,
 		); err != nil {
 			return nil, err
 		}
@@ -782,22 +1025,27 @@ func (q *Queries) TaskListRunning(ctx context.Context, rowLimit int32) ([]Task, 
 }
 
 const taskNextDue = `-- name: TaskNextDue :one
-SELECT coalesce(min(scheduled_at), now() + interval '1 hour')::timestamptz AS next_due,
+SELECT coalesce(tasks_next_due($1::text[], $2::text[]),
+                now() + interval '1 hour')::timestamptz AS next_due,
        now()::timestamptz AS db_now
-FROM tasks
-WHERE state = 'pending'
 `
+
+type TaskNextDueParams struct {
+	WantQueues []string
+	WantKinds  []string
+}
 
 type TaskNextDueRow struct {
 	NextDue time.Time
 	DBNow   time.Time
 }
 
-// TaskNextDue tells an idle dispatcher when the next pending task falls
-// due (scheduled in the future, e.g. a retry's backoff); an hour from now
-// when none is (a new task arrives by NOTIFY).
-func (q *Queries) TaskNextDue(ctx context.Context) (TaskNextDueRow, error) {
-	row := q.db.QueryRow(ctx, taskNextDue)
+// TaskNextDue tells an idle dispatcher when the next pending task of its
+// queues and kinds (NULL: all) falls due (scheduled in the future, e.g. a
+// retry's backoff); an hour from now when none is (a new task arrives by
+// NOTIFY).
+func (q *Queries) TaskNextDue(ctx context.Context, arg TaskNextDueParams) (TaskNextDueRow, error) {
+	row := q.db.QueryRow(ctx, taskNextDue, arg.WantQueues, arg.WantKinds)
 	var i TaskNextDueRow
 	err := row.Scan(&i.NextDue, &i.DBNow)
 	return i, err
@@ -819,6 +1067,116 @@ func (q *Queries) TaskNextLapse(ctx context.Context, waitMs int32) (time.Time, e
 	return next_lapse, err
 }
 
+const taskPendingSummary = `-- name: TaskPendingSummary :many
+SELECT s.queue::text AS queue, s.kind::text AS kind, s.pending::bigint AS pending,
+       coalesce(extract(epoch FROM now() - s.oldest_due), 0)::float8 AS oldest_wait_seconds
+FROM tasks_pending_summary($1::integer) AS s
+`
+
+type TaskPendingSummaryRow struct {
+	Queue             string
+	Kind              string
+	Pending           int64
+	OldestWaitSeconds float64
+}
+
+// TaskPendingSummary counts the pending tasks of each (queue, kind), at most
+// max_count each, with the scheduled_at of the longest-waiting due one
+// (tasks_pending_summary, schema/0011).
+// oldest_wait_seconds is 0 for a (queue, kind) none of whose tasks is due.
+func (q *Queries) TaskPendingSummary(ctx context.Context, maxCount int32) ([]TaskPendingSummaryRow, error) {
+	rows, err := q.db.Query(ctx, taskPendingSummary, maxCount)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []TaskPendingSummaryRow{}
+	for rows.Next() {
+		var i TaskPendingSummaryRow
+		if err := rows.Scan(
+			&i.Queue,
+			&i.Kind,
+			&i.Pending,
+			&i.OldestWaitSeconds,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const taskPutBack = `-- name: TaskPutBack :one
+UPDATE tasks AS t
+SET state = 'pending',
+    attempts = t.attempts - 1,
+    scheduled_at = now() + make_interval(secs => $1::float8),
+    earlier_attempts = t.earlier_attempts || task_attempt(t, $2::text, $3::text),
+    must_heartbeat_before = NULL
+WHERE t.id = $4::bigint
+  AND t.state = 'running'
+  AND t.processor = $5::text
+  AND ($6::bigint IS NULL OR t.fence = $6::bigint)
+  AND t.must_heartbeat_before > now()
+  AND $2::text IN ('requeued', 'snoozed')
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+`
+
+type TaskPutBackParams struct {
+	DelaySeconds float64
+	Outcome      string
+	Reason       *string
+	ID           int64
+	Processor    string
+	Fence        *int64
+}
+
+// TaskPutBack ends the running attempt without counting it, under the same
+// compare-and-set: the task goes back to pending, due after
+// delay_seconds. Outcome 'requeued' is a worker shutting down handing the
+// task back (delay 0: another worker may claim it at once); 'snoozed' is a
+// handler asking to run again later. The attempt goes to earlier_attempts
+// with the reason.
+func (q *Queries) TaskPutBack(ctx context.Context, arg TaskPutBackParams) (Task, error) {
+	row := q.db.QueryRow(ctx, taskPutBack,
+		arg.DelaySeconds,
+		arg.Outcome,
+		arg.Reason,
+		arg.ID,
+		arg.Processor,
+		arg.Fence,
+	)
+	var i Task
+	err := row.Scan(
+		&i.ID,
+		&i.TaskData,
+		&i.State,
+		&i.ScheduledAt,
+		&i.Processor,
+		&i.Fence,
+		&i.Attempts,
+		&i.MaxAttempts,
+		&i.LastHeartbeatAt,
+		&i.MustHeartbeatBefore,
+		&i.StartedAt,
+		&i.ProcessedAt,
+		&i.TaskOutput,
+		&i.LastError,
+		&i.CreatedAt,
+		&i.GeneratorFence,
+		&i.TTLSeconds,
+		&i.EarlierAttempts,
+		&i.Kind,
+		&i.Queue,
+		&i.Priority,
+		&i.UniqueKey,
+	)
+	return i, err
+}
+
 const taskRequeueLapsed = `-- name: TaskRequeueLapsed :many
 UPDATE tasks AS t
 SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
@@ -826,7 +1184,7 @@ SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' EN
     last_error = CASE WHEN t.attempts >= t.max_attempts
                       THEN coalesce(t.last_error, 'the lease lapsed on every attempt (the worker crashed or stalled)')
                       ELSE t.last_error END,
-    earlier_attempts = t.earlier_attempts || task_attempt(t, 'expired'),
+    earlier_attempts = t.earlier_attempts || task_attempt(t, 'expired', NULL),
     must_heartbeat_before = NULL
 WHERE t.id IN (
         SELECT x.id FROM tasks AS x
@@ -836,7 +1194,7 @@ WHERE t.id IN (
         FOR UPDATE SKIP LOCKED)
   AND t.state = 'running'
   AND t.must_heartbeat_before <= now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
 `
 
 // TaskRequeueLapsed is the reaper's announcement of lapsed task leases: up
@@ -874,6 +1232,10 @@ func (q *Queries) TaskRequeueLapsed(ctx context.Context, batchSize int32) ([]Tas
 			&i.GeneratorFence,
 			&i.TTLSeconds,
 			&i.EarlierAttempts,
+			&i.Kind,
+			&i.Queue,
+			&i.Priority,
+			&i.UniqueKey,
 		); err != nil {
 			return nil, err
 		}
@@ -885,11 +1247,59 @@ func (q *Queries) TaskRequeueLapsed(ctx context.Context, batchSize int32) ([]Tas
 	return items, nil
 }
 
+const taskRetry = `-- name: TaskRetry :one
+UPDATE tasks AS t
+SET state = 'pending',
+    scheduled_at = now(),
+    attempts = 0,
+    processed_at = NULL,
+    must_heartbeat_before = NULL
+WHERE t.id = $1::bigint AND t.state IN ('dead', 'cancelled')
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+`
+
+// TaskRetry puts a dead or cancelled task back to pending, due now, with a
+// fresh budget of max_attempts (attempts starts again from 0; its earlier
+// attempts stay in its history); the statement trigger NOTIFYs 'requeued'
+// (a pending task due now) so that workers look. A unique key another task
+// now holds makes it fail with a unique violation (23505). No row: the task
+// is not dead or cancelled, or does not exist.
+func (q *Queries) TaskRetry(ctx context.Context, id int64) (Task, error) {
+	row := q.db.QueryRow(ctx, taskRetry, id)
+	var i Task
+	err := row.Scan(
+		&i.ID,
+		&i.TaskData,
+		&i.State,
+		&i.ScheduledAt,
+		&i.Processor,
+		&i.Fence,
+		&i.Attempts,
+		&i.MaxAttempts,
+		&i.LastHeartbeatAt,
+		&i.MustHeartbeatBefore,
+		&i.StartedAt,
+		&i.ProcessedAt,
+		&i.TaskOutput,
+		&i.LastError,
+		&i.CreatedAt,
+		&i.GeneratorFence,
+		&i.TTLSeconds,
+		&i.EarlierAttempts,
+		&i.Kind,
+		&i.Queue,
+		&i.Priority,
+		&i.UniqueKey,
+	)
+	return i, err
+}
+
 const taskStats = `-- name: TaskStats :one
 SELECT count(*) FILTER (WHERE state = 'pending')                                  AS pending,
        count(*) FILTER (WHERE state = 'running')                                  AS running,
        count(*) FILTER (WHERE state = 'done')                                     AS done,
        count(*) FILTER (WHERE state = 'dead')                                     AS dead,
+       count(*) FILTER (WHERE state = 'cancelled')                                AS cancelled,
        count(*) FILTER (WHERE state = 'done' AND processed_at > now() - interval '1 minute') AS done_last_minute
 FROM tasks
 `
@@ -899,6 +1309,7 @@ type TaskStatsRow struct {
 	Running        int64
 	Done           int64
 	Dead           int64
+	Cancelled      int64
 	DoneLastMinute int64
 }
 
@@ -911,6 +1322,7 @@ func (q *Queries) TaskStats(ctx context.Context) (TaskStatsRow, error) {
 		&i.Running,
 		&i.Done,
 		&i.Dead,
+		&i.Cancelled,
 		&i.DoneLastMinute,
 	)
 	return i, err

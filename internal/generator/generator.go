@@ -19,14 +19,14 @@
 // notification on leasehold_generator, on every resync of the listener and
 // after a refused insert: the notification is a wake-up, never the data.
 // While stopped it waits for one and inserts nothing; there is no polling.
-// Each insert is fenced (task.Store.InsertGenerated): the database refuses
+// Each insert is fenced (taskstore.Store.InsertGenerated): the database refuses
 // it unless the switch is on and this holder's lease with this fence is
 // live, so neither a paused ex-holder nor a holder that has not yet heard
 // of a stop can insert a task. On a refusal the holder reads the switch
 // again and, when the lease is no longer its own, steps down at once.
 //
 // While the database cannot be reached no renewal succeeds, so the term
-// ends at the lease's local deadline (lease.Elector): the holder stops
+// ends at the lease's local deadline (leasing.Elector): the holder stops
 // generating before another replica could win the lease. The campaign
 // retries with backoff and, woken by the listener's reconnect, wins the
 // lease again once the database is back; generation resumes if the switch
@@ -42,11 +42,14 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // Defaults and limits of a Generator's configuration.
@@ -74,8 +77,8 @@ const (
 // runs.
 type Generator struct {
 	State    *State
-	Tasks    *task.Store
-	Leases   *lease.Store
+	Tasks    *taskstore.Store
+	Leases   *leasing.Store
 	Listener *notify.Listener
 	// Instance names this replica: the holder of the generator lease.
 	Instance string
@@ -96,7 +99,7 @@ type Generator struct {
 	// Inserted, if set, is called with each task the holder inserted.
 	Inserted func(t task.Task)
 	// InsertFailed, if set, is called when an insert did not happen: err is
-	// task.ErrNotGenerator when the database refused it (the switch is off
+	// taskstore.ErrNotGenerator when the database refused it (the switch is off
 	// or the lease is no longer live), otherwise the database error.
 	InsertFailed func(err error)
 }
@@ -155,7 +158,7 @@ func (g *Generator) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	e := &lease.Elector{
+	e := &leasing.Elector{
 		Store: g.Leases, Listener: g.Listener, Resource: Resource,
 		Holder: g.Instance, Keep: g.Keep, Log: g.Log,
 	}
@@ -256,7 +259,7 @@ func (g *Generator) lead(ctx context.Context, l lease.Lease, s settings) {
 					if g.InsertFailed != nil {
 						g.InsertFailed(err)
 					}
-					if errors.Is(err, task.ErrNotGenerator) {
+					if errors.Is(err, taskstore.ErrNotGenerator) {
 						// Stopped, or the lease is gone: the next read tells which.
 						owed = 0
 						read = true

@@ -12,16 +12,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"github.com/leasehold/leasehold/internal/generator"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -113,8 +116,8 @@ type cluster struct {
 	ctx    context.Context
 	db     pgtest.DB
 	state  *generator.State
-	tasks  *task.Store
-	leases *lease.Store
+	tasks  *taskstore.Store
+	leases *leasing.Store
 	rec    *recorder
 	wg     sync.WaitGroup
 }
@@ -132,7 +135,7 @@ func newCluster(t *testing.T) *cluster {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &cluster{
 		t: t, ctx: ctx, db: tdb, rec: newRecorder(),
-		state: generator.NewState(tdb.Pool), tasks: task.NewStore(tdb.Pool), leases: lease.NewStore(tdb.Pool),
+		state: generator.NewState(tdb.Pool), tasks: taskstore.NewStore(tdb.Pool), leases: leasing.NewStore(tdb.Pool),
 	}
 	// Registered after pgtest's: every replica has stopped before the
 	// database is dropped.
@@ -212,7 +215,7 @@ func (c *cluster) refuseStale(holder string, fence int64) {
 	c.t.Helper()
 	before := c.countFence(fence)
 	got, err := c.tasks.InsertGenerated(c.ctx, holder, fence, []json.RawMessage{json.RawMessage(`{"sleep_duration_seconds":1}`)})
-	if !errors.Is(err, task.ErrNotGenerator) || len(got) != 0 {
+	if !errors.Is(err, taskstore.ErrNotGenerator) || len(got) != 0 {
 		c.t.Errorf("insert by the stale holder %s with fence %d: got %v, %v; want ErrNotGenerator", holder, fence, got, err)
 	}
 	if after := c.countFence(fence); after != before {
@@ -296,7 +299,7 @@ func checkGenerated(t *testing.T, c *cluster) []holding {
 
 	inDB := map[int64]bool{}
 	for after := int64(0); ; {
-		page, err := c.tasks.List(ctx, task.FilterAll, after, 1000)
+		page, err := c.tasks.List(ctx, taskstore.FilterAll, after, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -511,7 +514,7 @@ func TestCrashedHolderHandsOver(t *testing.T) {
 	}
 	defer pool.Close()
 	doomed := c.start("doomed", func(g *generator.Generator) {
-		g.State, g.Tasks, g.Leases = generator.NewState(pool), task.NewStore(pool), lease.NewStore(pool)
+		g.State, g.Tasks, g.Leases = generator.NewState(pool), taskstore.NewStore(pool), leasing.NewStore(pool)
 		g.Keep.TTL = time.Second
 	})
 	c.set(true, "operator")
@@ -593,7 +596,7 @@ func TestRevokedLeaseStepsDown(t *testing.T) {
 	fence := *holder.task.GeneratorFence
 
 	at := c.rec.mark()
-	// lease.Store.Release would do, but for when it stamps released_at: at
+	// leasing.Store.Release would do, but for when it stamps released_at: at
 	// the statement's start (now()), before it waits for the row lock that
 	// an insert in flight holds (FOR SHARE), so that an insert serialized
 	// before the release can carry a later created_at and the history show
@@ -617,7 +620,7 @@ func TestRevokedLeaseStepsDown(t *testing.T) {
 	refused, at := c.rec.await(t, at, "the holder's insert to be refused", func(e event) bool {
 		return e.instance == holder.instance && e.kind == kindFailed
 	})
-	if !errors.Is(refused.err, task.ErrNotGenerator) {
+	if !errors.Is(refused.err, taskstore.ErrNotGenerator) {
 		t.Errorf("insert after the revoke failed with %v; want ErrNotGenerator", refused.err)
 	}
 	c.rec.await(t, at, "the holder to read the switch", func(e event) bool {
@@ -638,7 +641,7 @@ func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	valid := func() *generator.Generator {
 		return &generator.Generator{
-			State: generator.NewState(nil), Tasks: task.NewStore(nil), Leases: lease.NewStore(nil),
+			State: generator.NewState(nil), Tasks: taskstore.NewStore(nil), Leases: leasing.NewStore(nil),
 			Listener: notify.New(nil, zerolog.Nop()), Instance: "replica-a",
 			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: zerolog.Nop(),
 		}

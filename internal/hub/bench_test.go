@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/gorilla/websocket"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 )
 
@@ -20,7 +22,7 @@ func BenchmarkFanout200(b *testing.B) {
 	const clients = 200
 	db := pgtest.New(b)
 	r := startReplica(b, db, "bench", options{})
-	leases := lease.NewStore(db.Pool)
+	leases := leasing.NewStore(db.Pool)
 	acq, err := leases.Acquire(b.Context(), lease.AcquireParams{Resource: "bench", Holder: "h", TTL: time.Hour})
 	if err != nil {
 		b.Fatal(err)

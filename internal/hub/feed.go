@@ -9,13 +9,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/apitime"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/gorilla/websocket"
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // Coalescing windows (the /ws protocol).
@@ -99,11 +102,11 @@ type feed struct {
 	sent      map[int64]struct{}
 	sentOrder []int64
 
-	changes   []lease.Change // non-task lease changes waiting for leaseBatch
-	received  []time.Time    // when the notification of each of changes arrived
-	generator bool           // a generator message is due with the batch
-	instances bool           // an instances message is due with the batch
-	resynced  bool           // the listener resynced: catch up on missed events
+	changes   []leasing.Change // non-task lease changes waiting for leaseBatch
+	received  []time.Time      // when the notification of each of changes arrived
+	generator bool             // a generator message is due with the batch
+	instances bool             // an instances message is due with the batch
+	resynced  bool             // the listener resynced: catch up on missed events
 
 	tasksDirty bool
 	// waiter registers the hub for task changes while it has clients
@@ -161,7 +164,7 @@ func (f *feed) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case n := <-leaseSub.C():
-			ch, err := lease.ParseChange(n.Payload)
+			ch, err := leasing.ParseChange(n.Payload)
 			if err != nil {
 				f.h.d.Log.Warn().Err(err).Msg("ignoring lease notification")
 				continue
@@ -307,7 +310,7 @@ func (f *feed) flushLeases(ctx context.Context) {
 // observeLag reports the notify lag of each change whose event was read:
 // from the event's time (the database clock) to the arrival of its
 // notification (this process's clock), never below zero.
-func (f *feed) observeLag(changes []lease.Change, received []time.Time, evs []lease.Event) {
+func (f *feed) observeLag(changes []leasing.Change, received []time.Time, evs []lease.Event) {
 	if f.h.d.NotifyLag == nil || len(evs) == 0 {
 		return
 	}
@@ -441,7 +444,7 @@ func (f *feed) snapshot(ctx context.Context) (snapshotMsg, error) {
 	if err != nil {
 		return m, err
 	}
-	m.DBNow = lease.FormatTime(dbNow)
+	m.DBNow = apitime.Format(dbNow)
 	leases, err := f.h.d.Leases.Newest(ctx, snapshotLeases)
 	if err != nil {
 		return m, err

@@ -25,14 +25,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+
 	"github.com/gorilla/websocket"
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // DefaultSendBuffer is the messages a client may fall behind by before it is
@@ -41,8 +42,8 @@ const DefaultSendBuffer = 256
 
 // Deps is what the hub needs.
 type Deps struct {
-	Leases    *lease.Store
-	Tasks     *task.Store
+	Leases    *leasing.Store
+	Tasks     *taskstore.Store
 	Generator *generator.State
 	Instances *instance.Store
 	// Listener is the process's LISTEN connection, listening on

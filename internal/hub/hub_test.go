@@ -13,6 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
@@ -21,12 +26,10 @@ import (
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 func TestMain(m *testing.M) {
@@ -62,7 +65,7 @@ func startReplica(t testing.TB, db pgtest.DB, name string, o options) *replica {
 	}
 	listener := notify.New(connectListener, zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
 	h := hub.New(hub.Deps{
-		Leases: lease.NewStore(db.Pool), Tasks: task.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
+		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: name,
 		AllowedOrigins: o.origins, SendBuffer: o.sendBuffer, Log: zerolog.Nop(),
 	})
@@ -73,7 +76,7 @@ func startReplica(t testing.TB, db pgtest.DB, name string, o options) *replica {
 	r := &replica{listener: listener, hub: h, stop: stopHub, hubDone: make(chan error, 1)}
 	go func() { r.hubDone <- h.Run(hubCtx) }()
 	r.srv = httptest.NewUnstartedServer(server.NewServer(server.Deps{
-		Leases: lease.NewStore(db.Pool), Tasks: task.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
+		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), DefaultTTL: 30 * time.Second, APIToken: o.token, Hub: h,
 		Log: zerolog.Nop(), Metrics: server.NewMetrics(listener.Connected, listener.Reconnects),
 		Ready:    func(ctx context.Context) error { return nil },
@@ -217,13 +220,13 @@ func TestSnapshotThenLeaseEvents(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := t.Context()
-	leases := lease.NewStore(db.Pool)
+	leases := leasing.NewStore(db.Pool)
 	// History from before the client connects shows in the snapshot.
 	before, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "before", Holder: "h0", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := task.NewStore(db.Pool).Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
+	if _, err := taskstore.NewStore(db.Pool).Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
 		t.Fatal(err)
 	}
 	r := startReplica(t, db, "replica-a", options{})
@@ -312,7 +315,7 @@ func TestReplicasStreamTheSameEvents(t *testing.T) {
 	b := startReplica(t, db, "replica-b", options{})
 	connA, _ := connect(t, a)
 	connB, _ := connect(t, b)
-	leases := lease.NewStore(db.Pool)
+	leases := leasing.NewStore(db.Pool)
 	acq, err := leases.Acquire(t.Context(), lease.AcquireParams{Resource: "shared", Holder: "h", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -334,11 +337,11 @@ func TestTaskBurstIsCoalesced(t *testing.T) {
 	db := pgtest.New(t)
 	r := startReplica(t, db, "replica-a", options{})
 	conn, _ := connect(t, r)
-	tasks := task.NewStore(db.Pool)
+	tasks := taskstore.NewStore(db.Pool)
 	const n = 1000
 	go func() {
 		for i := range n {
-			if _, err := tasks.Insert(context.Background(), []task.NewTask{{TaskData: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}}); err != nil {
+			if _, err := tasks.Insert(context.Background(), []taskstore.NewTask{{TaskData: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}}); err != nil {
 				t.Errorf("insert: %v", err)
 				return
 			}
@@ -562,7 +565,7 @@ func TestMissedEventsAfterReconnect(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if _, err := lease.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "missed", Holder: "h", TTL: time.Minute}); err != nil {
+	if _, err := leasing.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "missed", Holder: "h", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	close(reconnect)

@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/gorilla/websocket"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 )
 
@@ -58,7 +60,7 @@ func TestOversizedClientFrameClosesConnection(t *testing.T) {
 	if err := conn.WriteMessage(websocket.TextMessage, bytes.Repeat([]byte("x"), 4<<10)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lease.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "after-small-frame", Holder: "h", TTL: time.Minute}); err != nil {
+	if _, err := leasing.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "after-small-frame", Holder: "h", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, conn, "the acquisition after a frame of 4 KiB", leaseMsg("after-small-frame", "acquired"))
@@ -104,7 +106,7 @@ func TestWebsocketOutlivesServerTimeouts(t *testing.T) {
 	time.Sleep(time.Until(start.Add(2 * timeout)))
 
 	// The server still writes...
-	if _, err := lease.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "late", Holder: "h", TTL: time.Minute}); err != nil {
+	if _, err := leasing.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "late", Holder: "h", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, conn, "an acquisition after the server's timeouts", leaseMsg("late", "acquired"))

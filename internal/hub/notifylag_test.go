@@ -6,16 +6,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // TestNotifyLag: the feed reports, for each lease change it was notified
@@ -29,7 +31,7 @@ func TestNotifyLag(t *testing.T) {
 		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
 	lags := make(chan time.Duration, 16)
 	h := hub.New(hub.Deps{
-		Leases: lease.NewStore(db.Pool), Tasks: task.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
+		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: "lagged", Log: zerolog.Nop(),
 		NotifyLag: func(lag time.Duration) { lags <- lag },
 	})
@@ -47,7 +49,7 @@ func TestNotifyLag(t *testing.T) {
 	}
 	ready.Close()
 
-	store := lease.NewStore(db.Pool)
+	store := leasing.NewStore(db.Pool)
 	acq, err := store.Acquire(ctx, lease.AcquireParams{Resource: "lagged", Holder: "h", TTL: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -7,11 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // TestHubWaitsWhileItHasClients: inserts notify only while someone waits
@@ -26,10 +27,10 @@ func TestHubWaitsWhileItHasClients(t *testing.T) {
 	r := startReplica(t, db, "replica-a", options{})
 	r.waitListening(t)
 	heard := observe(t, db)
-	tasks := task.NewStore(db.Pool)
+	tasks := taskstore.NewStore(db.Pool)
 	insert := func() {
 		t.Helper()
-		if _, err := tasks.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
+		if _, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -9,10 +9,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/apitime"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/internal/db"
-	"github.com/leasehold/leasehold/internal/lease"
 )
 
 // Instance is one live replica.
@@ -32,7 +33,7 @@ func (i Instance) MarshalJSON() ([]byte, error) {
 		plain
 		StartedAt  string `json:"started_at"`
 		LastSeenAt string `json:"last_seen_at"`
-	}{plain: plain(i), StartedAt: lease.FormatTime(i.StartedAt), LastSeenAt: lease.FormatTime(i.LastSeenAt)})
+	}{plain: plain(i), StartedAt: apitime.Format(i.StartedAt), LastSeenAt: apitime.Format(i.LastSeenAt)})
 }
 
 // LeaseResource is the name of a replica's instance lease.

@@ -33,7 +33,7 @@ import (
 // The channels leasehold's triggers notify on.
 const (
 	ChannelLease     = "leasehold_lease"     // every lease change: lease.Change JSON
-	ChannelTask      = "leasehold_task"      // what statements did to tasks: TasksInserted, TasksRequeued, TasksFinished, "claimed:<ms>"
+	ChannelTask      = "leasehold_task"      // what statements did to tasks: TasksInserted, TasksRequeued, TasksFinished, "claimed:<ms>", "cancelled:<id>"
 	ChannelGenerator = "leasehold_generator" // the generator switch: "STARTED" or "STOPPED"
 )
 
@@ -59,6 +59,18 @@ const (
 	TasksRequeued = "requeued" // tasks went back to pending (failed, handed back, or their lease lapsed): claimable now or after a backoff
 	TasksFinished = "finished" // tasks ended done or dead, and a ChangesWaiter waits for that
 )
+
+// ParseCancelled returns the id of the running task a "cancelled:<id>"
+// payload says was cancelled (schema/0011); ok is false for any other
+// payload.
+func ParseCancelled(payload string) (id int64, ok bool) {
+	v, found := strings.CutPrefix(payload, "cancelled:")
+	if !found {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(v, 10, 64)
+	return id, err == nil
+}
 
 // ParseClaimed returns the earliest expiry of the task leases a claim took,
 // from a "claimed:<ms>" payload; ok is false for any other payload.

@@ -10,12 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // bundle is one test's database, a running listener and an observer: a
@@ -24,7 +26,7 @@ type bundle struct {
 	t        *testing.T
 	ctx      context.Context
 	db       pgtest.DB
-	tasks    *task.Store
+	tasks    *taskstore.Store
 	listener *notify.Listener
 	observer *pgx.Conn
 }
@@ -57,7 +59,7 @@ func newBundle(t *testing.T, app string) *bundle {
 	if _, err := observer.Exec(ctx, "LISTEN leasehold_task"); err != nil {
 		t.Fatal(err)
 	}
-	return &bundle{t: t, ctx: ctx, db: tdb, tasks: task.NewStore(tdb.Pool), listener: l, observer: observer}
+	return &bundle{t: t, ctx: ctx, db: tdb, tasks: taskstore.NewStore(tdb.Pool), listener: l, observer: observer}
 }
 
 // heard returns what the observer was told on leasehold_task since the last
@@ -86,9 +88,9 @@ func (b *bundle) heard() []string {
 
 func (b *bundle) insert(n int) []task.Task {
 	b.t.Helper()
-	nts := make([]task.NewTask, n)
+	nts := make([]taskstore.NewTask, n)
 	for i := range nts {
-		nts[i] = task.NewTask{TaskData: json.RawMessage(`{}`)}
+		nts[i] = taskstore.NewTask{TaskData: json.RawMessage(`{}`)}
 	}
 	ts, err := b.tasks.Insert(b.ctx, nts)
 	if err != nil {

@@ -17,12 +17,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/retention"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // Resource is the lease that elects the reaper.
@@ -33,14 +35,14 @@ const batchSize = 500
 
 // Reaper marks expired leases while it holds the reaper lease.
 type Reaper struct {
-	Store    *lease.Store
-	Tasks    *task.Store // nil: task leases are not the reaper's to announce
+	Store    *leasing.Store
+	Tasks    *taskstore.Store // nil: task leases are not the reaper's to announce
 	Listener *notify.Listener
 	Instance string
 	Keep     lease.KeepConfig
 	Log      zerolog.Logger
 	// Marked, if set, is called with each lease the reaper announced as
-	// expired (a task's as task.LeaseResource) and the delay from its
+	// expired (a task's as taskstore.LeaseResource) and the delay from its
 	// expiry to the announcement.
 	Marked func(resource string, lag time.Duration)
 	// Retention, if set, runs while this reaper holds the reaper lease, and
@@ -52,7 +54,7 @@ type Reaper struct {
 
 // Run campaigns for the reaper lease and reaps while holding it, until ctx ends.
 func (r *Reaper) Run(ctx context.Context) error {
-	e := &lease.Elector{
+	e := &leasing.Elector{
 		Store: r.Store, Listener: r.Listener, Resource: Resource,
 		Holder: r.Instance, Keep: r.Keep, Log: r.Log,
 	}
@@ -124,7 +126,7 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 			wakeAt = time.Now()
 			timer.Reset(0)
 		case n := <-sub.C():
-			c, err := lease.ParseChange(n.Payload)
+			c, err := leasing.ParseChange(n.Payload)
 			if err != nil || c.Kind == "released" || c.Kind == "expired" {
 				continue
 			}
@@ -166,7 +168,7 @@ func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
 		}
 		for _, l := range lapsed {
 			if r.Marked != nil {
-				r.Marked(task.LeaseResource(l.Task.ID), l.Lag)
+				r.Marked(taskstore.LeaseResource(l.Task.ID), l.Lag)
 			}
 		}
 		expired = expired || len(lapsed) > 0

@@ -9,15 +9,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -35,7 +38,7 @@ func startListener(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url st
 
 // observe returns the lease notifications an outside observer receives
 // from the moment it returns: it waits until its LISTEN is in place.
-func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) <-chan lease.Change {
+func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) <-chan leasing.Change {
 	t.Helper()
 	l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) },
 		zerolog.Nop(), notify.ChannelLease)
@@ -46,7 +49,7 @@ func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) 
 	case <-time.After(30 * time.Second):
 		t.Fatal("the observer never connected")
 	}
-	out := make(chan lease.Change, 1024)
+	out := make(chan leasing.Change, 1024)
 	wg.Go(func() {
 		defer sub.Close()
 		for {
@@ -54,7 +57,7 @@ func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) 
 			case <-ctx.Done():
 				return
 			case n := <-sub.C():
-				c, err := lease.ParseChange(n.Payload)
+				c, err := leasing.ParseChange(n.Payload)
 				if err != nil {
 					t.Errorf("bad payload: %v", err)
 					return
@@ -66,7 +69,7 @@ func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) 
 	return out
 }
 
-func waitChange(t *testing.T, c <-chan lease.Change, match func(lease.Change) bool, what string) lease.Change {
+func waitChange(t *testing.T, c <-chan leasing.Change, match func(leasing.Change) bool, what string) leasing.Change {
 	t.Helper()
 	deadline := time.After(30 * time.Second) // keeps a broken test from hanging; asserts no speed
 	for {
@@ -89,7 +92,7 @@ func TestExpiryIsAnnounced(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 
@@ -107,7 +110,7 @@ func TestExpiryIsAnnounced(t *testing.T) {
 			t.Errorf("reaper: %v", err)
 		}
 	})
-	waitChange(t, got, func(c lease.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
+	waitChange(t, got, func(c leasing.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
 
 	// Leases with staggered TTLs; "kept" is renewed and must not expire.
 	const n = 6
@@ -121,7 +124,7 @@ func TestExpiryIsAnnounced(t *testing.T) {
 	}
 	expired := map[string]bool{}
 	for len(expired) < n {
-		c := waitChange(t, got, func(c lease.Change) bool { return c.Kind == "expired" }, "expiries")
+		c := waitChange(t, got, func(c leasing.Change) bool { return c.Kind == "expired" }, "expiries")
 		if c.Resource == "kept" {
 			t.Fatal("the renewed lease was announced expired")
 		}
@@ -164,7 +167,7 @@ func TestOneReaperAtATime(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	got := observe(ctx, t, &wg, tdb.URL)
@@ -181,8 +184,8 @@ func TestOneReaperAtATime(t *testing.T) {
 		}
 		rwg.Go(func() { _ = r.Run(rctx) })
 	}
-	isReaper := func(kind string) func(lease.Change) bool {
-		return func(c lease.Change) bool { return c.Resource == reaper.Resource && c.Kind == kind }
+	isReaper := func(kind string) func(leasing.Change) bool {
+		return func(c leasing.Change) bool { return c.Resource == reaper.Resource && c.Kind == kind }
 	}
 	first := waitChange(t, got, isReaper("acquired"), "the first election")
 	l, err := store.Get(ctx, first.ID)
@@ -232,8 +235,8 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
-	tasks := task.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
+	tasks := taskstore.NewStore(tdb.Pool)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 
@@ -255,8 +258,8 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 	})
 	// The reaper's own lease (an hour) is the only one due: it sleeps until
 	// about then after its first pass.
-	waitChange(t, got, func(c lease.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
-	if _, err := tasks.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
+	waitChange(t, got, func(c leasing.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
+	if _, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
 		t.Fatal(err)
 	}
 	claimed, err := tasks.Claim(ctx, []string{"w/1"}, time.Second)
@@ -278,8 +281,8 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 	if got1.State != task.StatePending || got1.MustHeartbeatBefore != nil {
 		t.Fatalf("after its lease lapsed the task is %s (must_heartbeat_before %v); want pending, no lease", got1.State, got1.MustHeartbeatBefore)
 	}
-	if m := <-marked; m != task.LeaseResource(claimed[0].ID) {
-		t.Errorf("the reaper reported %q as announced; want %q", m, task.LeaseResource(claimed[0].ID))
+	if m := <-marked; m != taskstore.LeaseResource(claimed[0].ID) {
+		t.Errorf("the reaper reported %q as announced; want %q", m, taskstore.LeaseResource(claimed[0].ID))
 	}
 	var late time.Duration
 	var outcome string

@@ -8,14 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/retention"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // TestOnlyTheReaperPrunes runs two reapers with retention: only the one
@@ -26,16 +28,16 @@ func TestOnlyTheReaperPrunes(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
-	tasks := task.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
+	tasks := taskstore.NewStore(tdb.Pool)
 	var rwg sync.WaitGroup // the reapers and their listeners
 	defer func() { cancel(); rwg.Wait() }()
 
 	oldTasks := func(n int) {
 		t.Helper()
-		batch := make([]task.NewTask, n)
+		batch := make([]taskstore.NewTask, n)
 		for i := range batch {
-			batch[i] = task.NewTask{TaskData: json.RawMessage(`{}`)}
+			batch[i] = taskstore.NewTask{TaskData: json.RawMessage(`{}`)}
 		}
 		if _, err := tasks.Insert(ctx, batch); err != nil {
 			t.Fatal(err)

@@ -11,15 +11,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/retention"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -67,10 +70,10 @@ func data(n int) json.RawMessage { return json.RawMessage(fmt.Sprintf(`{"n":%d}`
 // moved into its row (schema/0009): a database upgraded from before that
 // still has them, and they go with their tasks. The row is released
 // unless live is set.
-func legacyLease(t *testing.T, leases *lease.Store, id int64, live bool) {
+func legacyLease(t *testing.T, leases *leasing.Store, id int64, live bool) {
 	t.Helper()
 	ctx := t.Context()
-	p := lease.AcquireParams{Resource: task.LeaseResource(id), Holder: "w/1", TTL: time.Minute}
+	p := lease.AcquireParams{Resource: taskstore.LeaseResource(id), Holder: "w/1", TTL: time.Minute}
 	if acq, err := leases.Acquire(ctx, p); err != nil || !acq.New {
 		t.Fatalf("acquire %s: %+v, %v", p.Resource, acq, err)
 	}
@@ -92,13 +95,13 @@ func TestPruneTasks(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	tasks := task.NewStore(tdb.Pool)
-	leases := lease.NewStore(tdb.Pool)
+	tasks := taskstore.NewStore(tdb.Pool)
+	leases := leasing.NewStore(tdb.Pool)
 
 	// One task at a time, so that each claim takes the one just inserted.
 	run := func(maxAttempts int32) task.Task {
 		t.Helper()
-		ins, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data(1), MaxAttempts: maxAttempts}})
+		ins, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data(1), MaxAttempts: maxAttempts}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,7 +135,7 @@ func TestPruneTasks(t *testing.T) {
 	legacyLapsed := run(1).ID   // dead, with a lease row whose expiry is not announced
 	retaken := complete(run(5)) // with a lease row someone took over
 	running := run(5).ID
-	ins, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data(2), ScheduledAt: time.Now().Add(-30 * 24 * time.Hour)}})
+	ins, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data(2), ScheduledAt: time.Now().Add(-30 * 24 * time.Hour)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,8 +153,8 @@ func TestPruneTasks(t *testing.T) {
 		expires_at = now() - interval '8 days'`)
 	owner(t, tdb, `UPDATE tasks SET state = 'dead', must_heartbeat_before = now() - interval '8 days' WHERE id = $1`, legacyLapsed)
 	// Someone took retaken's lease row over since, through the lease API.
-	if acq, err := leases.Acquire(ctx, lease.AcquireParams{Resource: task.LeaseResource(retaken), Holder: "someone", TTL: time.Hour}); err != nil || !acq.New {
-		t.Fatalf("take over %s: %+v, %v", task.LeaseResource(retaken), acq, err)
+	if acq, err := leases.Acquire(ctx, lease.AcquireParams{Resource: taskstore.LeaseResource(retaken), Holder: "someone", TTL: time.Hour}); err != nil || !acq.New {
+		t.Fatalf("take over %s: %+v, %v", taskstore.LeaseResource(retaken), acq, err)
 	}
 
 	store := retention.NewStore(tdb.Pool)
@@ -165,7 +168,7 @@ func TestPruneTasks(t *testing.T) {
 	if left := ids(t, tdb, `SELECT id FROM tasks ORDER BY id`); !slices.Equal(left, kept) {
 		t.Errorf("tasks left: %v, want %v (pruned %d and %d done, %d and %d dead)", left, kept, oldDone, legacyDone, oldDead, lapsedDead)
 	}
-	wantLeases := []string{task.LeaseResource(legacyLapsed), task.LeaseResource(retaken)}
+	wantLeases := []string{taskstore.LeaseResource(legacyLapsed), taskstore.LeaseResource(retaken)}
 	slices.Sort(wantLeases)
 	if left := strs(t, tdb, `SELECT resource FROM leases ORDER BY resource`); !slices.Equal(left, wantLeases) {
 		t.Errorf("lease rows left: %q, want %q", left, wantLeases)
@@ -176,13 +179,13 @@ func TestPruneTasks(t *testing.T) {
 	if got, err := store.PruneTaskIDs(ctx, week, kept); err != nil || got.Pruned != 0 || !slices.Equal(got.Kept, kept) {
 		t.Errorf("prune the kept tasks again: %+v, %v; want nothing pruned, all kept", got, err)
 	}
-	if marked, err := leases.MarkExpired(ctx, 100); err != nil || len(marked) != 1 || marked[0].Lease.Resource != task.LeaseResource(legacyLapsed) {
-		t.Fatalf("mark expired: %+v, %v; want %s", marked, err, task.LeaseResource(legacyLapsed))
+	if marked, err := leases.MarkExpired(ctx, 100); err != nil || len(marked) != 1 || marked[0].Lease.Resource != taskstore.LeaseResource(legacyLapsed) {
+		t.Fatalf("mark expired: %+v, %v; want %s", marked, err, taskstore.LeaseResource(legacyLapsed))
 	}
 	if got, err := store.PruneTaskIDs(ctx, week, []int64{legacyLapsed}); err != nil || got.Pruned != 0 {
 		t.Errorf("prune the lapsed task just announced: %+v, %v; want it kept", got, err)
 	}
-	owner(t, tdb, `UPDATE leases SET expired_at = now() - interval '8 days' WHERE resource = $1`, task.LeaseResource(legacyLapsed))
+	owner(t, tdb, `UPDATE leases SET expired_at = now() - interval '8 days' WHERE resource = $1`, taskstore.LeaseResource(legacyLapsed))
 	if got, err := store.PruneTaskIDs(ctx, week, []int64{legacyLapsed}); err != nil || got.Pruned != 1 || got.Leases != 1 || len(got.Kept) != 0 {
 		t.Errorf("prune the lapsed task announced long ago: %+v, %v; want it and its lease row", got, err)
 	}
@@ -192,7 +195,7 @@ func TestPruneTasks(t *testing.T) {
 	if _, err := tasks.Heartbeat(ctx, running, "w/1", 0); err != nil {
 		t.Errorf("heartbeat of the running task after pruning: %v", err)
 	}
-	if _, err := leases.Renew(ctx, lease.RenewParams{Resource: task.LeaseResource(retaken), Holder: "someone"}); err != nil {
+	if _, err := leases.Renew(ctx, lease.RenewParams{Resource: taskstore.LeaseResource(retaken), Holder: "someone"}); err != nil {
 		t.Errorf("renew the lease taken over after pruning: %v", err)
 	}
 }
@@ -205,9 +208,9 @@ func TestPrunedTaskTakesItsLeaseRow(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	tasks := task.NewStore(tdb.Pool)
-	leases := lease.NewStore(tdb.Pool)
-	ins, err := tasks.Insert(ctx, []task.NewTask{{TaskData: data(1)}})
+	tasks := taskstore.NewStore(tdb.Pool)
+	leases := leasing.NewStore(tdb.Pool)
+	ins, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data(1)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +221,7 @@ func TestPrunedTaskTakesItsLeaseRow(t *testing.T) {
 	if _, err := tasks.Complete(ctx, ins[0].ID, "w/1", *claimed[0].Fence, nil); err != nil {
 		t.Fatal(err)
 	}
-	resource := task.LeaseResource(ins[0].ID)
+	resource := taskstore.LeaseResource(ins[0].ID)
 	legacyLease(t, leases, ins[0].ID, false)
 	owner(t, tdb, `UPDATE tasks SET created_at = now() - interval '9 days', processed_at = now() - interval '8 days'`)
 	owner(t, tdb, `UPDATE leases SET released_at = now() - interval '8 days', expires_at = now() - interval '8 days'`)
@@ -258,7 +261,7 @@ func TestTaskLeasesStayOutOfTheEndedIndex(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	tasks := task.NewStore(tdb.Pool)
+	tasks := taskstore.NewStore(tdb.Pool)
 	size := func() int64 {
 		t.Helper()
 		var n int64
@@ -270,10 +273,10 @@ func TestTaskLeasesStayOutOfTheEndedIndex(t *testing.T) {
 	empty := size() // the metapage alone
 
 	workers := make([]string, 50)
-	batch := make([]task.NewTask, len(workers))
+	batch := make([]taskstore.NewTask, len(workers))
 	for i := range workers {
 		workers[i] = fmt.Sprintf("w/%d", i)
-		batch[i] = task.NewTask{TaskData: data(i), MaxAttempts: 2}
+		batch[i] = taskstore.NewTask{TaskData: data(i), MaxAttempts: 2}
 	}
 	for range 4 {
 		if _, err := tasks.Insert(ctx, batch); err != nil {
@@ -283,7 +286,7 @@ func TestTaskLeasesStayOutOfTheEndedIndex(t *testing.T) {
 		if err != nil || len(claimed) != len(workers) {
 			t.Fatalf("claim: %d tasks, %v", len(claimed), err)
 		}
-		cs := make([]task.Completion, 0, len(claimed))
+		cs := make([]taskstore.Completion, 0, len(claimed))
 		for i, tk := range claimed {
 			if _, err := tasks.Heartbeat(ctx, tk.ID, *tk.Processor, *tk.Fence); err != nil {
 				t.Fatal(err)
@@ -294,14 +297,14 @@ func TestTaskLeasesStayOutOfTheEndedIndex(t *testing.T) {
 				}
 				continue
 			}
-			cs = append(cs, task.Completion{ID: tk.ID, Processor: *tk.Processor, Fence: *tk.Fence})
+			cs = append(cs, taskstore.Completion{ID: tk.ID, Processor: *tk.Processor, Fence: *tk.Fence})
 		}
 		if _, err := tasks.CompleteMany(ctx, cs); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A lease row task:<id> from before schema/0009 that ends stays out too.
-	leases := lease.NewStore(tdb.Pool)
+	leases := leasing.NewStore(tdb.Pool)
 	legacyLease(t, leases, 1, false)
 	if got := size(); got != empty {
 		t.Errorf("leases_ended_idx after 200 tasks ran and a task's lease row ended: %d bytes, want %d (empty): a task lease was written to it", got, empty)
@@ -325,7 +328,7 @@ func TestPruneLeaseEvents(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	leases := lease.NewStore(tdb.Pool)
+	leases := leasing.NewStore(tdb.Pool)
 	for _, r := range []string{"old", "new"} {
 		if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: r, Holder: "h", TTL: time.Minute}); err != nil {
 			t.Fatal(err)
@@ -365,7 +368,7 @@ func TestPruneLeases(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	leases := lease.NewStore(tdb.Pool)
+	leases := leasing.NewStore(tdb.Pool)
 	acquire := func(resource, holder string, ttl time.Duration) lease.Lease {
 		t.Helper()
 		acq, err := leases.Acquire(ctx, lease.AcquireParams{Resource: resource, Holder: holder, TTL: ttl})
@@ -448,11 +451,11 @@ func TestPruneBatches(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	tasks := task.NewStore(tdb.Pool)
-	leases := lease.NewStore(tdb.Pool)
-	batch := make([]task.NewTask, 25)
+	tasks := taskstore.NewStore(tdb.Pool)
+	leases := leasing.NewStore(tdb.Pool)
+	batch := make([]taskstore.NewTask, 25)
 	for i := range batch {
-		batch[i] = task.NewTask{TaskData: data(i)}
+		batch[i] = taskstore.NewTask{TaskData: data(i)}
 	}
 	if _, err := tasks.Insert(ctx, batch); err != nil {
 		t.Fatal(err)
@@ -571,10 +574,10 @@ func TestRetentionZeroKeepsForever(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	if _, err := task.NewStore(tdb.Pool).Insert(ctx, []task.NewTask{{TaskData: data(0)}}); err != nil {
+	if _, err := taskstore.NewStore(tdb.Pool).Insert(ctx, []taskstore.NewTask{{TaskData: data(0)}}); err != nil {
 		t.Fatal(err)
 	}
-	leases := lease.NewStore(tdb.Pool)
+	leases := leasing.NewStore(tdb.Pool)
 	if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "h", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -727,11 +730,11 @@ func TestRunLogsOneLinePerRound(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	tdb := pgtest.New(t)
-	batch := make([]task.NewTask, 12)
+	batch := make([]taskstore.NewTask, 12)
 	for i := range batch {
-		batch[i] = task.NewTask{TaskData: data(i)}
+		batch[i] = taskstore.NewTask{TaskData: data(i)}
 	}
-	if _, err := task.NewStore(tdb.Pool).Insert(ctx, batch); err != nil {
+	if _, err := taskstore.NewStore(tdb.Pool).Insert(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
 	owner(t, tdb, `UPDATE tasks SET state = 'dead', created_at = now() - interval '9 days', processed_at = now() - interval '8 days'`)

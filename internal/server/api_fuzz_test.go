@@ -12,15 +12,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // fuzzRoutes are the routes FuzzAPI sends its input to: every route that
@@ -223,7 +224,7 @@ func FuzzRequireToken(f *testing.F) {
 	f.Cleanup(pool.Close)
 	var logs syncBuffer
 	h := server.NewServer(server.Deps{
-		Leases: lease.NewStore(pool), Tasks: task.NewStore(pool), Generator: generator.NewState(pool),
+		Leases: leasing.NewStore(pool), Tasks: taskstore.NewStore(pool), Generator: generator.NewState(pool),
 		Instances: instance.NewStore(pool), DefaultTTL: 30 * time.Second, APIToken: token,
 		Log:     zerolog.New(&logs),
 		Metrics: server.NewMetrics(func() bool { return true }, func() int64 { return 0 }),

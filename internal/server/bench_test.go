@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
 )
@@ -26,7 +27,7 @@ import (
 func BenchmarkAcquireReleaseREST(b *testing.B) {
 	tdb := pgtest.New(b)
 	srv := httptest.NewServer(server.NewServer(server.Deps{
-		Leases:     lease.NewStore(tdb.Pool),
+		Leases:     leasing.NewStore(tdb.Pool),
 		DefaultTTL: 30 * time.Second,
 		Log:        zerolog.Nop(),
 		Metrics:    server.NewMetrics(func() bool { return true }, func() int64 { return 0 }),

@@ -8,11 +8,11 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
-
-	"github.com/leasehold/leasehold/internal/lease"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // errorBody is every error response: one sentence saying what is wrong and

@@ -6,9 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/apitime"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 )
 
 // generatorJSON is GET /api/generator of contract §3.
@@ -49,7 +52,7 @@ func TestGenerator(t *testing.T) {
 	b.do(t, "POST", "/api/generator/start", `{"whatever": [1, 2]} not even JSON`).want(t, "start again with a body", http.StatusAccepted)
 
 	// A replica holding the generator lease shows as the holder, with its fence.
-	leases := lease.NewStore(b.db.Pool)
+	leases := leasing.NewStore(b.db.Pool)
 	acq, err := leases.Acquire(t.Context(), lease.AcquireParams{Resource: generator.Resource, Holder: "replica-b", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +117,7 @@ func TestInstances(t *testing.T) {
 
 	// Registered but without its lease: not live.
 	instances := instance.NewStore(b.db.Pool)
-	leases := lease.NewStore(b.db.Pool)
+	leases := leasing.NewStore(b.db.Pool)
 	for _, id := range []string{"replica-a", "replica-b"} {
 		if err := instances.Register(t.Context(), instance.Instance{ID: id, Addr: "10.0.0.1:8080", Roles: []string{"api", "worker"}, Version: "v1.2.3"}); err != nil {
 			t.Fatal(err)
@@ -133,15 +136,15 @@ func TestInstances(t *testing.T) {
 	if len(got) != 1 || got[0].ID != "replica-a" || got[0].Addr != "10.0.0.1:8080" || !slices.Equal(got[0].Roles, []string{"api", "worker"}) || got[0].Version != "v1.2.3" {
 		t.Fatalf("GET /api/instances with replica-a live: got %+v, want replica-a as registered", got)
 	}
-	if got[0].LastSeenAt != lease.FormatTime(acq.Lease.CreatedAt) {
-		t.Errorf("last_seen_at %s, want the lease's acquisition %s", got[0].LastSeenAt, lease.FormatTime(acq.Lease.CreatedAt))
+	if got[0].LastSeenAt != apitime.Format(acq.Lease.CreatedAt) {
+		t.Errorf("last_seen_at %s, want the lease's acquisition %s", got[0].LastSeenAt, apitime.Format(acq.Lease.CreatedAt))
 	}
 	renewed, err := leases.Renew(t.Context(), lease.RenewParams{Resource: instance.LeaseResource("replica-a"), Holder: "replica-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := list("replica-a renewed"); len(got) != 1 || got[0].LastSeenAt != lease.FormatTime(*renewed.RenewedAt) {
-		t.Errorf("after renewal: got %+v, want last_seen_at %s", got, lease.FormatTime(*renewed.RenewedAt))
+	if got := list("replica-a renewed"); len(got) != 1 || got[0].LastSeenAt != apitime.Format(*renewed.RenewedAt) {
+		t.Errorf("after renewal: got %+v, want last_seen_at %s", got, apitime.Format(*renewed.RenewedAt))
 	}
 	if _, err := leases.Acquire(t.Context(), lease.AcquireParams{Resource: instance.LeaseResource("replica-b"), Holder: "replica-b", TTL: time.Minute}); err != nil {
 		t.Fatal(err)

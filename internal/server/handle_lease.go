@@ -7,7 +7,9 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/leasehold/leasehold/internal/notify"
 )
 
@@ -25,7 +27,7 @@ func (q acquireRequest) validate() error {
 
 // maxWaitSeconds bounds the wait_seconds of one acquisition: a client that
 // means to wait longer asks again, as the Go client does.
-const maxWaitSeconds = int64(lease.MaxWaitPerRequest / time.Second)
+const maxWaitSeconds = int64(leasing.MaxWaitPerRequest / time.Second)
 
 // checkWait validates an optional wait_seconds.
 func checkWait(wait *int64) error {
@@ -163,7 +165,7 @@ func waitForRelease(ctx context.Context, stopping <-chan struct{}, sub *notify.S
 		case <-resync:
 			return nil
 		case n := <-changes:
-			if lease.Frees(n, resource) {
+			if leasing.Frees(n, resource) {
 				return nil
 			}
 		}

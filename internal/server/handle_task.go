@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/task"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
 )
 
 // Limits of the task routes.
@@ -47,6 +50,11 @@ func decodeValue[T any](raw []byte) (T, error) {
 // newTaskRequest is one task of POST /api/tasks.
 type newTaskRequest struct {
 	TaskData    json.RawMessage `json:"task_data"`
+	Kind        opt[string]     `json:"kind"`
+	Queue       opt[string]     `json:"queue"`
+	Priority    opt[int64]      `json:"priority"`
+	UniqueKey   opt[string]     `json:"unique_key"`
+	TTLSeconds  opt[int64]      `json:"ttl_seconds"`
 	ScheduledAt *string         `json:"scheduled_at"`
 	MaxAttempts *int64          `json:"max_attempts"`
 }
@@ -58,45 +66,71 @@ var (
 	scheduleMax = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 )
 
+// Bounds of a task's priority: a PostgreSQL smallint.
+const (
+	minPriority = -32768
+	maxPriority = 32767
+)
+
 // newTask checks the request and returns the task to insert.
-func (q newTaskRequest) newTask() (task.NewTask, error) {
+func (q newTaskRequest) newTask() (taskstore.NewTask, error) {
 	// task_data is a JSON object, as in the contract: a worker reads named
 	// fields from it (sleep_duration_seconds), and null or a bare value is
 	// far more likely a client's mistake than a task.
 	data := bytes.TrimSpace(q.TaskData)
 	switch {
 	case len(data) == 0:
-		return task.NewTask{}, badRequestf(`"task_data" is required; send the task's input as a JSON object, e.g. {"task_data": {"sleep_duration_seconds": 5}}`)
+		return taskstore.NewTask{}, badRequestf(`"task_data" is required; send the task's input as a JSON object, e.g. {"task_data": {"sleep_duration_seconds": 5}}`)
 	case data[0] != '{':
-		return task.NewTask{}, badRequestf(`"task_data" must be a JSON object, not %s`, jsonKindOf(data))
+		return taskstore.NewTask{}, badRequestf(`"task_data" must be a JSON object, not %s`, jsonKindOf(data))
 	}
 	if err := checkJSON(`"task_data"`, data, true); err != nil {
-		return task.NewTask{}, err
+		return taskstore.NewTask{}, err
 	}
-	nt := task.NewTask{TaskData: data}
+	if err := firstError(
+		q.Kind.present("kind", func(v string) error { return checkName("kind", v) }),
+		q.Queue.present("queue", func(v string) error { return checkName("queue", v) }),
+		q.UniqueKey.present("unique_key", func(v string) error { return checkName("unique_key", v) }),
+		q.Priority.present("priority", func(v int64) error {
+			if v < minPriority || v > maxPriority {
+				return badRequestf(`"priority" is %d; it must be between %d and %d (lower runs first; 0 is the default)`, v, minPriority, maxPriority)
+			}
+			return nil
+		}),
+		q.TTLSeconds.present("ttl_seconds", func(v int64) error { return checkTTL(&v) }),
+	); err != nil {
+		return taskstore.NewTask{}, err
+	}
+	nt := taskstore.NewTask{
+		TaskData: data, Kind: q.Kind.v, Queue: q.Queue.v, Priority: int16(q.Priority.v),
+		UniqueKey: q.UniqueKey.v, TTL: time.Duration(q.TTLSeconds.v) * time.Second,
+	}
 	if q.ScheduledAt != nil {
 		at, err := time.Parse(time.RFC3339Nano, *q.ScheduledAt)
 		if err != nil {
-			return task.NewTask{}, badRequestf(`"scheduled_at" %q is not an RFC 3339 time; send e.g. "2030-01-02T15:04:05Z" or "2030-01-02T15:04:05.000+01:00"`, *q.ScheduledAt)
+			return taskstore.NewTask{}, badRequestf(`"scheduled_at" %q is not an RFC 3339 time; send e.g. "2030-01-02T15:04:05Z" or "2030-01-02T15:04:05.000+01:00"`, *q.ScheduledAt)
 		}
 		at = at.UTC()
 		if at.Before(scheduleMin) || at.After(scheduleMax) {
-			return task.NewTask{}, badRequestf(`"scheduled_at" %q is out of range; it must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z`, *q.ScheduledAt)
+			return taskstore.NewTask{}, badRequestf(`"scheduled_at" %q is out of range; it must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z`, *q.ScheduledAt)
 		}
 		nt.ScheduledAt = at
 	}
 	if q.MaxAttempts != nil {
 		if *q.MaxAttempts < 1 || *q.MaxAttempts > maxAttemptsLimit {
-			return task.NewTask{}, badRequestf(`"max_attempts" is %d; it must be between 1 and %d`, *q.MaxAttempts, maxAttemptsLimit)
+			return taskstore.NewTask{}, badRequestf(`"max_attempts" is %d; it must be between 1 and %d`, *q.MaxAttempts, maxAttemptsLimit)
 		}
 		nt.MaxAttempts = int32(*q.MaxAttempts)
 	}
 	return nt, nil
 }
 
-// handleTaskCreate serves POST /api/tasks: one task object (201 + task) or
-// an array of 1 to 10000 of them (201 + the tasks, in the order sent),
-// inserted in one statement, all or none.
+// handleTaskCreate serves POST /api/tasks: one task object or an array of
+// 1 to 10000 of them (the tasks, in the order sent), inserted in one
+// statement, all or none. 201 when a task was inserted; 200 when none was,
+// every one naming a unique key that another task of its kind holds: the
+// answer is then that task (for an array, each element is the task
+// inserted or the one that holds its key).
 func handleTaskCreate(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		nts, batch, err := decodeNewTasks(w, r)
@@ -104,22 +138,30 @@ func handleTaskCreate(d Deps) http.Handler {
 			writeError(w, r, d.Log, err)
 			return
 		}
-		tasks, err := d.Tasks.Insert(r.Context(), nts)
+		inserted, err := d.Tasks.Insert(r.Context(), nts)
 		d.Metrics.taskOp("insert", err)
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
 		}
+		status := http.StatusOK
+		tasks := make([]task.Task, len(inserted))
+		for i, in := range inserted {
+			tasks[i] = in.Task
+			if !in.Duplicate {
+				status = http.StatusCreated
+			}
+		}
 		if !batch {
-			encode(w, http.StatusCreated, tasks[0])
+			encode(w, status, tasks[0])
 			return
 		}
-		encode(w, http.StatusCreated, tasks)
+		encode(w, status, tasks)
 	})
 }
 
 // decodeNewTasks reads the body of POST /api/tasks (see parseNewTasks).
-func decodeNewTasks(w http.ResponseWriter, r *http.Request) ([]task.NewTask, bool, error) {
+func decodeNewTasks(w http.ResponseWriter, r *http.Request) ([]taskstore.NewTask, bool, error) {
 	body, err := readBody(w, r)
 	if err != nil {
 		return nil, false, err
@@ -130,7 +172,7 @@ func decodeNewTasks(w http.ResponseWriter, r *http.Request) ([]task.NewTask, boo
 // parseNewTasks parses the body of POST /api/tasks: one task object, or an
 // array of 1 to maxTasksPerRequest of them (batch). Every error it returns
 // is a *badRequest.
-func parseNewTasks(body []byte) (nts []task.NewTask, batch bool, err error) {
+func parseNewTasks(body []byte) (nts []taskstore.NewTask, batch bool, err error) {
 	raw, err := parseBody[jsonValue](body)
 	if err != nil {
 		return nil, false, err
@@ -143,7 +185,7 @@ func parseNewTasks(body []byte) (nts []task.NewTask, batch bool, err error) {
 			return nil, false, err
 		}
 		nt, err := q.newTask()
-		return []task.NewTask{nt}, false, err
+		return []taskstore.NewTask{nt}, false, err
 	case '[':
 		var items []json.RawMessage
 		if err := json.Unmarshal(value, &items); err != nil {
@@ -152,7 +194,7 @@ func parseNewTasks(body []byte) (nts []task.NewTask, batch bool, err error) {
 		if len(items) == 0 || len(items) > maxTasksPerRequest {
 			return nil, true, badRequestf("the array has %d tasks; send 1 to %d tasks per request", len(items), maxTasksPerRequest)
 		}
-		nts = make([]task.NewTask, len(items))
+		nts = make([]taskstore.NewTask, len(items))
 		for i, item := range items {
 			if item[0] != '{' {
 				return nil, true, badRequestf("item %d of the array (counting from 0) is %s; each item must be a task object like {\"task_data\": {...}}", i, jsonKindOf(item))
@@ -174,14 +216,41 @@ func parseNewTasks(body []byte) (nts []task.NewTask, batch bool, err error) {
 	}
 }
 
+// claimRequest is the body of POST /api/tasks/next.
 type claimRequest struct {
-	Processor string `json:"processor"`
+	Processor   string        `json:"processor"`
+	Kinds       opt[[]string] `json:"kinds"`
+	Queues      opt[[]string] `json:"queues"`
+	WaitSeconds opt[int64]    `json:"wait_seconds"`
 }
 
-func (q claimRequest) validate() error { return checkName("processor", q.Processor) }
+// maxClaimNames bounds the kinds and the queues of one claim.
+const maxClaimNames = 100
 
-// handleTaskClaim serves POST /api/tasks/next: 200 and the task claimed
-// under a new lease of Deps.TaskTTL, or 204 when none is ready.
+func (q claimRequest) validate() error {
+	names := func(field string) func(v []string) error {
+		return func(v []string) error {
+			if len(v) == 0 || len(v) > maxClaimNames {
+				return badRequestf(`%q has %d names; send 1 to %d, or leave it out for all`, field, len(v), maxClaimNames)
+			}
+			for i, n := range v {
+				if err := checkName(fmt.Sprintf("%s[%d]", field, i), n); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	return firstError(checkName("processor", q.Processor),
+		q.Kinds.present("kinds", names("kinds")), q.Queues.present("queues", names("queues")),
+		q.WaitSeconds.present("wait_seconds", func(v int64) error { return checkWait(&v) }))
+}
+
+// handleTaskClaim serves POST /api/tasks/next: 200 and the due task with
+// the lowest (priority, scheduled_at, id) of the kinds and queues asked for
+// (all when left out), claimed under a new lease (the task's TTL, else
+// Deps.TaskTTL), or 204 when none is ready. With wait_seconds the request
+// waits for one (claimWaiting).
 func handleTaskClaim(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		req, err := decode[claimRequest](w, r)
@@ -189,7 +258,15 @@ func handleTaskClaim(d Deps) http.Handler {
 			writeError(w, r, d.Log, err)
 			return
 		}
-		tasks, err := d.Tasks.Claim(r.Context(), []string{req.Processor}, d.TaskTTL)
+		p := taskstore.ClaimParams{
+			Processors: []string{req.Processor}, TTL: d.TaskTTL, Kinds: req.Kinds.v, Queues: req.Queues.v, WithLapsed: true,
+		}
+		var tasks []task.Task
+		if req.WaitSeconds.v > 0 {
+			tasks, err = claimWaiting(w, r, d, p, time.Duration(req.WaitSeconds.v)*time.Second)
+		} else {
+			tasks, err = d.Tasks.Claim(r.Context(), p)
+		}
 		if err == nil && len(tasks) == 0 {
 			d.Metrics.taskOp("claim", errNothingReady)
 			w.WriteHeader(http.StatusNoContent)
@@ -244,29 +321,60 @@ type failRequest struct {
 	Processor string `json:"processor"`
 	Fence     *int64 `json:"fence"`
 	Error     string `json:"error"`
+	// RetryInSeconds, when set, replaces the default backoff: the worker's
+	// own retry policy for the task's kind.
+	RetryInSeconds opt[float64] `json:"retry_in_seconds"`
+}
+
+// maxRetryInSeconds bounds a failure's retry_in_seconds and a snooze's
+// delay_seconds: a week.
+const maxRetryInSeconds = 7 * 24 * 3600
+
+func checkDelay(field string) func(v float64) error {
+	return func(v float64) error {
+		if v < 0 || v > maxRetryInSeconds {
+			return badRequestf(`%q is %v; it must be between 0 and %d seconds`, field, v, maxRetryInSeconds)
+		}
+		return nil
+	}
 }
 
 func (q failRequest) validate() error {
-	if err := checkProcessorFence(q.Processor, q.Fence); err != nil {
+	if err := firstError(checkProcessorFence(q.Processor, q.Fence),
+		q.RetryInSeconds.present("retry_in_seconds", checkDelay("retry_in_seconds"))); err != nil {
 		return err
 	}
-	switch {
-	case strings.TrimSpace(q.Error) == "":
+	if strings.TrimSpace(q.Error) == "" {
 		return badRequestf(`"error" is required and must not be blank; say why the attempt failed`)
-	case len(q.Error) > maxErrorBytes:
-		return badRequestf(`"error" is %d bytes long; the limit is %d bytes`, len(q.Error), maxErrorBytes)
-	case strings.ContainsRune(q.Error, 0):
+	}
+	return checkErrorText("error", q.Error)
+}
+
+// checkErrorText checks a free text that lands in last_error: at most
+// maxErrorBytes, no NUL.
+func checkErrorText(field, v string) error {
+	switch {
+	case len(v) > maxErrorBytes:
+		return badRequestf(`%q is %d bytes long; the limit is %d bytes`, field, len(v), maxErrorBytes)
+	case strings.ContainsRune(v, 0):
 		// PostgreSQL text cannot hold NUL; other control characters
 		// (newlines in a stack trace) are fine.
-		return badRequestf(`"error" contains a NUL character; remove it`)
+		return badRequestf(`%q contains a NUL character; remove it`, field)
 	}
 	return nil
 }
 
-// handleTaskLeaseOp serves PUT /api/tasks/{id}/heartbeat, /complete and
-// /fail: decode a T, then op under the task's compare-and-set. 202 with the
-// task; 409 when the caller no longer holds it; 404 for an unknown id.
+// handleTaskLeaseOp serves PUT /api/tasks/{id}/heartbeat, /complete, /fail
+// and /snooze: decode a T, then op under the task's compare-and-set. 202
+// with the task; 409 when the caller no longer holds it; 404 for an unknown
+// id.
 func handleTaskLeaseOp[T validator](d Deps, name string, op func(r *http.Request, id int64, req T) (task.Task, error)) http.Handler {
+	return handleTaskOp(d, name, op)
+}
+
+// handleTaskOp serves a change of one task: decode a T, then op. 202 with
+// the task; the error's status otherwise (writeError).
+func handleTaskOp[T validator](d Deps, name string, op func(r *http.Request, id int64, req T) (task.Task, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := pathID(r)
 		if err != nil {
@@ -302,7 +410,76 @@ func handleTaskComplete(d Deps) http.Handler {
 
 func handleTaskFail(d Deps) http.Handler {
 	return handleTaskLeaseOp(d, "fail", func(r *http.Request, id int64, q failRequest) (task.Task, error) {
-		return d.Tasks.Fail(r.Context(), id, q.Processor, deref(q.Fence), q.Error)
+		retryIn := time.Duration(-1) // the default backoff
+		if q.RetryInSeconds.set {
+			retryIn = time.Duration(q.RetryInSeconds.v * float64(time.Second))
+		}
+		return d.Tasks.Fail(r.Context(), id, q.Processor, deref(q.Fence), q.Error, retryIn)
+	})
+}
+
+// snoozeRequest is the body of PUT /api/tasks/{id}/snooze.
+type snoozeRequest struct {
+	Processor    string       `json:"processor"`
+	Fence        *int64       `json:"fence"`
+	DelaySeconds opt[float64] `json:"delay_seconds"`
+}
+
+func (q snoozeRequest) validate() error {
+	if !q.DelaySeconds.set && !q.DelaySeconds.null {
+		return badRequestf(`"delay_seconds" is required: how long from now the task should wait before it runs again`)
+	}
+	return firstError(checkProcessorFence(q.Processor, q.Fence),
+		q.DelaySeconds.present("delay_seconds", checkDelay("delay_seconds")))
+}
+
+// handleTaskSnooze serves PUT /api/tasks/{id}/snooze: the processor holding
+// the task puts it back, due after delay_seconds, without counting the
+// attempt (a handler asking to run again later). 202 · 409 · 404.
+func handleTaskSnooze(d Deps) http.Handler {
+	return handleTaskLeaseOp(d, "snooze", func(r *http.Request, id int64, q snoozeRequest) (task.Task, error) {
+		return d.Tasks.Snooze(r.Context(), id, q.Processor, deref(q.Fence), time.Duration(q.DelaySeconds.v*float64(time.Second)))
+	})
+}
+
+// cancelRequest is the body of POST /api/tasks/{id}/cancel.
+type cancelRequest struct {
+	Reason opt[string] `json:"reason"`
+}
+
+// defaultCancelReason is the last_error of a task cancelled with no reason.
+const defaultCancelReason = "cancelled"
+
+func (q cancelRequest) validate() error {
+	return q.Reason.present("reason", func(v string) error { return checkErrorText("reason", v) })
+}
+
+// handleTaskCancel serves POST /api/tasks/{id}/cancel: 202 + the task,
+// cancelled, when it was pending or running (a running task's lease is
+// revoked at once, and its worker told); 409 when it is done, dead or
+// cancelled already; 404.
+func handleTaskCancel(d Deps) http.Handler {
+	return handleTaskOp(d, "cancel", func(r *http.Request, id int64, q cancelRequest) (task.Task, error) {
+		reason := defaultCancelReason
+		if q.Reason.set {
+			reason = q.Reason.v
+		}
+		return d.Tasks.Cancel(r.Context(), id, reason)
+	})
+}
+
+// retryRequest is the body of POST /api/tasks/{id}/retry: empty.
+type retryRequest struct{}
+
+func (retryRequest) validate() error { return nil }
+
+// handleTaskRetry serves POST /api/tasks/{id}/retry: 202 + the task back
+// to pending, due now, with a fresh budget of attempts, when it was dead or
+// cancelled; 409 otherwise, or when another task of its kind holds its
+// unique key; 404.
+func handleTaskRetry(d Deps) http.Handler {
+	return handleTaskOp(d, "retry", func(r *http.Request, id int64, _ retryRequest) (task.Task, error) {
+		return d.Tasks.Retry(r.Context(), id)
 	})
 }
 
@@ -322,30 +499,73 @@ func handleTaskGet(d Deps) http.Handler {
 	})
 }
 
-// taskListParams reads ?limit= (default 100, at most 1000) and ?after_id=
-// of a task list.
-func taskListParams(q url.Values) (afterID int64, limit int32, err error) {
+// taskListParams reads ?limit= (default 100, at most 1000), ?after_id=,
+// and the filters ?state=, ?kind= and ?queue= of a task list.
+func taskListParams(q url.Values) (taskstore.ListParams, error) {
 	l, err := queryInt(q, "limit", defaultTaskLimit, 1, maxTaskLimit)
 	if err != nil {
-		return 0, 0, err
+		return taskstore.ListParams{}, err
 	}
-	afterID, err = queryInt(q, "after_id", 0, 0, 1<<62)
+	afterID, err := queryInt(q, "after_id", 0, 0, 1<<62)
 	if err != nil {
-		return 0, 0, err
+		return taskstore.ListParams{}, err
 	}
-	return afterID, int32(l), nil
+	p := taskstore.ListParams{AfterID: afterID, Limit: int32(l)}
+	if st := q.Get("state"); st != "" {
+		if !slices.Contains(taskStates, st) {
+			return taskstore.ListParams{}, badRequestf("query parameter state=%q is not a task state; use one of %s", st, strings.Join(taskStates, ", "))
+		}
+		p.States = []string{st}
+	}
+	for _, f := range []struct {
+		name string
+		into *[]string
+	}{{"kind", &p.Kinds}, {"queue", &p.Queues}} {
+		v, err := queryName(q, f.name)
+		if err != nil {
+			return taskstore.ListParams{}, err
+		}
+		if v != "" {
+			*f.into = []string{v}
+		}
+	}
+	return p, nil
 }
 
+// taskStates are the states a list may filter by.
+var taskStates = []string{task.StatePending, task.StateRunning, task.StateDone, task.StateDead, task.StateCancelled}
+
+// The task lists beyond GET /api/tasks.
+const (
+	listAll       = "all"
+	listProcessed = "processed" // done or dead
+	listStarted   = "started"   // claimed at least once
+)
+
 // handleTaskList serves a task list: ?limit= tasks with ids after
-// ?after_id=, oldest first.
-func handleTaskList(d Deps, filter string) http.Handler {
+// ?after_id=, oldest first, of the list's kind (all, processed, started)
+// and the filters asked for.
+func handleTaskList(d Deps, list string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		after, limit, err := taskListParams(r.URL.Query())
+		p, err := taskListParams(r.URL.Query())
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
 		}
-		tasks, err := d.Tasks.List(r.Context(), filter, after, limit)
+		switch list {
+		case listProcessed:
+			processed := []string{task.StateDone, task.StateDead}
+			if p.States != nil && !slices.Contains(processed, p.States[0]) {
+				encode(w, http.StatusOK, []task.Task{}) // no processed task is in that state
+				return
+			}
+			if p.States == nil {
+				p.States = processed
+			}
+		case listStarted:
+			p.Started = true
+		}
+		tasks, err := d.Tasks.List(r.Context(), p)
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return

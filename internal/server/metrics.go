@@ -7,13 +7,14 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/leasehold/leasehold/internal/db"
-	"github.com/leasehold/leasehold/internal/lease"
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/internal/worker"
 )
 

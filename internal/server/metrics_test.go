@@ -15,6 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,11 +26,9 @@ import (
 
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/internal/worker"
 )
 
@@ -174,11 +176,11 @@ func TestMetricsAfterActivity(t *testing.T) {
 			completed <- ev.TaskID
 		}
 	})
-	tasks := task.NewStore(r.db.Pool)
-	if _, err := tasks.Insert(t.Context(), []task.NewTask{{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}}); err != nil {
+	tasks := taskstore.NewStore(r.db.Pool)
+	if _, err := tasks.Insert(t.Context(), []taskstore.NewTask{{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tasks.Insert(t.Context(), []task.NewTask{{
+	if _, err := tasks.Insert(t.Context(), []taskstore.NewTask{{
 		TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`), ScheduledAt: time.Now().Add(time.Hour),
 	}}); err != nil {
 		t.Fatal(err)
@@ -273,7 +275,7 @@ func readUntil(t *testing.T, ws *websocket.Conn, what string, match func(wsMessa
 func runPool(t *testing.T, r *replicaMetrics, onEvent func(worker.Event)) {
 	t.Helper()
 	p := &worker.Pool{
-		Tasks: task.NewStore(r.db.Pool), Listener: r.listener, Instance: "metered", Workers: 1,
+		Tasks: taskstore.NewStore(r.db.Pool), Listener: r.listener, Instance: "metered", Workers: 1,
 		TTL: 30 * time.Second, SafetyPoll: -1, Log: zerolog.Nop(),
 		OnEvent: func(ev worker.Event) {
 			r.metrics.WorkerEvent(ev)
@@ -299,8 +301,8 @@ func loseElectedLease(t *testing.T, r *replicaMetrics) {
 	const resource = "metered-elector"
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	e := &lease.Elector{
-		Store: lease.NewStore(r.db.Pool), Listener: r.listener, Resource: resource, Holder: "elector",
+	e := &leasing.Elector{
+		Store: leasing.NewStore(r.db.Pool), Listener: r.listener, Resource: resource, Holder: "elector",
 		Keep: lease.KeepConfig{TTL: 3 * time.Second, Observer: r.metrics.KeepObserver(server.HolderGenerator)},
 		Log:  zerolog.Nop(),
 	}

@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,11 +27,9 @@ import (
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // notDriven are the documented statuses no request of the test can
@@ -61,7 +62,7 @@ func startHub(t *testing.T, db pgtest.DB) liveHub {
 	connected := listener.Subscribe(notify.ChannelGenerator, 1) // resynced once every channel is listened to
 	defer connected.Close()
 	h := hub.New(hub.Deps{
-		Leases: lease.NewStore(db.Pool), Tasks: task.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
+		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: "test", Log: zerolog.Nop(),
 	})
 	listenCtx, stopListener := context.WithCancel(context.Background())

@@ -17,17 +17,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/retention"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/schema"
 )
 
@@ -178,7 +181,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 
 	// The worker's path the API does not take: a lapsed lease claimed
 	// again (the last attempt's task dies), and the hand-back at shutdown.
-	tasks := task.NewStore(app.Pool)
+	tasks := taskstore.NewStore(app.Pool)
 	last := b.claimTask(t, "replica-a/w3") // max_attempts 1
 	owner.expireTaskLease(t, last.ID)
 	if _, err := tasks.Claim(ctx, []string{"replica-b/w1"}, 30*time.Second); err != nil {
@@ -197,7 +200,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	}
 
 	// Instance registration, and its lease.
-	leases := lease.NewStore(app.Pool)
+	leases := leasing.NewStore(app.Pool)
 	if err := instance.NewStore(app.Pool).Register(ctx, instance.Instance{ID: "replica-a", Addr: "127.0.0.1:8080", Roles: []string{"api"}, Version: "test"}); err != nil {
 		t.Errorf("register instance: %v", err)
 	}
@@ -292,10 +295,10 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	// task:<id>, which go with their tasks: one of a done task, one of a
 	// task still pending.
 	for _, id := range []int64{tk.ID, again[0].ID} {
-		if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: task.LeaseResource(id), Holder: "replica-a/w1", TTL: time.Minute}); err != nil {
+		if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: taskstore.LeaseResource(id), Holder: "replica-a/w1", TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: task.LeaseResource(id), Holder: "replica-a/w1"}); err != nil {
+		if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: taskstore.LeaseResource(id), Holder: "replica-a/w1"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -359,7 +362,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT coalesce(array_agg(resource ORDER BY resource), '{}') FROM leases WHERE resource LIKE 'task:%'`).Scan(&taskLeases); err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{task.LeaseResource(again[0].ID)}; !slices.Equal(taskLeases, want) {
+	if want := []string{taskstore.LeaseResource(again[0].ID)}; !slices.Equal(taskLeases, want) {
 		t.Errorf("task lease rows after pruning: %q, want %q: the pending task's kept, the done task's gone with it", taskLeases, want)
 	}
 	if live, err := tasks.Get(ctx, again[0].ID); err != nil || live.State != "pending" {

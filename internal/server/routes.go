@@ -3,7 +3,6 @@ package server
 import (
 	"net/http"
 
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/web"
 )
 
@@ -32,15 +31,18 @@ func addRoutes(mux *http.ServeMux, d Deps) {
 	mux.Handle("DELETE /api/leases/{id}", handleLeaseRelease(d, true))
 
 	mux.Handle("POST /api/tasks", handleTaskCreate(d))
-	mux.Handle("GET /api/tasks", handleTaskList(d, task.FilterAll))
-	mux.Handle("GET /api/tasks/processed", handleTaskList(d, task.FilterProcessed))
-	mux.Handle("GET /api/tasks/started", handleTaskList(d, task.FilterStarted))
+	mux.Handle("GET /api/tasks", handleTaskList(d, listAll))
+	mux.Handle("GET /api/tasks/processed", handleTaskList(d, listProcessed))
+	mux.Handle("GET /api/tasks/started", handleTaskList(d, listStarted))
 	mux.Handle("GET /api/tasks/stats", handleTaskStats(d))
 	mux.Handle("POST /api/tasks/next", handleTaskClaim(d))
 	mux.Handle("GET /api/tasks/{id}", handleTaskGet(d))
 	mux.Handle("PUT /api/tasks/{id}/heartbeat", handleTaskHeartbeat(d))
 	mux.Handle("PUT /api/tasks/{id}/complete", handleTaskComplete(d))
 	mux.Handle("PUT /api/tasks/{id}/fail", handleTaskFail(d))
+	mux.Handle("PUT /api/tasks/{id}/snooze", handleTaskSnooze(d))
+	mux.Handle("POST /api/tasks/{id}/cancel", handleTaskCancel(d))
+	mux.Handle("POST /api/tasks/{id}/retry", handleTaskRetry(d))
 
 	mux.Handle("GET /api/generator", handleGeneratorGet(d))
 	mux.Handle("POST /api/generator/start", handleGeneratorSet(d, true))

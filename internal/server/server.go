@@ -11,14 +11,16 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/apitime"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // Instance describes the replica serving the request.
@@ -36,13 +38,13 @@ func (i Instance) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
 		plain
 		StartedAt string `json:"started_at"`
-	}{plain: plain(i), StartedAt: lease.FormatTime(i.StartedAt)})
+	}{plain: plain(i), StartedAt: apitime.Format(i.StartedAt)})
 }
 
 // Deps is what the server needs.
 type Deps struct {
-	Leases    *lease.Store
-	Tasks     *task.Store
+	Leases    *leasing.Store
+	Tasks     *taskstore.Store
 	Generator *generator.State
 	Instances *instance.Store
 	Instance  Instance
@@ -71,9 +73,12 @@ type Deps struct {
 	// wait_seconds subscribes to it to hear of a release. Without it such
 	// an acquisition wakes only at the holder's expires_at.
 	Listener *notify.Listener
-	// Stopping, when closed, ends the waits of acquisitions with
+	// Stopping, when closed, ends the waits of acquisitions and claims with
 	// wait_seconds (503, to be sent again): the replica is shutting down.
 	Stopping <-chan struct{}
+	// claimWaiters is set by NewServer: the registration that makes inserts
+	// notify while claims wait.
+	claimWaiters *claimWaiters
 	// Ready reports why the replica cannot serve (nil when it can).
 	Ready   func(ctx context.Context) error
 	Log     zerolog.Logger
@@ -85,6 +90,7 @@ func NewServer(d Deps) http.Handler {
 	if d.TaskTTL == 0 {
 		d.TaskTTL = d.DefaultTTL
 	}
+	d.claimWaiters = newClaimWaiters(d.Listener, d.Instance.ID)
 	mux := http.NewServeMux()
 	addRoutes(mux, d)
 	h := jsonFallbacks(mux)

@@ -14,15 +14,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 func TestMain(m *testing.M) {
@@ -50,9 +51,9 @@ func withLog(log zerolog.Logger) option { return func(d *server.Deps) { d.Log = 
 // describes it, adjusted by opts.
 func testDeps(db pgtest.DB, opts ...option) server.Deps {
 	d := server.Deps{
-		Leases:     lease.NewStore(db.Pool),
+		Leases:     leasing.NewStore(db.Pool),
 		DefaultTTL: 30 * time.Second,
-		Tasks:      task.NewStore(db.Pool),
+		Tasks:      taskstore.NewStore(db.Pool),
 		Generator:  generator.NewState(db.Pool),
 		Instances:  instance.NewStore(db.Pool),
 		Log:        zerolog.Nop(),

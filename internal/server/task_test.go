@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/apitime"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 func withTaskTTL(ttl time.Duration) option { return func(d *server.Deps) { d.TaskTTL = ttl } }
@@ -195,9 +197,9 @@ func (b bundle) wantNoTaskLeaseRows(t *testing.T, what string, id int64) {
 	if len(list.Leases) != 0 {
 		t.Errorf("%s: task leases %v, want none: a task's lease lives in its row", what, list.Leases)
 	}
-	path := "/api/leases/events?resource=" + task.LeaseResource(id)
+	path := "/api/leases/events?resource=" + taskstore.LeaseResource(id)
 	if events := decodeStrict[[]eventJSON](t, what, b.do(t, "GET", path, "").want(t, what+": GET "+path, http.StatusOK)); len(events) != 0 {
-		t.Errorf("%s: lease events of %s %v, want none", what, task.LeaseResource(id), events)
+		t.Errorf("%s: lease events of %s %v, want none", what, taskstore.LeaseResource(id), events)
 	}
 }
 
@@ -361,7 +363,7 @@ func TestTaskFailRetriesThenDies(t *testing.T) {
 	// the backoff runs from it (both by the database clock).
 	hist := b.earlierAttempts(t, first.ID)
 	if len(hist) != 1 || hist[0].Processor != "p" || hist[0].Fence != first.fence(t) || hist[0].Outcome != task.OutcomeFailed ||
-		lease.FormatTime(hist[0].ExpiresAt) != *first.MustHeartbeatBefore {
+		apitime.Format(hist[0].ExpiresAt) != *first.MustHeartbeatBefore {
 		t.Fatalf("after fail: earlier attempts %+v, want p's attempt with fence %d, failed, its lease expiring at %s", hist, first.fence(t), *first.MustHeartbeatBefore)
 	}
 	backoff := parseTime(t, "scheduled_at", failed.ScheduledAt).Sub(hist[0].EndedAt)

@@ -9,18 +9,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/internal/worker"
 )
 
 // benchReplicas starts replicas×workers in-process, each replica with its
 // own LISTEN connection as a process has, and returns once all listen.
-func benchReplicas(ctx context.Context, b *testing.B, wg *sync.WaitGroup, url string, tasks *task.Store,
+func benchReplicas(ctx context.Context, b *testing.B, wg *sync.WaitGroup, url string, tasks *taskstore.Store,
 	replicas, workers int, onEvent func(worker.Event)) {
 	b.Helper()
 	for r := range replicas {
@@ -45,10 +46,10 @@ func BenchmarkDrain(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		tdb := pgtest.New(b)
-		tasks := task.NewStore(tdb.Pool)
-		batch := make([]task.NewTask, 1000)
+		tasks := taskstore.NewStore(tdb.Pool)
+		batch := make([]taskstore.NewTask, 1000)
 		for i := range batch {
-			batch[i] = task.NewTask{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}
+			batch[i] = taskstore.NewTask{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}
 		}
 		for range n / len(batch) {
 			if _, err := tasks.Insert(context.Background(), batch); err != nil {
@@ -88,7 +89,7 @@ func BenchmarkDrain(b *testing.B) {
 func BenchmarkPickupLatency(b *testing.B) {
 	const n = 1000
 	tdb := pgtest.New(b)
-	tasks := task.NewStore(tdb.Pool)
+	tasks := taskstore.NewStore(tdb.Pool)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
@@ -102,7 +103,7 @@ func BenchmarkPickupLatency(b *testing.B) {
 			completed <- ev.TaskID
 		}
 	})
-	data := []task.NewTask{{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}}
+	data := []taskstore.NewTask{{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}}
 	for range b.N {
 		lat := make([]time.Duration, 0, n)
 		for range n {

@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/task"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
 )
 
 // maxCompleteBatch bounds the completions one statement records.
@@ -21,7 +22,7 @@ const maxCompleteBatch = 500
 // While the pool is fed (its dispatcher's last claim got a task for every
 // idle worker: more are likely waiting), the same statement also claims
 // the next task of each worker whose completion it records
-// (task.Store.CompleteAndClaim): a busy replica then runs one statement
+// (taskstore.Store.CompleteAndClaim): a busy replica then runs one statement
 // and one commit per round of tasks, not a claim and a completion. A
 // claim that comes back short stops the feeding; the workers left without
 // a task go idle, and the dispatcher takes over, registering as a waiter
@@ -32,7 +33,7 @@ type completer struct {
 }
 
 type completeReq struct {
-	c        task.Completion
+	c        taskstore.Completion
 	deadline time.Time // the requester waits until then
 	reply    chan completeReply
 }
@@ -52,7 +53,7 @@ func newCompleter(p *Pool) *completer {
 // worker's next task when the batch claimed one for it (whatever became
 // of the completion). Its errors are Store.Complete's: task.ErrLeaseLost
 // when the compare-and-set refused it.
-func (c *completer) complete(ctx context.Context, comp task.Completion) (*claim, error) {
+func (c *completer) complete(ctx context.Context, comp taskstore.Completion) (*claim, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(time.Minute)
@@ -100,7 +101,7 @@ func (c *completer) run(ctx context.Context) {
 // pool is fed, and answers every request in it.
 func (c *completer) record(batch []completeReq) {
 	p := c.p
-	cs := make([]task.Completion, len(batch))
+	cs := make([]taskstore.Completion, len(batch))
 	latest := batch[0].deadline
 	for i, r := range batch {
 		cs[i] = r.c
@@ -115,6 +116,7 @@ func (c *completer) record(batch []completeReq) {
 			claimFor[i] = r.c.Processor
 		}
 	}
+	hints, hinted := p.hints.forClaim()
 	// No requester waits past its own deadline; the statement may run until
 	// the last of them stops waiting.
 	ctx, cancel := context.WithDeadline(context.Background(), latest)
@@ -127,18 +129,21 @@ func (c *completer) record(batch []completeReq) {
 	if claimFor == nil {
 		done, err = p.Tasks.CompleteMany(ctx, cs)
 	} else {
-		done, claimed, err = p.Tasks.CompleteAndClaim(ctx, cs, claimFor, p.TTL)
+		done, claimed, err = p.Tasks.CompleteAndClaim(ctx, cs, p.claimParams(claimFor, hints, false))
 	}
 	cancel()
 	next := make(map[string]*claim, len(claimed))
 	if claimFor != nil && err == nil {
 		p.counters.claims.Add(1)
 		p.counters.claimed.Add(int64(len(claimed)))
+		p.hints.claimed(sent, !hinted, claimed)
 		if len(claimed) < len(claimFor) {
-			p.fed.Store(false) // the queue ran short: the dispatcher takes over
+			// The queue ran short (or a task sits before a hint): the
+			// dispatcher takes over, and looks at everything.
+			p.fed.Store(false)
 		}
 		for _, t := range claimed {
-			next[deref(t.Processor)] = &claim{task: t, sent: sent, wake: WakeChained}
+			next[t.Processor] = &claim{task: t, sent: sent, wake: WakeChained}
 		}
 	}
 	for _, r := range batch {

@@ -28,9 +28,12 @@ const (
 	// WakeChained: no dispatcher round; the statement that recorded the
 	// worker's completion claimed its next task (while the pool is fed).
 	WakeChained
+	// WakeShort: a claim that skipped what earlier claims took (hints) came
+	// back short; the next looks at everything.
+	WakeShort
 )
 
-var wakeNames = []string{"start", "insert", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry", "requeued", "registered", "chained"}
+var wakeNames = []string{"start", "insert", "resync", "due", "safety-poll", "worker-idle", "backlog", "retry", "requeued", "registered", "chained", "short"}
 
 // String lists the reasons, e.g. "insert|requeued".
 func (w Wake) String() string {
@@ -55,8 +58,10 @@ const (
 	EventCompleted EventKind = "completed"  // a worker completed its task
 	EventFailed    EventKind = "failed"     // a worker recorded a failed attempt (retry or dead)
 	EventRequeued  EventKind = "requeued"   // a task was handed back at shutdown
-	EventLeaseLost EventKind = "lease-lost" // a worker lost its task's lease and abandoned the task
-	EventCrashed   EventKind = "crashed"    // a simulated crash: the worker abandoned its task silently
+	EventSnoozed   EventKind = "snoozed"    // a handler asked to run its task again later
+	EventCancelled EventKind = "cancelled"  // a handler cancelled its task
+	EventLeaseLost EventKind = "lease-lost" // a worker lost its task's lease (or the task was cancelled) and abandoned the task
+	EventCrashed   EventKind = "crashed"    // the handler abandoned its task (ErrAbandon: a simulated crash)
 	EventAsleep    EventKind = "asleep"     // the dispatcher finished a round of claims and waits to be woken
 	// EventHeartbeatFailed: a heartbeat was refused (EventLeaseLost follows)
 	// or failed (retried until the lease's local deadline).
@@ -66,6 +71,7 @@ const (
 // Event is something a Pool did, reported to OnEvent (tests, metrics).
 type Event struct {
 	Kind      EventKind
+	TaskKind  string // the task's kind; empty for EventAsleep
 	Processor string // the worker, "<Instance>/w<N>"; empty for EventAsleep
 	TaskID    int64
 	Fence     int64
@@ -74,7 +80,8 @@ type Event struct {
 	// that just ended answered (EventAsleep).
 	Wake Wake
 	// Err is the run's error (EventFailed) or why the lease counts as lost
-	// (EventLeaseLost: task.ErrLeaseLost or lease.ErrDeadline, wrapped).
+	// (EventLeaseLost: task.ErrLeaseLost, lease.ErrDeadline or
+	// task.ErrCancelled, wrapped).
 	Err error
 	// Interrupted is set on EventLeaseLost when the task's context was
 	// cancelled before the task ran to its end.
@@ -98,18 +105,21 @@ type Counters struct {
 	Completed int64
 	Failed    int64
 	Requeued  int64
+	Snoozed   int64
+	Cancelled int64 // by their handlers
 	LeaseLost int64
 	Crashed   int64
 }
 
 type counters struct {
-	claims, empty, claimed, completed, failed, requeued, leaseLost, crashed atomic.Int64
+	claims, empty, claimed, completed, failed, requeued, snoozed, cancelled, leaseLost, crashed atomic.Int64
 }
 
 func (c *counters) snapshot() Counters {
 	return Counters{
 		Claims: c.claims.Load(), Empty: c.empty.Load(), Claimed: c.claimed.Load(),
 		Completed: c.completed.Load(), Failed: c.failed.Load(), Requeued: c.requeued.Load(),
+		Snoozed: c.snoozed.Load(), Cancelled: c.cancelled.Load(),
 		LeaseLost: c.leaseLost.Load(), Crashed: c.crashed.Load(),
 	}
 }

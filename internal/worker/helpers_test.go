@@ -8,15 +8,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/internal/worker"
 )
 
@@ -32,7 +35,7 @@ type env struct {
 	t     *testing.T
 	ctx   context.Context
 	db    pgtest.DB
-	tasks *task.Store
+	tasks *taskstore.Store
 	wg    sync.WaitGroup
 }
 
@@ -40,7 +43,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &env{t: t, ctx: ctx, db: pgtest.New(t)}
-	e.tasks = task.NewStore(e.db.Pool)
+	e.tasks = taskstore.NewStore(e.db.Pool)
 	// Registered after pgtest's cleanup, so it runs first.
 	t.Cleanup(func() { cancel(); e.wg.Wait() })
 	return e
@@ -81,7 +84,7 @@ func (e *env) listenerWith(ctx context.Context, connect func(ctx context.Context
 func (e *env) startReaper() {
 	e.t.Helper()
 	r := &reaper.Reaper{
-		Store: lease.NewStore(e.db.Pool), Tasks: task.NewStore(e.db.Pool), Listener: e.listener(e.ctx), Instance: "reaper",
+		Store: leasing.NewStore(e.db.Pool), Tasks: taskstore.NewStore(e.db.Pool), Listener: e.listener(e.ctx), Instance: "reaper",
 		Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: e.log(),
 	}
 	e.wg.Go(func() {
@@ -149,9 +152,9 @@ func (e *env) startPool(instance string, workers int, ttl time.Duration, configu
 // insert adds tasks with the given task_data in one statement.
 func (e *env) insert(maxAttempts int32, data ...string) []task.Task {
 	e.t.Helper()
-	nts := make([]task.NewTask, len(data))
+	nts := make([]taskstore.NewTask, len(data))
 	for i, d := range data {
-		nts[i] = task.NewTask{TaskData: json.RawMessage(d), MaxAttempts: maxAttempts}
+		nts[i] = taskstore.NewTask{TaskData: json.RawMessage(d), MaxAttempts: maxAttempts}
 	}
 	ts, err := e.tasks.Insert(e.ctx, nts)
 	if err != nil {

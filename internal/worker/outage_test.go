@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/internal/worker"
 )
 

@@ -4,15 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // Defaults of a Pool's optional settings.
@@ -22,29 +23,33 @@ const (
 	DefaultWaitLinger    = time.Second
 )
 
-// Pool runs a replica's task workers. Set its fields, then call Run once.
+// Pool runs the task workers of one queue in a process. Set its fields,
+// then call Run once.
 type Pool struct {
-	Tasks *task.Store
+	Tasks *taskstore.Store
 	// Listener is the process's LISTEN connection; it must listen on
 	// notify.ChannelTask.
 	Listener *notify.Listener
-	Instance string // processors are named "<Instance>/w<N>", N = 1..Workers
-	Workers  int    // 0: Run does nothing until its context ends
-	// TTL is the task lease's time to live, a whole number of seconds
-	// (1s to 1h); workers heartbeat every TTL/3.
+	// Instance names the process. Processors are named "<Instance>/w<N>"
+	// (N = 1..Workers) for the default queue, "<Instance>/<Queue>/w<N>"
+	// for another.
+	Instance string
+	// Queue is the queue the pool claims from ("": task.DefaultQueue).
+	Queue string
+	// Kinds are the kinds the pool claims, those Handler runs: at least one.
+	// A task of another kind is never claimed by this pool.
+	Kinds []string
+	// Handler runs each task.
+	Handler Handler
+	Workers int // 0: Run does nothing until its context ends
+	// TTL is the lease TTL of a task whose insert named none, a whole number
+	// of seconds (1s to 1h). A task's workers heartbeat every third of its
+	// TTL.
 	TTL time.Duration
-	// SimCrashRate is, per task, the chance that the process "crashes"
-	// midway through it: Crash is called. 0 in serve.
-	SimCrashRate float64
 	// SimSpikeRate is, per heartbeat, the chance of a pause longer than the
 	// TTL before the heartbeat is sent: the lease lapses and the worker must
 	// notice and abandon its task. 0 in serve.
 	SimSpikeRate float64
-	// Crash is the simulated crash. The default exits the process at once
-	// (status 3) with no cleanup. When Crash returns (a test's hook), the
-	// worker abandons its task as a dead process would: it stops
-	// heartbeating and neither completes nor fails the task.
-	Crash func()
 	// SafetyPoll is the last-resort poll interval (default 30s); negative
 	// disables it (tests that prove nobody needs it).
 	SafetyPoll time.Duration
@@ -65,6 +70,7 @@ type Pool struct {
 	OnEvent func(Event)
 
 	log       zerolog.Logger
+	prefix    string // of the processors' names
 	workers   []*worker
 	byName    map[string]*worker
 	idle      chan finished // workers that finished a task; room for all, so sending never blocks
@@ -80,6 +86,11 @@ type Pool struct {
 	// stopping: Run's context has ended; a task claimed for a worker from
 	// now on is handed back, not run.
 	stopping atomic.Bool
+	hints    hints
+	// running are the tasks being run, by id: the cancellation of one stops
+	// its handler at once.
+	runningMu sync.Mutex
+	running   map[int64]context.CancelCauseFunc
 }
 
 // finished is a worker done with its task.
@@ -108,8 +119,16 @@ type claim struct {
 func (p *Pool) Counters() Counters { return p.counters.snapshot() }
 
 // margin is taken off a lease's local deadline to cover clock rate
-// differences and the time a request takes to arrive (as lease.KeepConfig).
+// differences and the time a request takes to arrive (as lease.KeepConfig),
+// for the statements bounded by the pool's default TTL.
 func (p *Pool) margin() time.Duration { return p.TTL / 10 }
+
+// claimParams is a claim of the pool's queue and kinds for the workers named.
+func (p *Pool) claimParams(names []string, hints []taskstore.Hint, withLapsed bool) taskstore.ClaimParams {
+	return taskstore.ClaimParams{
+		Processors: names, TTL: p.TTL, Queues: []string{p.Queue}, Kinds: p.Kinds, Hints: hints, WithLapsed: withLapsed,
+	}
+}
 
 // init checks the settings and fills the defaults.
 func (p *Pool) init() error {
@@ -120,16 +139,25 @@ func (p *Pool) init() error {
 		return errors.New("worker pool: Listener is nil")
 	case p.Instance == "":
 		return errors.New("worker pool: Instance is empty")
+	case len(p.Kinds) == 0:
+		return errors.New("worker pool: no Kinds: name the kinds Handler runs")
+	case p.Handler == nil:
+		return errors.New("worker pool: Handler is nil")
 	case p.Workers < 0:
 		return fmt.Errorf("worker pool: %d workers: want 0 or more", p.Workers)
 	case p.TTL < time.Second || p.TTL > time.Hour || p.TTL%time.Second != 0:
 		return fmt.Errorf("worker pool: task lease TTL %s must be a whole number of seconds from 1s to 1h", p.TTL)
-	case p.SimCrashRate < 0 || p.SimCrashRate > 1 || p.SimSpikeRate < 0 || p.SimSpikeRate > 1:
-		return fmt.Errorf("worker pool: simulated fault rates (crash %v, spike %v) must be between 0 and 1", p.SimCrashRate, p.SimSpikeRate)
+	case p.SimSpikeRate < 0 || p.SimSpikeRate > 1:
+		return fmt.Errorf("worker pool: simulated spike rate %v must be between 0 and 1", p.SimSpikeRate)
 	}
-	if p.Crash == nil {
-		p.Crash = func() { os.Exit(3) }
+	if p.Queue == "" {
+		p.Queue = task.DefaultQueue
 	}
+	p.prefix = p.Instance
+	if p.Queue != task.DefaultQueue {
+		p.prefix += "/" + p.Queue
+	}
+	p.running = make(map[int64]context.CancelCauseFunc)
 	if p.SafetyPoll == 0 {
 		p.SafetyPoll = DefaultSafetyPoll
 	}
@@ -143,7 +171,7 @@ func (p *Pool) init() error {
 	p.workers = make([]*worker, p.Workers)
 	p.byName = make(map[string]*worker, p.Workers)
 	for i := range p.workers {
-		w := &worker{name: fmt.Sprintf("%s/w%d", p.Instance, i+1), tasks: make(chan claim, 1)}
+		w := &worker{name: fmt.Sprintf("%s/w%d", p.prefix, i+1), tasks: make(chan claim, 1)}
 		p.workers[i] = w
 		p.byName[w.name] = w
 	}
@@ -152,9 +180,6 @@ func (p *Pool) init() error {
 	p.wakeC = make(chan struct{}, 1)
 	return nil
 }
-
-// errShutdown is why running tasks are cancelled once the grace is over.
-var errShutdown = errors.New("worker pool shutting down")
 
 // Run claims and runs tasks until ctx ends, then shuts down gracefully (see
 // the package comment). It returns when every goroutine it started has
@@ -176,6 +201,9 @@ func (p *Pool) Run(ctx context.Context) error {
 	workCtx, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopWork(nil)
 	var workers, watcher, completing sync.WaitGroup
+	// The watcher outlives the workers too: a task cancelled during the
+	// grace stops at once.
+	watchCtx, stopWatching := context.WithCancel(context.WithoutCancel(ctx))
 	// The completer outlives the workers: they complete during the grace.
 	completerCtx, stopCompleter := context.WithCancel(context.WithoutCancel(ctx))
 	completing.Go(func() { p.completer.run(completerCtx) })
@@ -200,17 +228,18 @@ func (p *Pool) Run(ctx context.Context) error {
 			}
 		})
 	}
-	watcher.Go(func() { p.watch(ctx, taskSub) })
-	p.log.Info().Int("workers", p.Workers).Dur("ttl", p.TTL).Msg("worker pool started")
+	watcher.Go(func() { p.watch(ctx, watchCtx, taskSub) })
+	p.log.Info().Int("workers", p.Workers).Str("queue", p.Queue).Strs("kinds", p.Kinds).Dur("ttl", p.TTL).Msg("worker pool started")
 
 	p.dispatch(ctx) // until ctx ends; then no more claims, and the workers' channels are closed
 
 	p.log.Info().Dur("grace", max(p.ShutdownGrace, 0)).Msg("worker pool stopping: running tasks get the grace period")
-	grace := time.AfterFunc(max(p.ShutdownGrace, 0), func() { stopWork(errShutdown) })
+	grace := time.AfterFunc(max(p.ShutdownGrace, 0), func() { stopWork(ErrShutdown) })
 	workers.Wait()
 	grace.Stop()
 	stopCompleter()
 	completing.Wait()
+	stopWatching()
 	watcher.Wait()
 	p.log.Info().Msg("worker pool stopped")
 	return nil
@@ -226,13 +255,21 @@ func (p *Pool) poke(r Wake) {
 	}
 }
 
-// watch turns the listener's notifications into wake-ups until ctx ends.
-func (p *Pool) watch(ctx context.Context, tasks *notify.Subscription) {
+// watch turns the listener's notifications into wake-ups until ctx ends,
+// and stops the handler of a task cancelled while it runs until stop ends.
+func (p *Pool) watch(ctx, stop context.Context, tasks *notify.Subscription) {
 	for {
 		select {
-		case <-ctx.Done():
+		case <-stop.Done():
 			return
 		case n := <-tasks.C():
+			if id, ok := notify.ParseCancelled(n.Payload); ok {
+				p.cancelRunning(id)
+				continue
+			}
+			if ctx.Err() != nil {
+				continue // no more claims
+			}
 			switch n.Payload {
 			case notify.TasksInserted:
 				p.poke(WakeInsert)
@@ -241,8 +278,33 @@ func (p *Pool) watch(ctx context.Context, tasks *notify.Subscription) {
 			}
 			// Claims and completions free nothing to claim.
 		case <-tasks.Resync():
-			p.poke(WakeResync)
+			if ctx.Err() == nil {
+				p.poke(WakeResync)
+			}
 		}
+	}
+}
+
+// cancelRunning stops the handler of task id if this pool runs it.
+func (p *Pool) cancelRunning(id int64) {
+	p.runningMu.Lock()
+	cancel := p.running[id]
+	p.runningMu.Unlock()
+	if cancel != nil {
+		cancel(fmt.Errorf("task %d: %w", id, task.ErrCancelled))
+	}
+}
+
+// track records that task id runs under cancel, until the returned
+// function is called.
+func (p *Pool) track(id int64, cancel context.CancelCauseFunc) (untrack func()) {
+	p.runningMu.Lock()
+	p.running[id] = cancel
+	p.runningMu.Unlock()
+	return func() {
+		p.runningMu.Lock()
+		delete(p.running, id)
+		p.runningMu.Unlock()
 	}
 }
 
@@ -273,7 +335,7 @@ type dispatcher struct {
 func (p *Pool) dispatch(ctx context.Context) {
 	d := &dispatcher{
 		p: p, idle: append([]*worker(nil), p.workers...), timer: time.NewTimer(time.Hour),
-		waiter: p.Listener.Waiter(p.Instance + "/workers"), linger: time.NewTimer(time.Hour),
+		waiter: p.Listener.Waiter(p.prefix + "/workers"), linger: time.NewTimer(time.Hour),
 	}
 	d.timer.Stop()
 	defer d.timer.Stop()
@@ -363,13 +425,17 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 		// The claim is not cut short by ctx: had it committed, its tasks
 		// would be stranded until their leases lapse. Its answer is useless
 		// after TTL − margin, when the workers would count the leases lost.
+		// It skips what earlier claims took (hints) only while the queue
+		// has a backlog, and claims again without when that comes back
+		// short.
+		var hints []taskstore.Hint
+		hinted := false
+		if wake&hintedWakes == wake {
+			hints, hinted = p.hints.forClaim()
+		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.TTL-p.margin())
 		sent := time.Now()
-		claim := p.Tasks.ClaimPending
-		if wake&lookForLapsed != 0 {
-			claim = p.Tasks.Claim
-		}
-		tasks, err := claim(cctx, names, p.TTL)
+		tasks, err := p.Tasks.Claim(cctx, p.claimParams(names, hints, wake&lookForLapsed != 0))
 		cancel()
 		p.counters.claims.Add(1)
 		if err != nil {
@@ -377,6 +443,7 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 			return
 		}
 		d.recovered()
+		p.hints.claimed(sent, !hinted, tasks)
 		p.counters.claimed.Add(int64(len(tasks)))
 		if len(tasks) == 0 {
 			p.counters.empty.Add(1)
@@ -387,6 +454,11 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 		}
 		for _, t := range tasks {
 			d.assign(t, sent, wake)
+		}
+		if len(tasks) < len(names) && hinted {
+			// A task may sit before a hint: look without them.
+			wake = WakeBacklog | WakeShort
+			continue
 		}
 		if len(tasks) < len(names) {
 			// Workers stay idle, and only a notification will bring them
@@ -429,6 +501,12 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 // the index of running tasks, which holds an entry for every task run since
 // the last VACUUM.
 const lookForLapsed = WakeStart | WakeResync | WakeSafetyPoll
+
+// hintedWakes are the wake-ups whose claim may skip what the pool's
+// earlier claims took (hints): while the queue has a backlog. Any other
+// reason in the set (a notification, a catch-up) makes the claim look at
+// everything.
+const hintedWakes = WakeBacklog | WakeWorkerIdle
 
 // lingerThenUnregister unregisters the pool as a waiter for inserted tasks
 // after WaitLinger, or at once when WaitLinger is negative.
@@ -479,10 +557,7 @@ func (d *dispatcher) collectIdle() {
 // assign hands a claimed task to the worker it was claimed for.
 func (d *dispatcher) assign(t task.Task, sent time.Time, wake Wake) {
 	p := d.p
-	var name string
-	if t.Processor != nil {
-		name = *t.Processor
-	}
+	name := t.Processor
 	w := p.byName[name]
 	if w == nil {
 		// Cannot happen: Claim pairs each task with one of the names given.
@@ -501,9 +576,9 @@ func (d *dispatcher) assign(t task.Task, sent time.Time, wake Wake) {
 
 // claimed logs and emits the claim of t, about to be run by its processor.
 func (p *Pool) claimed(t task.Task, wake Wake) {
-	p.log.Debug().Int64("task", t.ID).Str("processor", deref(t.Processor)).Int64("fence", deref(t.Fence)).
+	p.log.Debug().Int64("task", t.ID).Str("kind", t.Kind).Str("processor", t.Processor).Int64("fence", t.Fence).
 		Int32("attempt", t.Attempts).Stringer("wake", wake).Msg("claimed task")
-	p.emit(Event{Kind: EventClaimed, Processor: deref(t.Processor), TaskID: t.ID, Fence: deref(t.Fence), Attempts: t.Attempts, Wake: wake, Waited: waited(t)})
+	p.emit(Event{Kind: EventClaimed, TaskKind: t.Kind, Processor: t.Processor, TaskID: t.ID, Fence: t.Fence, Attempts: t.Attempts, Wake: wake, Waited: waited(t)})
 }
 
 // scheduleNextDue sets the timer for when the next pending task falls due:
@@ -513,7 +588,7 @@ func (d *dispatcher) scheduleNextDue(ctx context.Context) {
 	// stall the dispatcher.
 	qctx, cancel := context.WithTimeout(ctx, d.p.TTL-d.p.margin())
 	asked := time.Now()
-	due, dbNow, err := d.p.Tasks.NextDue(qctx)
+	due, dbNow, err := d.p.Tasks.NextDue(qctx, []string{d.p.Queue}, d.p.Kinds)
 	cancel()
 	if err != nil {
 		d.retryLater(ctx, err, "next due")
@@ -583,14 +658,14 @@ func (d *dispatcher) endRun(failures *int, msg string) {
 func (p *Pool) handBack(ctx context.Context, tasks []task.Task) {
 	for _, t := range tasks {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.TTL-p.margin())
-		_, err := p.Tasks.Requeue(rctx, t.ID, deref(t.Processor), deref(t.Fence), "the worker pool shut down")
+		_, err := p.Tasks.Requeue(rctx, t.ID, t.Processor, t.Fence, "the worker pool shut down")
 		cancel()
 		if err != nil {
 			p.log.Warn().Err(err).Int64("task", t.ID).Msg("could not hand back a task claimed at shutdown; it will be claimed again when its lease lapses")
 			continue
 		}
 		p.counters.requeued.Add(1)
-		p.emit(Event{Kind: EventRequeued, Processor: deref(t.Processor), TaskID: t.ID, Fence: deref(t.Fence), Attempts: t.Attempts})
+		p.emit(Event{Kind: EventRequeued, Processor: t.Processor, TaskID: t.ID, Fence: t.Fence, Attempts: t.Attempts, TaskKind: t.Kind})
 	}
 }
 
@@ -611,12 +686,4 @@ func waited(t task.Task) time.Duration {
 		ready = t.ScheduledAt
 	}
 	return max(t.StartedAt.Sub(ready), 0)
-}
-
-func deref[T any](v *T) T {
-	var zero T
-	if v == nil {
-		return zero
-	}
-	return *v
 }

@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 
-	"github.com/leasehold/leasehold/internal/lease"
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/internal/worker"
 )
 
@@ -354,7 +356,7 @@ func TestExpiredTaskLeaseWakesIdlePool(t *testing.T) {
 	// dead processor; then made due behind p's back (no notification, and
 	// p's due timer is an hour away).
 	from := p.events.len()
-	tk, err := e.tasks.Insert(e.ctx, []task.NewTask{{TaskData: json.RawMessage(sleepTask(0)), ScheduledAt: time.Now().Add(time.Hour)}})
+	tk, err := e.tasks.Insert(e.ctx, []taskstore.NewTask{{TaskData: json.RawMessage(sleepTask(0)), ScheduledAt: time.Now().Add(time.Hour)}})
 	if err != nil {
 		t.Fatal(err)
 	}

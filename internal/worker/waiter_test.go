@@ -7,11 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/task"
 	"github.com/leasehold/leasehold/internal/worker"
 )
 
@@ -40,7 +43,7 @@ func TestNoLostWakeUpWhileRegistering(t *testing.T) {
 			wg.Go(func() {
 				for k := range perInserter {
 					if k%2 == 0 {
-						if _, err := e.tasks.Insert(e.ctx, []task.NewTask{{TaskData: []byte(sleepTask(0))}}); err != nil {
+						if _, err := e.tasks.Insert(e.ctx, []taskstore.NewTask{{TaskData: []byte(sleepTask(0))}}); err != nil {
 							t.Errorf("insert: %v", err)
 							return
 						}
@@ -213,7 +216,7 @@ func TestReaperPrunesDeadWaiters(t *testing.T) {
 	if got := e.waiterPIDs("crashed/workers"); !slices.Equal(got, []int32{pid}) {
 		t.Fatalf("the dead replica's waiter rows before any expiry: %v, want [%d]", got, pid)
 	}
-	if _, err := lease.NewStore(e.db.Pool).Acquire(e.ctx, lease.AcquireParams{Resource: "instance:crashed", Holder: "crashed", TTL: time.Second}); err != nil {
+	if _, err := leasing.NewStore(e.db.Pool).Acquire(e.ctx, lease.AcquireParams{Resource: "instance:crashed", Holder: "crashed", TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the reaper pruned the dead replica's registration", giveUp, func() bool {

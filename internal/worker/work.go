@@ -6,38 +6,49 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/lease"
-	"github.com/leasehold/leasehold/internal/task"
+	"github.com/leasehold/leasehold/internal/keepalive"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
 )
 
-// errCrashed is what a task's run returns after a simulated crash whose
-// Crash hook returned: the worker must behave as if it had died.
-var errCrashed = errors.New("simulated crash")
+// taskTTL is the TTL of t's lease: its own, which the claim set, or the
+// pool's default for a row that has none.
+func (p *Pool) taskTTL(t task.Task) time.Duration {
+	if t.TTLSeconds > 0 {
+		return t.TTL()
+	}
+	return p.TTL
+}
 
 // work runs one claimed task under its lease, then completes it, fails it,
-// hands it back (shutdown) or, when the lease was lost, leaves it alone.
-// workCtx ends when the shutdown grace is over. It returns what became of
-// the task and, when the completion's statement claimed one, the worker's
-// next task.
+// hands it back (shutdown), snoozes or cancels it as its handler asks or,
+// when the lease was lost, leaves it alone. workCtx ends when the shutdown
+// grace is over. It returns what became of the task and, when the
+// completion's statement claimed one, the worker's next task.
 func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *claim) {
 	t := c.task
-	fence := deref(t.Fence)
-	log := p.log.With().Int64("task", t.ID).Str("processor", w.name).Int64("fence", fence).Int32("attempt", t.Attempts).Logger()
-	ev := Event{Processor: w.name, TaskID: t.ID, Fence: fence, Attempts: t.Attempts}
+	ttl := p.taskTTL(t)
+	keep := lease.KeepConfig{TTL: ttl}.WithDefaults()
+	log := p.log.With().Int64("task", t.ID).Str("kind", t.Kind).Str("processor", w.name).Int64("fence", t.Fence).Int32("attempt", t.Attempts).Logger()
+	ev := Event{Processor: w.name, TaskID: t.ID, TaskKind: t.Kind, Fence: t.Fence, Attempts: t.Attempts}
 
-	// The task runs under taskCtx, which the heartbeat cancels the moment
-	// the lease counts as lost.
+	// The task runs under taskCtx, which the heartbeats cancel the moment
+	// the lease counts as lost, and a cancellation's NOTIFY at once.
 	taskCtx, cancelTask := context.WithCancelCause(workCtx)
 	defer cancelTask(nil)
+	untrack := p.track(t.ID, cancelTask)
+	defer untrack()
 	hbCtx, stopHeartbeats := context.WithCancel(taskCtx)
 	// The lease's local deadline when the heartbeats stopped; the claim's
 	// when none was due.
-	deadline := c.sent.Add(p.TTL - p.margin())
+	deadline := c.sent.Add(keep.TTL - keep.Margin)
 	// The heartbeat goroutine starts when the first heartbeat is nearly
 	// due (the earliest its jitter allows): most tasks of a busy queue are
 	// over by then, and cost no goroutine and no timers of their own.
@@ -46,14 +57,14 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *cl
 		hbMu    sync.Mutex
 		stopped bool
 	)
-	first := time.AfterFunc(time.Until(c.sent.Add(p.TTL/3-p.TTL/30)), func() {
+	first := time.AfterFunc(time.Until(c.sent.Add(keep.RenewInterval-keep.RenewInterval/10)), func() {
 		hbMu.Lock()
 		defer hbMu.Unlock()
 		if !stopped {
-			hb.Go(func() { deadline = p.heartbeat(hbCtx, log, t.ID, w.name, fence, c.sent, cancelTask) })
+			hb.Go(func() { deadline = p.heartbeat(hbCtx, log, t, w.name, keep, c.sent, cancelTask) })
 		}
 	})
-	output, runErr := p.run(taskCtx, log, w.name, t)
+	output, runErr := p.run(taskCtx, t)
 	stopHeartbeats()
 	first.Stop()
 	hbMu.Lock()
@@ -62,16 +73,21 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *cl
 	hb.Wait()
 	cause := context.Cause(taskCtx)
 
+	var (
+		snooze *SnoozeError
+		cancel *CancelError
+		retry  *RetryError
+	)
 	switch {
-	case errors.Is(runErr, errCrashed):
+	case errors.Is(runErr, ErrAbandon):
 		// A dead process does nothing more: the lease lapses, and the
 		// reaper's expiry notification wakes a worker to take the task.
-		log.Warn().Msg("simulated crash: task abandoned without completing it")
+		log.Warn().Msg("the handler abandoned the task (a simulated crash): left to its lease")
 		p.counters.crashed.Add(1)
 		ev.Kind = EventCrashed
 		p.emit(ev)
 		return EventCrashed, nil
-	case errors.Is(cause, task.ErrLeaseLost) || errors.Is(cause, lease.ErrDeadline):
+	case errors.Is(cause, task.ErrLeaseLost) || errors.Is(cause, lease.ErrDeadline) || errors.Is(cause, task.ErrCancelled):
 		log.Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("task lease lost: abandoned the task without completing it")
 		p.counters.leaseLost.Add(1)
 		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
@@ -79,41 +95,91 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *cl
 		return EventLeaseLost, nil
 	case runErr == nil:
 		var next *claim // from the last attempt: a retry's batch claims afresh
-		kind := p.finish(workCtx, log, ev, deadline, EventCompleted, func(ctx context.Context) (string, error) {
-			n, err := p.completer.complete(ctx, task.Completion{ID: t.ID, Processor: w.name, Fence: fence, Output: output})
+		kind := p.finish(workCtx, log, ev, deadline, ttl, EventCompleted, func(ctx context.Context) (string, error) {
+			n, err := p.completer.complete(ctx, taskstore.Completion{ID: t.ID, Processor: w.name, Fence: t.Fence, Output: output})
 			next = n
 			return task.StateDone, err
 		})
 		return kind, next
-	case errors.Is(runErr, context.Canceled) && workCtx.Err() != nil:
-		return p.finish(workCtx, log, ev, deadline, EventRequeued, func(ctx context.Context) (string, error) {
-			t, err := p.Tasks.Requeue(ctx, t.ID, w.name, fence, "the worker shut down before the task finished")
+	case workCtx.Err() != nil && errors.Is(runErr, context.Canceled):
+		return p.finish(workCtx, log, ev, deadline, ttl, EventRequeued, func(ctx context.Context) (string, error) {
+			t, err := p.Tasks.Requeue(ctx, t.ID, w.name, t.Fence, "the worker shut down before the task finished")
 			return t.State, err
+		}), nil
+	case errors.As(runErr, &snooze):
+		return p.finish(workCtx, log, ev, deadline, ttl, EventSnoozed, func(ctx context.Context) (string, error) {
+			t, err := p.Tasks.Snooze(ctx, t.ID, w.name, t.Fence, snooze.Delay)
+			return t.State, err
+		}), nil
+	case errors.As(runErr, &cancel):
+		ev.Err = runErr
+		return p.finish(workCtx, log, ev, deadline, ttl, EventCancelled, func(ctx context.Context) (string, error) {
+			// The holder's own cancellation: a compare-and-set on its lease.
+			ct, err := p.Tasks.CancelHeld(ctx, t.ID, w.name, t.Fence, failureText(cancel.Err))
+			return ct.State, err
 		}), nil
 	default:
 		ev.Err = runErr
-		return p.finish(workCtx, log, ev, deadline, EventFailed, func(ctx context.Context) (string, error) {
-			t, err := p.Tasks.Fail(ctx, t.ID, w.name, fence, runErr.Error())
+		retryIn := time.Duration(-1) // the default backoff
+		if errors.As(runErr, &retry) {
+			retryIn = max(retry.Delay, 0)
+		}
+		return p.finish(workCtx, log, ev, deadline, ttl, EventFailed, func(ctx context.Context) (string, error) {
+			t, err := p.Tasks.Fail(ctx, t.ID, w.name, t.Fence, failureText(runErr), retryIn)
 			return t.State, err
 		}), nil
 	}
 }
 
-// finish makes the task's final write (complete, fail or requeue), even
-// when ctx has ended, retrying a failed write until the lease's local
-// deadline: after that the write could only be refused. It returns kind
-// when the write succeeded, EventLeaseLost when it was refused, "" when it
-// could not be made.
-func (p *Pool) finish(ctx context.Context, log zerolog.Logger, ev Event, deadline time.Time,
+// maxErrorBytes bounds the error a failed attempt records (as the REST
+// API's fail does).
+const maxErrorBytes = 4096
+
+// failureText is err as a failed attempt records it: at most maxErrorBytes,
+// never empty, no NUL (which PostgreSQL text cannot hold).
+func failureText(err error) string {
+	s := err.Error()
+	if s == "" {
+		s = fmt.Sprintf("%T with an empty message", err)
+	}
+	if len(s) > maxErrorBytes {
+		s = s[:maxErrorBytes-3] + "..."
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if c == 0 {
+			b[i] = ' '
+		}
+	}
+	return string(b)
+}
+
+// run calls the handler, turning a panic into a *PanicError.
+func (p *Pool) run(ctx context.Context, t task.Task) (output json.RawMessage, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			output, err = nil, &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return p.Handler(ctx, t)
+}
+
+// finish makes the task's final write (complete, fail, requeue, snooze,
+// cancel), even when ctx has ended, retrying a failed write until the
+// lease's local deadline: after that the write could only be refused. It
+// returns kind when the write succeeded, EventLeaseLost when it was
+// refused, "" when it could not be made.
+func (p *Pool) finish(ctx context.Context, log zerolog.Logger, ev Event, deadline time.Time, ttl time.Duration,
 	kind EventKind, write func(ctx context.Context) (state string, err error),
 ) EventKind {
 	ev.Kind = kind
+	margin, retryEvery := ttl/10, ttl/12
 	for retry := false; ; retry = true {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(time.Until(deadline), 0)+p.margin())
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(time.Until(deadline), 0)+margin)
 		state, err := write(wctx)
-		if retry && kind == EventCompleted && errors.Is(err, task.ErrLeaseLost) {
+		if retry && errors.Is(err, task.ErrLeaseLost) {
 			// The attempt that seemed to fail may have committed.
-			if cur, gerr := p.Tasks.Get(wctx, ev.TaskID); gerr == nil && cur.State == task.StateDone && deref(cur.Fence) == ev.Fence {
+			if cur, gerr := p.Tasks.Get(wctx, ev.TaskID); gerr == nil && cur.Fence == ev.Fence && committed(kind, cur) {
 				state, err = cur.State, nil
 			}
 		}
@@ -131,6 +197,12 @@ func (p *Pool) finish(ctx context.Context, log zerolog.Logger, ev Event, deadlin
 			case EventRequeued:
 				p.counters.requeued.Add(1)
 				log.Info().Msg("handed the task back at shutdown")
+			case EventSnoozed:
+				p.counters.snoozed.Add(1)
+				log.Debug().Msg("snoozed task")
+			case EventCancelled:
+				p.counters.cancelled.Add(1)
+				log.Info().Err(ev.Err).Msg("the handler cancelled its task")
 			}
 			p.emit(ev)
 			return kind
@@ -140,7 +212,7 @@ func (p *Pool) finish(ctx context.Context, log zerolog.Logger, ev Event, deadlin
 			ev.Kind, ev.Err = EventLeaseLost, err
 			p.emit(ev)
 			return EventLeaseLost
-		case !time.Now().Add(p.retryInterval()).Before(deadline):
+		case !time.Now().Add(retryEvery).Before(deadline):
 			log.Warn().Err(err).Msgf("could not record the task as %s; it will be claimed again when its lease lapses", kind)
 			return ""
 		default:
@@ -149,173 +221,75 @@ func (p *Pool) finish(ctx context.Context, log zerolog.Logger, ev Event, deadlin
 				ev = log.Warn() // once per task: the retries are no news
 			}
 			ev.Err(err).Msgf("could not record the task as %s; retrying until the lease's deadline", kind)
-			time.Sleep(p.retryInterval())
+			time.Sleep(retryEvery)
 		}
 	}
 }
 
-// retryInterval is the wait between attempts after a failed heartbeat or
-// final write (as lease.KeepConfig: a quarter of the heartbeat interval).
-func (p *Pool) retryInterval() time.Duration { return p.TTL / 12 }
+// committed reports whether cur, read after a write of kind whose answer
+// was lost, shows that write: then its retry's refusal is its own doing.
+func committed(kind EventKind, cur task.Task) bool {
+	switch kind {
+	case EventCompleted:
+		return cur.State == task.StateDone
+	case EventCancelled:
+		return cur.State == task.StateCancelled
+	}
+	return false // a failure or a put-back leaves nothing that says it was this one
+}
 
-// heartbeat renews the task's lease every TTL/3 (with jitter) until ctx
-// ends, and calls lost — at once — when the lease counts as lost: a
-// heartbeat was refused, or none succeeded before the local deadline, the
-// time the claim or the last successful heartbeat was sent + TTL − margin.
-// A transient error is retried until that deadline. heartbeat returns the
+// heartbeat renews the task's lease every third of its TTL (with jitter)
+// until ctx ends, through the keep-alive loop every lease holder uses, and
+// calls lost — at once — when the lease counts as lost: a heartbeat was
+// refused, or none succeeded before the local deadline (the time the claim
+// or the last successful heartbeat was sent + TTL − margin). It returns the
 // deadline as it stood when it stopped.
-func (p *Pool) heartbeat(ctx context.Context, log zerolog.Logger, id int64, processor string, fence int64,
+func (p *Pool) heartbeat(ctx context.Context, log zerolog.Logger, t task.Task, processor string, keep lease.KeepConfig,
 	sent time.Time, lost context.CancelCauseFunc,
 ) time.Time {
-	deadline := sent.Add(p.TTL - p.margin())
-	// The deadline is kept by its own timer, not by this loop, so that the
-	// task is stopped on time even while a heartbeat hangs or a simulated
-	// spike pauses this goroutine.
-	expire := time.AfterFunc(time.Until(deadline), func() {
-		lost(fmt.Errorf("task %d: %w", id, lease.ErrDeadline))
-	})
-	defer expire.Stop()
-	// A heartbeat is due TTL/3 after the request that last succeeded was
-	// sent (the claim first), not after its answer came.
-	interval := p.TTL / 3
-	due := sent.Add(jitter(interval))
 	failing := false // the last heartbeat failed: the retries are logged at debug level
-	timer := time.NewTimer(time.Until(due))
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return deadline
-		case <-timer.C:
-		}
-		if p.SimSpikeRate > 0 && rand.Float64() < p.SimSpikeRate {
-			pause := p.TTL + p.TTL/2
-			log.Warn().Dur("pause", pause).Msg("simulated latency spike before a heartbeat")
-			timer.Reset(pause)
-			select {
-			case <-ctx.Done(): // the deadline passed meanwhile: the lease is lost
-				return deadline
-			case <-timer.C:
-			}
-		}
-		attempt := time.Now()
-		hctx, cancel := context.WithDeadline(ctx, deadline)
-		_, err := p.Tasks.Heartbeat(hctx, id, processor, fence)
-		cancel()
-		switch {
-		case err == nil:
-			if !expire.Stop() {
-				return deadline // the deadline passed first: the lease counts as lost
-			}
-			if failing {
+	loop := keepalive.Loop{
+		Config: keep,
+		Renew: func(ctx context.Context) error {
+			_, err := p.Tasks.Heartbeat(ctx, t.ID, processor, t.Fence)
+			if err == nil && failing {
 				log.Info().Msg("heartbeat succeeded again")
+				failing = false
 			}
-			failing = false
-			deadline = attempt.Add(p.TTL - p.margin())
-			expire.Reset(time.Until(deadline))
-			due = attempt.Add(jitter(interval))
-		case errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound):
-			p.emit(Event{Kind: EventHeartbeatFailed, Processor: processor, TaskID: id, Fence: fence, Err: err})
-			lost(fmt.Errorf("task %d: heartbeat refused: %w", id, task.ErrLeaseLost))
-			return deadline
-		case ctx.Err() != nil:
-			return deadline
-		default:
-			p.emit(Event{Kind: EventHeartbeatFailed, Processor: processor, TaskID: id, Fence: fence, Err: err})
+			return err
+		},
+		Refused: keepalive.Refusal(task.ErrLeaseLost, task.ErrNotFound),
+		Lost: func(reason error) {
+			lost(fmt.Errorf("task %d: %w", t.ID, reason))
+		},
+		RenewFailed: func(err error) {
+			p.emit(Event{Kind: EventHeartbeatFailed, Processor: processor, TaskID: t.ID, TaskKind: t.Kind, Fence: t.Fence, Err: err})
+			if errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound) {
+				return
+			}
 			ev := log.Debug()
 			if !failing {
 				ev = log.Warn()
 			}
 			failing = true
 			ev.Err(err).Msg("heartbeat failed; retrying until the lease's deadline")
-			due = time.Now().Add(p.retryInterval())
-		}
-		timer.Reset(time.Until(due))
+		},
 	}
-}
-
-// jitter returns d ± 10 %, so that many workers do not heartbeat in lockstep.
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return d
-	}
-	return d - d/10 + rand.N(d/5+1)
-}
-
-// MaxSleep bounds a task's sleep_duration_seconds.
-const MaxSleep = 3600
-
-// sleepStep is how long a task sleeps between looks at its context.
-const sleepStep = 100 * time.Millisecond
-
-// sleepData is the task_data workers understand.
-type sleepData struct {
-	SleepDurationSeconds *float64 `json:"sleep_duration_seconds"`
-}
-
-// sleepOutput is the output of a completed task.
-type sleepOutput struct {
-	SleptSeconds float64 `json:"slept_seconds"`
-	Processor    string  `json:"processor"`
-}
-
-// parseTaskData returns how long a task sleeps, or an error saying what is
-// wrong with its task_data.
-func parseTaskData(raw json.RawMessage) (float64, error) {
-	const want = `want an object like {"sleep_duration_seconds": 5}`
-	var d sleepData
-	if err := json.Unmarshal(raw, &d); err != nil {
-		return 0, fmt.Errorf("task_data %.100s is not valid: %w; %s", raw, err, want)
-	}
-	switch {
-	case d.SleepDurationSeconds == nil:
-		return 0, fmt.Errorf("task_data %.100s has no sleep_duration_seconds: %s", raw, want)
-	case *d.SleepDurationSeconds < 0 || *d.SleepDurationSeconds > MaxSleep:
-		return 0, fmt.Errorf("sleep_duration_seconds %v is out of range: want 0 to %d", *d.SleepDurationSeconds, MaxSleep)
-	}
-	return *d.SleepDurationSeconds, nil
-}
-
-// run performs the task: it sleeps sleep_duration_seconds, honouring ctx,
-// and returns the output. With SimCrashRate it crashes midway.
-func (p *Pool) run(ctx context.Context, log zerolog.Logger, processor string, t task.Task) (json.RawMessage, error) {
-	secs, err := parseTaskData(t.TaskData)
-	if err != nil {
-		return nil, err
-	}
-	d := time.Duration(secs * float64(time.Second))
-	if p.SimCrashRate > 0 && rand.Float64() < p.SimCrashRate {
-		if err := sleep(ctx, d/2); err != nil {
-			return nil, err
-		}
-		log.Error().Msg("simulated crash mid-task")
-		p.Crash()
-		return nil, errCrashed
-	}
-	if err := sleep(ctx, d); err != nil {
-		return nil, err
-	}
-	return json.Marshal(sleepOutput{SleptSeconds: secs, Processor: processor})
-}
-
-// sleep waits d in small steps, returning ctx's error as soon as it ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	end := time.Now().Add(d)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		left := time.Until(end)
-		if left <= 0 {
-			return nil
-		}
-		timer.Reset(min(left, sleepStep))
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-timer.C:
+	if p.SimSpikeRate > 0 {
+		loop.BeforeRenew = func(ctx context.Context) {
+			if rand.Float64() >= p.SimSpikeRate {
+				return
+			}
+			pause := keep.TTL + keep.TTL/2
+			log.Warn().Dur("pause", pause).Msg("simulated latency spike before a heartbeat")
+			timer := time.NewTimer(pause)
+			defer timer.Stop()
+			select {
+			case <-ctx.Done(): // the deadline passed meanwhile: the lease is lost
+			case <-timer.C:
+			}
 		}
 	}
+	deadline, _ := loop.Run(ctx, sent)
+	return deadline
 }

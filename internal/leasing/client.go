@@ -1,4 +1,4 @@
-package lease
+package leasing
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/leasehold/leasehold/lease"
 )
 
 // Client is the Go client of leasehold's REST API (contract §3). Its methods
@@ -155,13 +157,13 @@ func IsTransient(err error) bool {
 // error is the last answer's: a *HeldError, or the transient failure. Each
 // request's time limit (30 s, or the Timeout of WithHTTPClient's client)
 // counts on top of the time it waits.
-func (c *Client) Acquire(ctx context.Context, p AcquireParams) (Acquisition, error) {
+func (c *Client) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acquisition, error) {
 	ttl, err := ttlField(p.TTL)
 	if err != nil {
-		return Acquisition{}, err
+		return lease.Acquisition{}, err
 	}
 	if p.Wait < 0 {
-		return Acquisition{}, fmt.Errorf("lease wait %s must not be negative", p.Wait)
+		return lease.Acquisition{}, fmt.Errorf("lease wait %s must not be negative", p.Wait)
 	}
 	if p.Wait == 0 {
 		return c.acquire(ctx, p, ttl, 0)
@@ -173,7 +175,7 @@ func (c *Client) Acquire(ctx context.Context, p AcquireParams) (Acquisition, err
 		wait := min((time.Until(deadline)+time.Second-1)/time.Second*time.Second, MaxWaitPerRequest)
 		acq, err := c.acquire(ctx, p, ttl, max(wait, time.Second))
 		transient := IsTransient(err) && ctx.Err() == nil
-		if err == nil || !(transient || errors.Is(err, ErrHeld)) || !time.Now().Before(deadline) {
+		if err == nil || !(transient || errors.Is(err, lease.ErrHeld)) || !time.Now().Before(deadline) {
 			return acq, err
 		}
 		if !transient {
@@ -184,7 +186,7 @@ func (c *Client) Acquire(ctx context.Context, p AcquireParams) (Acquisition, err
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return Acquisition{}, context.Cause(ctx)
+			return lease.Acquisition{}, context.Cause(ctx)
 		case <-timer.C:
 		}
 		backoff = min(2*backoff, maxWaitRetry)
@@ -204,7 +206,7 @@ const (
 
 // acquire sends one acquisition, which the server holds up to wait (whole
 // seconds) while another holder holds the resource.
-func (c *Client) acquire(ctx context.Context, p AcquireParams, ttl *int64, wait time.Duration) (Acquisition, error) {
+func (c *Client) acquire(ctx context.Context, p lease.AcquireParams, ttl *int64, wait time.Duration) (lease.Acquisition, error) {
 	body := struct {
 		Resource    string `json:"resource"`
 		Holder      string `json:"holder"`
@@ -221,22 +223,22 @@ func (c *Client) acquire(ctx context.Context, p AcquireParams, ttl *int64, wait 
 		waiting.http = &hc
 		sender = &waiting
 	}
-	var l Lease
+	var l lease.Lease
 	status, err := sender.do(ctx, http.MethodPost, "/api/leases", nil, body, &l, errorsOf(http.StatusConflict))
 	if err != nil {
-		return Acquisition{}, err
+		return lease.Acquisition{}, err
 	}
-	return Acquisition{Lease: l, New: status == http.StatusCreated}, nil
+	return lease.Acquisition{Lease: l, New: status == http.StatusCreated}, nil
 }
 
 // Renew extends the holder's active lease to now + TTL by the database
 // clock; p.TTL, when not zero, replaces the lease's TTL, and p.Fence, when
 // not zero, must match. ErrNotHeld when the holder holds no active lease on
 // the resource (with that fence).
-func (c *Client) Renew(ctx context.Context, p RenewParams) (Lease, error) {
+func (c *Client) Renew(ctx context.Context, p lease.RenewParams) (lease.Lease, error) {
 	ttl, err := ttlField(p.TTL)
 	if err != nil {
-		return Lease{}, err
+		return lease.Lease{}, err
 	}
 	body := struct {
 		Resource   string `json:"resource"`
@@ -244,7 +246,7 @@ func (c *Client) Renew(ctx context.Context, p RenewParams) (Lease, error) {
 		TTLSeconds *int64 `json:"ttl_seconds,omitempty"`
 		Fence      int64  `json:"fence,omitempty"`
 	}{p.Resource, p.Holder, ttl, p.Fence}
-	var l Lease
+	var l lease.Lease
 	_, err = c.do(ctx, http.MethodPut, "/api/leases/renew", nil, body, &l, errorsOf(http.StatusNotFound))
 	return l, err
 }
@@ -252,7 +254,7 @@ func (c *Client) Renew(ctx context.Context, p RenewParams) (Lease, error) {
 // Release ends the holder's active lease now and returns it released.
 // p.Fence and p.ID, when not zero, must match too. ErrNotHeld when the holder
 // holds no active lease on the resource: a second release included.
-func (c *Client) Release(ctx context.Context, p ReleaseParams) (Lease, error) {
+func (c *Client) Release(ctx context.Context, p lease.ReleaseParams) (lease.Lease, error) {
 	path := "/api/leases/release"
 	if p.ID != 0 {
 		path = "/api/leases/" + strconv.FormatInt(p.ID, 10)
@@ -262,17 +264,17 @@ func (c *Client) Release(ctx context.Context, p ReleaseParams) (Lease, error) {
 		Holder   string `json:"holder"`
 		Fence    int64  `json:"fence,omitempty"`
 	}{p.Resource, p.Holder, p.Fence}
-	var l Lease
+	var l lease.Lease
 	_, err := c.do(ctx, http.MethodDelete, path, nil, body, &l, errorsOf(http.StatusNotFound))
 	return l, err
 }
 
 // Get returns the lease with the given id, ErrNotFound when there is none.
-func (c *Client) Get(ctx context.Context, id int64) (Lease, error) {
-	var l Lease
+func (c *Client) Get(ctx context.Context, id int64) (lease.Lease, error) {
+	var l lease.Lease
 	_, err := c.do(ctx, http.MethodGet, "/api/leases/"+strconv.FormatInt(id, 10), nil, nil, &l, func(status int, _ errorBody) error {
 		if status == http.StatusNotFound {
-			return ErrNotFound
+			return lease.ErrNotFound
 		}
 		return nil
 	})
@@ -282,11 +284,11 @@ func (c *Client) Get(ctx context.Context, id int64) (Lease, error) {
 // List returns a page of leases in id order. p.Filter is FilterAll (or
 // empty), FilterRenewed or a State; p.Limit zero means the server's default
 // (1000). For the next page, call again with AfterID set to the last id.
-func (c *Client) List(ctx context.Context, p ListParams) ([]Lease, error) {
+func (c *Client) List(ctx context.Context, p lease.ListParams) ([]lease.Lease, error) {
 	path := "/api/leases"
 	switch p.Filter {
-	case "", FilterAll:
-	case string(StateActive), string(StateExpired), string(StateReleased), FilterRenewed:
+	case "", lease.FilterAll:
+	case string(lease.StateActive), string(lease.StateExpired), string(lease.StateReleased), lease.FilterRenewed:
 		path += "/" + p.Filter
 	default:
 		return nil, fmt.Errorf("unknown lease filter %q; use all, active, expired, released or renewed", p.Filter)
@@ -303,12 +305,12 @@ func (c *Client) List(ctx context.Context, p ListParams) ([]Lease, error) {
 	}
 	if path == "/api/leases" {
 		var all struct {
-			Leases []Lease `json:"leases"`
+			Leases []lease.Lease `json:"leases"`
 		}
 		_, err := c.do(ctx, http.MethodGet, path, q, nil, &all, nil)
 		return all.Leases, err
 	}
-	var leases []Lease
+	var leases []lease.Lease
 	_, err := c.do(ctx, http.MethodGet, path, q, nil, &leases, nil)
 	return leases, err
 }
@@ -316,7 +318,7 @@ func (c *Client) List(ctx context.Context, p ListParams) ([]Lease, error) {
 // Events returns a page of the audit history in id order: of p.Resource, or
 // of every resource when it is empty. p.Limit zero means the server's
 // default (1000).
-func (c *Client) Events(ctx context.Context, p EventsParams) ([]Event, error) {
+func (c *Client) Events(ctx context.Context, p lease.EventsParams) ([]lease.Event, error) {
 	q := url.Values{}
 	if p.Resource != "" {
 		q.Set("resource", p.Resource)
@@ -327,7 +329,7 @@ func (c *Client) Events(ctx context.Context, p EventsParams) ([]Event, error) {
 	if p.Limit != 0 {
 		q.Set("limit", strconv.FormatInt(int64(p.Limit), 10))
 	}
-	var events []Event
+	var events []lease.Event
 	_, err := c.do(ctx, http.MethodGet, "/api/leases/events", q, nil, &events, nil)
 	return events, err
 }
@@ -347,8 +349,8 @@ func ttlField(ttl time.Duration) (*int64, error) {
 
 // errorBody is the server's answer to a request it refused.
 type errorBody struct {
-	Error string `json:"error"`
-	Lease *Lease `json:"lease"`
+	Error string       `json:"error"`
+	Lease *lease.Lease `json:"lease"`
 }
 
 // refusal maps a status with a meaning of its own to its error; nil leaves
@@ -365,9 +367,9 @@ func errorsOf(statuses ...int) refusal {
 			}
 			switch {
 			case status == http.StatusConflict && body.Lease != nil:
-				return &HeldError{Lease: *body.Lease}
+				return &lease.HeldError{Lease: *body.Lease}
 			case status == http.StatusNotFound:
-				return ErrNotHeld
+				return lease.ErrNotHeld
 			}
 		}
 		return nil
@@ -440,9 +442,6 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	return resp.StatusCode, &StatusError{Method: method, Path: u.Path, StatusCode: resp.StatusCode, Message: eb.Error}
 }
 
-// ErrReleased is the cause of a Holding's context after Release.
-var ErrReleased = errors.New("lease released by its holder")
-
 // releaseTimeout bounds the release a Holding sends on its own when the
 // context given to Hold ends.
 const releaseTimeout = 5 * time.Second
@@ -476,19 +475,19 @@ const releaseTimeout = 5 * time.Second
 // When holder already holds the lease (a retry after an answer that got
 // lost), Hold takes it over, fence unchanged, and renews it at once so that
 // its deadline counts from a request it sent.
-func (c *Client) Hold(ctx context.Context, resource, holder string, cfg KeepConfig) (*Holding, error) {
+func (c *Client) Hold(ctx context.Context, resource, holder string, cfg lease.KeepConfig) (*Holding, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	sent := time.Now()
-	acq, err := c.Acquire(ctx, AcquireParams{Resource: resource, Holder: holder, TTL: cfg.TTL})
+	acq, err := c.Acquire(ctx, lease.AcquireParams{Resource: resource, Holder: holder, TTL: cfg.TTL})
 	if err != nil {
 		return nil, err
 	}
 	l := acq.Lease
 	if !acq.New {
 		sent = time.Now()
-		l, err = c.Renew(ctx, RenewParams{Resource: resource, Holder: holder, Fence: l.Fence, TTL: cfg.TTL})
+		l, err = c.Renew(ctx, lease.RenewParams{Resource: resource, Holder: holder, Fence: l.Fence, TTL: cfg.TTL})
 		if err != nil {
 			return nil, fmt.Errorf("renew the lease %s already held by %s: %w", resource, holder, err)
 		}
@@ -501,7 +500,7 @@ func (c *Client) Hold(ctx context.Context, resource, holder string, cfg KeepConf
 // which the holding's first deadline counts (so an acquisition that waited
 // for the lease should be renewed first: its request was sent before the
 // wait). cfg must be valid (KeepConfig.Validate), its TTL the lease's.
-func (c *Client) Keep(ctx context.Context, l Lease, sent time.Time, cfg KeepConfig) *Holding {
+func (c *Client) Keep(ctx context.Context, l lease.Lease, sent time.Time, cfg lease.KeepConfig) *Holding {
 	hctx, cancel := context.WithCancelCause(ctx)
 	h := &Holding{client: c, ctx: hctx, cancel: cancel, done: make(chan struct{}), lease: l}
 	go h.run(ctx, cfg, sent)
@@ -522,14 +521,14 @@ type Holding struct {
 	done   chan struct{} // closed when the goroutine exited
 
 	mu       sync.Mutex
-	lease    Lease
+	lease    lease.Lease
 	stopping bool  // Release was called, or the goroutine releases on its own
 	autoDone bool  // the goroutine released and Release has not reported it yet
 	autoErr  error // how the goroutine's release went
 }
 
 // Lease returns the lease as last acquired, renewed or released.
-func (h *Holding) Lease() Lease {
+func (h *Holding) Lease() lease.Lease {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lease
@@ -556,7 +555,7 @@ func (h *Holding) Release(ctx context.Context) error {
 	h.mu.Lock()
 	h.stopping = true
 	h.mu.Unlock()
-	h.cancel(ErrReleased)
+	h.cancel(lease.ErrReleased)
 	select {
 	case <-h.done:
 	case <-ctx.Done():
@@ -574,8 +573,8 @@ func (h *Holding) Release(ctx context.Context) error {
 	return h.release(ctx, l)
 }
 
-func (h *Holding) release(ctx context.Context, l Lease) error {
-	released, err := h.client.Release(ctx, ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
+func (h *Holding) release(ctx context.Context, l lease.Lease) error {
+	released, err := h.client.Release(ctx, lease.ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
 	if err != nil {
 		return err
 	}
@@ -587,11 +586,11 @@ func (h *Holding) release(ctx context.Context, l Lease) error {
 
 // run renews the lease until the holding's context ends or the lease is
 // lost; parent is the context given to Hold.
-func (h *Holding) run(parent context.Context, cfg KeepConfig, sent time.Time) {
+func (h *Holding) run(parent context.Context, cfg lease.KeepConfig, sent time.Time) {
 	defer close(h.done)
 	l := h.Lease()
 	reason := keep(h.ctx, cfg, sent, func(rctx context.Context) error {
-		renewed, err := h.client.Renew(rctx, RenewParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence, TTL: cfg.TTL})
+		renewed, err := h.client.Renew(rctx, lease.RenewParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence, TTL: cfg.TTL})
 		if err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-package task_test
+package taskstore_test
 
 import (
 	"context"
@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // TestTaskNotifications: what each statement announces on leasehold_task,
@@ -21,13 +23,13 @@ func TestTaskNotifications(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
+	s := taskstore.NewStore(tdb.Pool)
 	// Inserts notify only while someone waits for them (schema/0008), and
 	// completions only while someone waits for every change (0009): this
 	// session does.
 	next := listen(t, tdb, true)
 
-	data := []task.NewTask{{TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`), MaxAttempts: 1}}
+	data := []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`), MaxAttempts: 1}}
 	if _, err := s.Insert(ctx, data); err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +59,7 @@ func TestTaskNotifications(t *testing.T) {
 	if got := next(); len(got) != 0 {
 		t.Fatalf("heartbeat: %q, want nothing", got)
 	}
-	if _, err := s.CompleteMany(ctx, []task.Completion{
+	if _, err := s.CompleteMany(ctx, []taskstore.Completion{
 		{ID: claimed[0].ID, Processor: *claimed[0].Processor, Fence: *claimed[0].Fence},
 		{ID: claimed[1].ID, Processor: *claimed[1].Processor, Fence: *claimed[1].Fence},
 	}); err != nil {
@@ -158,11 +160,11 @@ func TestQuietClaimsAndCompletions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
+	s := taskstore.NewStore(tdb.Pool)
 	next := listen(t, tdb, false)
-	data := make([]task.NewTask, 4)
+	data := make([]taskstore.NewTask, 4)
 	for i := range data {
-		data[i] = task.NewTask{TaskData: json.RawMessage(`{}`)}
+		data[i] = taskstore.NewTask{TaskData: json.RawMessage(`{}`)}
 	}
 	if _, err := s.Insert(ctx, data); err != nil {
 		t.Fatal(err)

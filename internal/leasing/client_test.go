@@ -1,4 +1,4 @@
-package lease_test
+package leasing_test
 
 import (
 	"context"
@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/apitime"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
 )
@@ -37,7 +40,7 @@ func startClientServer(t *testing.T, token string) *clientServer {
 	t.Helper()
 	db := pgtest.New(t)
 	h := server.NewServer(server.Deps{
-		Leases:     lease.NewStore(db.Pool),
+		Leases:     leasing.NewStore(db.Pool),
 		DefaultTTL: 30 * time.Second,
 		APIToken:   token,
 		Log:        zerolog.Nop(),
@@ -66,9 +69,9 @@ func startClientServer(t *testing.T, token string) *clientServer {
 	return s
 }
 
-func (s *clientServer) client(opts ...lease.ClientOption) *lease.Client {
+func (s *clientServer) client(opts ...lease.ClientOption) *leasing.Client {
 	s.t.Helper()
-	c, err := lease.NewClient(s.srv.URL, append([]lease.ClientOption{lease.WithHTTPClient(s.srv.Client())}, opts...)...)
+	c, err := leasing.NewClient(s.srv.URL, append([]leasing.ClientOption{leasing.WithHTTPClient(s.srv.Client())}, opts...)...)
 	if err != nil {
 		s.t.Fatalf("NewClient(%q): %v", s.srv.URL, err)
 	}
@@ -77,7 +80,7 @@ func (s *clientServer) client(opts ...lease.ClientOption) *lease.Client {
 
 // hold acquires with auto-renew and makes sure the holding is released
 // before the server stops.
-func hold(t *testing.T, c *lease.Client, resource, holder string, cfg lease.KeepConfig) *lease.Holding {
+func hold(t *testing.T, c *leasing.Client, resource, holder string, cfg lease.KeepConfig) *leasing.Holding {
 	t.Helper()
 	h, err := c.Hold(t.Context(), resource, holder, cfg)
 	if err != nil {
@@ -88,7 +91,7 @@ func hold(t *testing.T, c *lease.Client, resource, holder string, cfg lease.Keep
 }
 
 // renewals counts the renewals of the lease with this fence in the history.
-func renewals(t *testing.T, c *lease.Client, resource string, fence int64) int {
+func renewals(t *testing.T, c *leasing.Client, resource string, fence int64) int {
 	t.Helper()
 	events, err := c.Events(t.Context(), lease.EventsParams{Resource: resource})
 	if err != nil {
@@ -116,7 +119,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 }
 
 // waitDone waits for the holding's context to be cancelled and returns when.
-func waitDone(t *testing.T, h *lease.Holding, timeout time.Duration) time.Time {
+func waitDone(t *testing.T, h *leasing.Holding, timeout time.Duration) time.Time {
 	t.Helper()
 	select {
 	case <-h.Context().Done():
@@ -175,7 +178,7 @@ func testClientHoldKeepsAlive(t *testing.T) {
 	last := h.Lease()
 	if last.Fence != first.Fence || last.RenewedAt == nil || !last.ExpiresAt.After(first.ExpiresAt.Add(2*ttl)) {
 		t.Errorf("the holding's lease: got fence %d renewed_at %v expires_at %s, want fence %d renewed, expiring well after %s",
-			last.Fence, last.RenewedAt, lease.FormatTime(last.ExpiresAt), first.Fence, lease.FormatTime(first.ExpiresAt))
+			last.Fence, last.RenewedAt, apitime.Format(last.ExpiresAt), first.Fence, apitime.Format(first.ExpiresAt))
 	}
 	if err := h.Release(t.Context()); err != nil {
 		t.Fatalf("Release: %v", err)
@@ -252,24 +255,24 @@ func testClientHoldServerDown(t *testing.T) {
 	}
 	if !live {
 		t.Errorf("the holding's context was cancelled at %s by the database clock, not before the lease's expires_at %s",
-			lease.FormatTime(dbNow), lease.FormatTime(expiresAt))
+			apitime.Format(dbNow), apitime.Format(expiresAt))
 	}
 	t.Logf("cancelled %s after the server went down, %s before the lease expires on the server",
 		doneAt.Sub(downAt), expiresAt.Sub(dbNow))
 	if got := h.Lease().ExpiresAt; !got.Equal(expiresAt.Truncate(time.Millisecond)) {
-		t.Errorf("the holding's last known expires_at: got %s, want the server's %s", lease.FormatTime(got), lease.FormatTime(expiresAt))
+		t.Errorf("the holding's last known expires_at: got %s, want the server's %s", apitime.Format(got), apitime.Format(expiresAt))
 	}
 	if doneAt.Sub(downAt) >= ttl {
 		t.Errorf("cancelled %s after the server went down, want less than the TTL %s", doneAt.Sub(downAt), ttl)
 	}
 	cause := h.Err()
-	if !errors.Is(cause, lease.ErrDeadline) || !lease.IsTransient(cause) {
+	if !errors.Is(cause, lease.ErrDeadline) || !leasing.IsTransient(cause) {
 		t.Errorf("cause: got %v, want ErrDeadline wrapping a transient renewal error", cause)
 	}
 	if !errors.Is(context.Cause(h.Context()), lease.ErrDeadline) {
 		t.Errorf("context.Cause: got %v, want ErrDeadline", context.Cause(h.Context()))
 	}
-	if err := h.Release(t.Context()); !lease.IsTransient(err) {
+	if err := h.Release(t.Context()); !leasing.IsTransient(err) {
 		t.Errorf("Release while the server is down: got %v, want a transient error", err)
 	}
 }
@@ -413,7 +416,7 @@ func TestClientHoldConfigValidation(t *testing.T) {
 		requests.Add(1)
 		return nil, errors.New("no network in this test")
 	})}
-	c, err := lease.NewClient("http://leasehold.invalid", lease.WithHTTPClient(offline))
+	c, err := leasing.NewClient("http://leasehold.invalid", leasing.WithHTTPClient(offline))
 	if err != nil {
 		t.Fatalf("NewClient: %v", err)
 	}
@@ -455,14 +458,14 @@ func TestClientHoldConfigValidation(t *testing.T) {
 func TestClientNewClient(t *testing.T) {
 	t.Parallel()
 	for _, bad := range []string{"", "localhost:8080", "ftp://localhost", "http://", "http://u:p@localhost", "http://localhost?x=1", "http://local host"} {
-		if _, err := lease.NewClient(bad); err == nil {
+		if _, err := leasing.NewClient(bad); err == nil {
 			t.Errorf("NewClient(%q): got no error, want one", bad)
 		}
 	}
-	if _, err := lease.NewClient("http://localhost:8080", lease.WithHTTPClient(nil)); err == nil {
+	if _, err := leasing.NewClient("http://localhost:8080", leasing.WithHTTPClient(nil)); err == nil {
 		t.Error("NewClient with a nil http.Client: got no error, want one")
 	}
-	c, err := lease.NewClient("https://example.com/leasehold/")
+	c, err := leasing.NewClient("https://example.com/leasehold/")
 	if err != nil {
 		t.Fatalf("NewClient with a path: %v", err)
 	}
@@ -581,7 +584,7 @@ func TestClientAcquireWait(t *testing.T) {
 func TestClientMethods(t *testing.T) {
 	t.Parallel()
 	s := startClientServer(t, "secret")
-	c := s.client(lease.WithToken("secret"))
+	c := s.client(leasing.WithToken("secret"))
 	ctx := t.Context()
 
 	acq, err := c.Acquire(ctx, lease.AcquireParams{Resource: "db:primary", Holder: "a", TTL: 30 * time.Second})
@@ -687,38 +690,38 @@ func TestClientErrors(t *testing.T) {
 	ctx := t.Context()
 
 	_, err := s.client().Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "a"})
-	var status *lease.StatusError
+	var status *leasing.StatusError
 	if !errors.As(err, &status) || status.StatusCode != http.StatusUnauthorized || !strings.Contains(status.Message, "API token") {
 		t.Fatalf("Acquire without the token: got %v, want a 401 *StatusError about the token", err)
 	}
-	if lease.IsTransient(err) {
+	if leasing.IsTransient(err) {
 		t.Errorf("IsTransient(%v): got true, want false", err)
 	}
-	if _, err := s.client(lease.WithToken("wrong")).List(ctx, lease.ListParams{}); !errors.As(err, &status) || status.StatusCode != http.StatusUnauthorized {
+	if _, err := s.client(leasing.WithToken("wrong")).List(ctx, lease.ListParams{}); !errors.As(err, &status) || status.StatusCode != http.StatusUnauthorized {
 		t.Errorf("List with a wrong token: got %v, want 401", err)
 	}
 
-	c := s.client(lease.WithToken("secret"))
+	c := s.client(leasing.WithToken("secret"))
 	if _, err := c.Acquire(ctx, lease.AcquireParams{Resource: "bad\x01name", Holder: "a"}); !errors.As(err, &status) || status.StatusCode != http.StatusBadRequest || !strings.Contains(status.Message, "control character") {
 		t.Errorf("Acquire of a bad name: got %v, want a 400 naming the control character", err)
 	}
 
 	s.failWith.Store(http.StatusServiceUnavailable)
 	_, err = c.Renew(ctx, lease.RenewParams{Resource: "r", Holder: "a"})
-	if !errors.As(err, &status) || status.StatusCode != http.StatusServiceUnavailable || !lease.IsTransient(err) {
+	if !errors.As(err, &status) || status.StatusCode != http.StatusServiceUnavailable || !leasing.IsTransient(err) {
 		t.Errorf("Renew answered 503: got %v, want a transient 503 *StatusError", err)
 	}
 	s.failWith.Store(0)
 
 	s.down.Store(true)
-	if _, err := c.Get(ctx, 1); err == nil || !lease.IsTransient(err) {
+	if _, err := c.Get(ctx, 1); err == nil || !leasing.IsTransient(err) {
 		t.Errorf("Get while the server is unreachable: got %v, want a transient error", err)
 	}
 	s.down.Store(false)
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := c.Get(cancelled, 1); !errors.Is(err, context.Canceled) || lease.IsTransient(err) {
+	if _, err := c.Get(cancelled, 1); !errors.Is(err, context.Canceled) || leasing.IsTransient(err) {
 		t.Errorf("Get with a cancelled context: got %v, want context.Canceled, not transient", err)
 	}
 }

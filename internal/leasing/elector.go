@@ -1,9 +1,11 @@
-package lease
+package leasing
 
 import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/leasehold/leasehold/lease"
 
 	"github.com/rs/zerolog"
 
@@ -19,7 +21,7 @@ type Elector struct {
 	Listener *notify.Listener
 	Resource string
 	Holder   string
-	Keep     KeepConfig
+	Keep     lease.KeepConfig
 	Log      zerolog.Logger
 }
 
@@ -30,11 +32,11 @@ type Elector struct {
 // While the database cannot be reached, the campaign retries with backoff
 // (RetryInterval doubling up to maxCampaignBackoff), and says so once, not
 // at every attempt; a reconnect of the listener ends the wait at once.
-func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Lease)) error {
+func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l lease.Lease)) error {
 	if err := e.Keep.Validate(); err != nil {
 		return err
 	}
-	keep := e.Keep.withDefaults()
+	keep := e.Keep.WithDefaults()
 	log := e.Log.With().Str("resource", e.Resource).Logger()
 	failures := 0 // campaigns in a row that failed on an error
 	for {
@@ -44,13 +46,13 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Leas
 		sub := e.Listener.Subscribe(notify.ChannelLease, 64)
 		acq, sent, err := e.campaign(ctx, keep)
 		wait := keep.RetryInterval
-		var held *HeldError
+		var held *lease.HeldError
 		switch {
 		case err == nil:
 			failures = 0
 			sub.Close()
 			log.Info().Int64("fence", acq.Lease.Fence).Msg("won the lease")
-			keep.won(acq.Lease)
+			won(keep, acq.Lease)
 			e.hold(ctx, acq.Lease, sent, lead)
 			sub = e.Listener.Subscribe(notify.ChannelLease, 64)
 			log.Info().Int64("fence", acq.Lease.Fence).Msg("gave up the lease")
@@ -67,9 +69,9 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Leas
 			// Stopped mid-campaign: the acquisition may have committed
 			// although its answer was lost. Give up whatever we may hold.
 			sub.Close()
-			e.release(ctx, ReleaseParams{Resource: e.Resource, Holder: e.Holder})
+			e.release(ctx, lease.ReleaseParams{Resource: e.Resource, Holder: e.Holder})
 			return nil
-		case errors.Is(err, ErrNotHeld):
+		case errors.Is(err, lease.ErrNotHeld):
 			// Our own lease lapsed between the acquisition and its renewal:
 			// the resource is free; try again after RetryInterval.
 		default:
@@ -106,16 +108,16 @@ const maxCampaignBackoff = 5 * time.Second
 // Each request is bounded by TTL − Margin: a later answer would arrive past
 // the deadline it starts, and a database that does not answer must not
 // stall the campaign.
-func (e *Elector) campaign(ctx context.Context, keep KeepConfig) (Acquisition, time.Time, error) {
+func (e *Elector) campaign(ctx context.Context, keep lease.KeepConfig) (lease.Acquisition, time.Time, error) {
 	actx, cancel := context.WithTimeout(ctx, keep.TTL-keep.Margin)
 	defer cancel()
 	sent := time.Now()
-	acq, err := e.Store.Acquire(actx, AcquireParams{Resource: e.Resource, Holder: e.Holder, TTL: keep.TTL})
+	acq, err := e.Store.Acquire(actx, lease.AcquireParams{Resource: e.Resource, Holder: e.Holder, TTL: keep.TTL})
 	if err != nil || acq.New {
 		return acq, sent, err
 	}
 	sent = time.Now()
-	acq.Lease, err = e.Store.Renew(actx, RenewParams{Resource: e.Resource, Holder: e.Holder, Fence: acq.Lease.Fence, TTL: keep.TTL})
+	acq.Lease, err = e.Store.Renew(actx, lease.RenewParams{Resource: e.Resource, Holder: e.Holder, Fence: acq.Lease.Fence, TTL: keep.TTL})
 	return acq, sent, err
 }
 
@@ -123,7 +125,7 @@ func (e *Elector) campaign(ctx context.Context, keep KeepConfig) (Acquisition, t
 // whenever it is lost): how a replica keeps a lease that only says it is
 // alive, such as instance:<id>.
 func (e *Elector) RunUntilDone(ctx context.Context) error {
-	return e.Run(ctx, func(ctx context.Context, _ Lease) { <-ctx.Done() })
+	return e.Run(ctx, func(ctx context.Context, _ lease.Lease) { <-ctx.Done() })
 }
 
 // stepDownPause is how long an elector that gave up its lease waits before
@@ -131,13 +133,13 @@ func (e *Elector) RunUntilDone(ctx context.Context) error {
 const stepDownPause = 250 * time.Millisecond
 
 // hold runs lead while keeping the lease, then releases it.
-func (e *Elector) hold(ctx context.Context, l Lease, sent time.Time, lead func(ctx context.Context, l Lease)) {
+func (e *Elector) hold(ctx context.Context, l lease.Lease, sent time.Time, lead func(ctx context.Context, l lease.Lease)) {
 	leadCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	lost := make(chan error, 1)
 	go func() {
 		lost <- keep(leadCtx, e.Keep, sent, func(rctx context.Context) error {
-			_, err := e.Store.Renew(rctx, RenewParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
+			_, err := e.Store.Renew(rctx, lease.RenewParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
 			return err
 		})
 		cancel()
@@ -148,19 +150,19 @@ func (e *Elector) hold(ctx context.Context, l Lease, sent time.Time, lead func(c
 		e.Log.Warn().Err(reason).Str("resource", l.Resource).Msg("lost the lease")
 		return
 	}
-	e.release(ctx, ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
+	e.release(ctx, lease.ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
 }
 
 // release gives the lease up even when ctx has ended, so that a follower
 // takes over at once instead of after the TTL.
-func (e *Elector) release(ctx context.Context, p ReleaseParams) {
+func (e *Elector) release(ctx context.Context, p lease.ReleaseParams) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	l, err := e.Store.Release(rctx, p)
 	switch {
 	case err == nil:
-		e.Keep.released(l)
-	case !errors.Is(err, ErrNotHeld):
+		released(e.Keep, l)
+	case !errors.Is(err, lease.ErrNotHeld):
 		e.Log.Warn().Err(err).Str("resource", p.Resource).Msg("release failed; the lease will expire on its own")
 	}
 }

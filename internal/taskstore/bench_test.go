@@ -1,4 +1,4 @@
-package task_test
+package taskstore_test
 
 import (
 	"context"
@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskstore"
+
 	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 // BenchmarkClaimCompleteBatch: one op is a task inserted, claimed and completed, in
@@ -19,14 +20,14 @@ import (
 func BenchmarkClaimCompleteBatch(b *testing.B) {
 	const batch = 100
 	ctx := context.Background()
-	s := task.NewStore(pgtest.New(b).Pool)
+	s := taskstore.NewStore(pgtest.New(b).Pool)
 	workers := make([]string, batch)
 	for i := range workers {
 		workers[i] = fmt.Sprintf("bench/w%d", i+1)
 	}
-	data := make([]task.NewTask, batch)
+	data := make([]taskstore.NewTask, batch)
 	for i := range data {
-		data[i] = task.NewTask{TaskData: json.RawMessage(`{}`)}
+		data[i] = taskstore.NewTask{TaskData: json.RawMessage(`{}`)}
 	}
 	b.ResetTimer()
 	for done := 0; done < b.N; done += batch {
@@ -37,9 +38,9 @@ func BenchmarkClaimCompleteBatch(b *testing.B) {
 		if err != nil || len(claimed) != batch {
 			b.Fatalf("claim: %d tasks, %v", len(claimed), err)
 		}
-		cs := make([]task.Completion, len(claimed))
+		cs := make([]taskstore.Completion, len(claimed))
 		for i, t := range claimed {
-			cs[i] = task.Completion{ID: t.ID, Processor: *t.Processor, Fence: *t.Fence}
+			cs[i] = taskstore.Completion{ID: t.ID, Processor: *t.Processor, Fence: *t.Fence}
 		}
 		if got, err := s.CompleteMany(ctx, cs); err != nil || len(got) != batch {
 			b.Fatalf("complete: %d tasks, %v", len(got), err)

@@ -1,4 +1,4 @@
-package task_test
+package taskstore_test
 
 import (
 	"context"
@@ -8,18 +8,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+
 	"github.com/leasehold/leasehold/internal/db"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/task"
 )
 
 func TestClaimHeartbeatComplete(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
-	ins, err := s.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{"n":1}`)}, {TaskData: json.RawMessage(`{"n":2}`)}})
+	s := taskstore.NewStore(tdb.Pool)
+	ins, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{"n":1}`)}, {TaskData: json.RawMessage(`{"n":2}`)}})
 	if err != nil || len(ins) != 2 {
 		t.Fatalf("insert: %v, %v", ins, err)
 	}
@@ -39,7 +42,7 @@ func TestClaimHeartbeatComplete(t *testing.T) {
 	if *claimed[1].Fence == *a.Fence {
 		t.Fatalf("two claims share fence %d", *a.Fence)
 	}
-	if l, err := lease.NewStore(tdb.Pool).List(ctx, lease.ListParams{Filter: "active", Prefix: "task:", Limit: 10}); err != nil || len(l) != 0 {
+	if l, err := leasing.NewStore(tdb.Pool).List(ctx, lease.ListParams{Filter: "active", Prefix: "task:", Limit: 10}); err != nil || len(l) != 0 {
 		t.Fatalf("leases rows for task leases: %+v, %v; want none", l, err)
 	}
 	if _, err := s.Heartbeat(ctx, a.ID, "someone-else", 0); !errors.Is(err, task.ErrLeaseLost) {
@@ -76,8 +79,8 @@ func TestLapsedTaskIsReclaimedThenDead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
-	ins, err := s.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 2}})
+	s := taskstore.NewStore(tdb.Pool)
+	ins, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,8 +160,8 @@ func TestRequeueLapsed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
-	ins, err := s.Insert(ctx, []task.NewTask{
+	s := taskstore.NewStore(tdb.Pool)
+	ins, err := s.Insert(ctx, []taskstore.NewTask{
 		{TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`), MaxAttempts: 1}, {TaskData: json.RawMessage(`{}`)},
 	})
 	if err != nil {
@@ -210,8 +213,8 @@ func TestFailAndRequeueRecordTheAttempt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
-	ins, err := s.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`)}})
+	s := taskstore.NewStore(tdb.Pool)
+	ins, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,8 +242,8 @@ func TestFailBackoffAndDead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
-	ins, err := s.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 2}})
+	s := taskstore.NewStore(tdb.Pool)
+	ins, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,8 +275,8 @@ func TestRunningAndDead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
-	if _, err := s.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 1}, {TaskData: json.RawMessage(`{}`)}}); err != nil {
+	s := taskstore.NewStore(tdb.Pool)
+	if _, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 1}, {TaskData: json.RawMessage(`{}`)}}); err != nil {
 		t.Fatal(err)
 	}
 	claimed, err := s.Claim(ctx, []string{"a", "b"}, 30*time.Second)
@@ -299,10 +302,10 @@ func TestCompleteMany(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
-	data := make([]task.NewTask, 5)
+	s := taskstore.NewStore(tdb.Pool)
+	data := make([]taskstore.NewTask, 5)
 	for i := range data {
-		data[i] = task.NewTask{TaskData: json.RawMessage(`{}`)}
+		data[i] = taskstore.NewTask{TaskData: json.RawMessage(`{}`)}
 	}
 	if _, err := s.Insert(ctx, data); err != nil {
 		t.Fatal(err)
@@ -311,8 +314,8 @@ func TestCompleteMany(t *testing.T) {
 	if err != nil || len(claimed) != 5 {
 		t.Fatalf("claim: %d tasks, %v", len(claimed), err)
 	}
-	c := func(i int) task.Completion {
-		return task.Completion{ID: claimed[i].ID, Processor: *claimed[i].Processor, Fence: *claimed[i].Fence,
+	c := func(i int) taskstore.Completion {
+		return taskstore.Completion{ID: claimed[i].ID, Processor: *claimed[i].Processor, Fence: *claimed[i].Fence,
 			Output: json.RawMessage(`{"i":` + string(rune('0'+i)) + `}`)}
 	}
 	// 0 completed already; 1 right; 2 with a stale fence; 3 by another processor; 4 right, no output.
@@ -323,7 +326,7 @@ func TestCompleteMany(t *testing.T) {
 	stale.Fence--
 	other.Processor = "r/w9"
 	noOutput.Output = nil
-	done, err := s.CompleteMany(ctx, []task.Completion{c(0), c(1), stale, other, noOutput})
+	done, err := s.CompleteMany(ctx, []taskstore.Completion{c(0), c(1), stale, other, noOutput})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,8 +409,8 @@ func TestClaimPendingLeavesLapsedTasks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
-	if _, err := s.Insert(ctx, []task.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
+	s := taskstore.NewStore(tdb.Pool)
+	if _, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
 		t.Fatal(err)
 	}
 	first, err := s.ClaimPending(ctx, []string{"a"}, 30*time.Second)
@@ -433,10 +436,10 @@ func TestCompleteAndClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	s := task.NewStore(tdb.Pool)
-	data := make([]task.NewTask, 3)
+	s := taskstore.NewStore(tdb.Pool)
+	data := make([]taskstore.NewTask, 3)
 	for i := range data {
-		data[i] = task.NewTask{TaskData: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}
+		data[i] = taskstore.NewTask{TaskData: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}
 	}
 	if _, err := s.Insert(ctx, data); err != nil {
 		t.Fatal(err)
@@ -445,9 +448,9 @@ func TestCompleteAndClaim(t *testing.T) {
 	if err != nil || len(first) != 2 {
 		t.Fatalf("claim: %+v, %v", first, err)
 	}
-	stale := task.Completion{ID: first[1].ID, Processor: "b", Fence: *first[1].Fence - 1}
+	stale := taskstore.Completion{ID: first[1].ID, Processor: "b", Fence: *first[1].Fence - 1}
 	done, claimed, err := s.CompleteAndClaim(ctx,
-		[]task.Completion{{ID: first[0].ID, Processor: "a", Fence: *first[0].Fence, Output: json.RawMessage(`{"ok":1}`)}, stale},
+		[]taskstore.Completion{{ID: first[0].ID, Processor: "a", Fence: *first[0].Fence, Output: json.RawMessage(`{"ok":1}`)}, stale},
 		[]string{"a", "b"}, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -468,7 +471,7 @@ func TestCompleteAndClaim(t *testing.T) {
 	}
 	// Nothing left to claim: the completions come back all the same.
 	done, claimed, err = s.CompleteAndClaim(ctx,
-		[]task.Completion{{ID: first[1].ID, Processor: "b", Fence: *first[1].Fence}}, []string{"b"}, 30*time.Second)
+		[]taskstore.Completion{{ID: first[1].ID, Processor: "b", Fence: *first[1].Fence}}, []string{"b"}, 30*time.Second)
 	if err != nil || len(done) != 1 || !done[first[1].ID] || len(claimed) != 0 {
 		t.Fatalf("complete with nothing to claim: %v, %+v, %v; want task %d completed, nothing claimed", done, claimed, err, first[1].ID)
 	}

@@ -1,4 +1,4 @@
-package lease_test
+package leasing_test
 
 import (
 	"fmt"
@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/leasehold/leasehold/internal/pgtest"
 )
 
@@ -17,7 +19,7 @@ import (
 
 // BenchmarkAcquireRelease: one op is an acquisition and its release (two commits).
 func BenchmarkAcquireRelease(b *testing.B) {
-	s := lease.NewStore(pgtest.New(b).Pool)
+	s := leasing.NewStore(pgtest.New(b).Pool)
 	var next atomic.Int64
 	b.SetParallelism(4)
 	b.RunParallel(func(pb *testing.PB) {
@@ -38,7 +40,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 
 // BenchmarkRenew: one op is a renewal (one commit).
 func BenchmarkRenew(b *testing.B) {
-	s := lease.NewStore(pgtest.New(b).Pool)
+	s := leasing.NewStore(pgtest.New(b).Pool)
 	var next atomic.Int64
 	b.SetParallelism(4)
 	b.RunParallel(func(pb *testing.PB) {

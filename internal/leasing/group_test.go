@@ -1,4 +1,4 @@
-package lease_test
+package leasing_test
 
 import (
 	"context"
@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/leasehold/leasehold/internal/pgtest"
 )
 
@@ -20,7 +22,7 @@ func TestOperationsShareCommits(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	s := lease.NewStore(tdb.Pool)
+	s := leasing.NewStore(tdb.Pool)
 	first, err := s.Acquire(ctx, lease.AcquireParams{Resource: "g:0", Holder: "h", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +110,7 @@ func TestGroupsWithoutFailureShareOneCommit(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	s := lease.NewStore(tdb.Pool)
+	s := leasing.NewStore(tdb.Pool)
 	first, err := s.Acquire(ctx, lease.AcquireParams{Resource: "g:0", Holder: "h", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)

@@ -27,4 +27,4 @@
 // Store works on the database directly and is what the server, the reaper
 // and the other in-process users call. Client is the Go client of the REST
 // API, with auto-renew. Elector runs a function only while holding a lease.
-package lease
+package leasing

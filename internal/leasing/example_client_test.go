@@ -1,4 +1,4 @@
-package lease_test
+package leasing_test
 
 import (
 	"context"
@@ -8,7 +8,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/lease"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
 )
 
 // Run a job only while holding the lease on its resource: the lease is
@@ -17,7 +18,7 @@ import (
 // is done. The example needs a running server, so it has no output to check.
 func ExampleClient_Hold() {
 	ctx := context.Background()
-	client, err := lease.NewClient("http://localhost:8080", lease.WithToken(os.Getenv("LEASEHOLD_API_TOKEN")))
+	client, err := leasing.NewClient("http://localhost:8080", leasing.WithToken(os.Getenv("LEASEHOLD_API_TOKEN")))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package lease_test
+package leasing_test
 
 import (
 	"cmp"
@@ -9,11 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/internal/db"
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/pgtest"
 )
 
@@ -25,7 +27,7 @@ func TestAcquireRace(t *testing.T) {
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	tdb.Pool.Config().MaxConns = 60
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	const holders, rounds = 50, 20
 
 	var lastFence int64
@@ -80,7 +82,7 @@ func TestAcquireRaceManyResources(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	var wg sync.WaitGroup
 	for g := range 16 {
 		wg.Go(func() {
@@ -113,7 +115,7 @@ func TestAcquireRaceManyResources(t *testing.T) {
 // fences strictly increase.
 func checkHistory(t *testing.T, pool *pgxpool.Pool, resource string) {
 	t.Helper()
-	events, err := lease.NewStore(pool).Events(context.Background(), lease.EventsParams{Resource: resource, Limit: 10000})
+	events, err := leasing.NewStore(pool).Events(context.Background(), lease.EventsParams{Resource: resource, Limit: 10000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +159,7 @@ func TestRenewReleaseCompareAndSet(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	acq, err := store.Acquire(ctx, lease.AcquireParams{Resource: "cas", Holder: "a", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +252,7 @@ func TestExpiredLeaseIsFreeWithoutReaper(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	first, err := store.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "a", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -281,7 +283,7 @@ func TestRenewIsHOT(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	if _, err := store.Acquire(ctx, lease.AcquireParams{Resource: "hot", Holder: "a", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +320,7 @@ func TestListAndEvents(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	for i := range 5 {
 		if _, err := store.Acquire(ctx, lease.AcquireParams{Resource: fmt.Sprintf("job:%d", i), Holder: "a", TTL: time.Minute}); err != nil {
 			t.Fatal(err)
@@ -391,7 +393,7 @@ func TestGetManyAndNewest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	var ids []int64
 	for _, r := range []string{"a", "task:1", "b", "c"} {
 		acq, err := store.Acquire(ctx, lease.AcquireParams{Resource: r, Holder: "h", TTL: time.Minute})

@@ -1,4 +1,4 @@
-package lease_test
+package leasing_test
 
 import (
 	"context"
@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 )
@@ -22,7 +24,7 @@ func TestElectorTakesOverFromCrashedHolder(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	ghost, err := store.Acquire(ctx, lease.AcquireParams{Resource: "singleton", Holder: "crashed", TTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -31,7 +33,7 @@ func TestElectorTakesOverFromCrashedHolder(t *testing.T) {
 		zerolog.Nop(), notify.ChannelLease)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = listener.Run(ctx) })
-	e := &lease.Elector{Store: store, Listener: listener, Resource: "singleton", Holder: "follower",
+	e := &leasing.Elector{Store: store, Listener: listener, Resource: "singleton", Holder: "follower",
 		Keep: lease.KeepConfig{TTL: 2 * time.Second}, Log: zerolog.Nop()}
 	led := make(chan lease.Lease, 1)
 	wg.Go(func() {
@@ -61,7 +63,7 @@ func TestElectorsLeadOneAtATime(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, tdb.URL) },
 		zerolog.Nop(), notify.ChannelLease)
 	var wg sync.WaitGroup
@@ -78,7 +80,7 @@ func TestElectorsLeadOneAtATime(t *testing.T) {
 	var ewg sync.WaitGroup
 	for i := range electors {
 		name := string(rune('a' + i))
-		e := &lease.Elector{Store: store, Listener: listener, Resource: "job", Holder: name,
+		e := &leasing.Elector{Store: store, Listener: listener, Resource: "job", Holder: name,
 			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: zerolog.Nop()}
 		ewg.Go(func() {
 			_ = e.Run(ctx, func(ctx context.Context, l lease.Lease) {
@@ -120,7 +122,7 @@ func TestElectorRenewsLeaseItAlreadyHolds(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	earlier, err := store.Acquire(ctx, lease.AcquireParams{Resource: "singleton", Holder: "replica-a", TTL: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +131,7 @@ func TestElectorRenewsLeaseItAlreadyHolds(t *testing.T) {
 		zerolog.Nop(), notify.ChannelLease)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = listener.Run(ctx) })
-	e := &lease.Elector{Store: store, Listener: listener, Resource: "singleton", Holder: "replica-a",
+	e := &leasing.Elector{Store: store, Listener: listener, Resource: "singleton", Holder: "replica-a",
 		Keep: lease.KeepConfig{TTL: 30 * time.Second}, Log: zerolog.Nop()}
 	led := make(chan lease.Lease, 1)
 	wg.Go(func() {

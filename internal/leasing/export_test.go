@@ -1,4 +1,4 @@
-package lease
+package leasing
 
 // Queued is how many operations wait for a group, for tests that must know
 // a group has formed before they let it go.

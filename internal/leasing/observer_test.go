@@ -1,4 +1,4 @@
-package lease_test
+package leasing_test
 
 import (
 	"context"
@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/lease"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 )
@@ -40,7 +42,7 @@ func (o *observed) Released(l lease.Lease) {
 // observeElector runs an elector on resource with the observer until lead
 // has run terms times, and returns what the observer heard. lead gets the
 // term's number, from 1.
-func observeElector(t *testing.T, tdb pgtest.DB, store *lease.Store, resource string, terms int,
+func observeElector(t *testing.T, tdb pgtest.DB, store *leasing.Store, resource string, terms int,
 	lead func(ctx context.Context, term int, l lease.Lease),
 ) *observed {
 	t.Helper()
@@ -52,7 +54,7 @@ func observeElector(t *testing.T, tdb pgtest.DB, store *lease.Store, resource st
 	defer wg.Wait()
 	wg.Go(func() { _ = listener.Run(ctx) })
 	o := &observed{}
-	e := &lease.Elector{Store: store, Listener: listener, Resource: resource, Holder: "observed",
+	e := &leasing.Elector{Store: store, Listener: listener, Resource: resource, Holder: "observed",
 		Keep: lease.KeepConfig{TTL: 2 * time.Second, Observer: o}, Log: zerolog.Nop()}
 	done := make(chan error, 1)
 	term := 0
@@ -84,7 +86,7 @@ func observeElector(t *testing.T, tdb pgtest.DB, store *lease.Store, resource st
 func TestElectorObserverWinsReleasesLoses(t *testing.T) {
 	t.Parallel()
 	tdb := pgtest.New(t)
-	store := lease.NewStore(tdb.Pool)
+	store := leasing.NewStore(tdb.Pool)
 	var fences []int64
 	o := observeElector(t, tdb, store, "observed", 2, func(ctx context.Context, term int, l lease.Lease) {
 		fences = append(fences, l.Fence)
@@ -125,7 +127,7 @@ func TestElectorObserverDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	o := observeElector(t, tdb, lease.NewStore(pool), "observed", 1, func(ctx context.Context, _ int, _ lease.Lease) {
+	o := observeElector(t, tdb, leasing.NewStore(pool), "observed", 1, func(ctx context.Context, _ int, _ lease.Lease) {
 		pool.Close()
 		<-ctx.Done()
 	})

@@ -1,0 +1,40 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// opt is an optional field of a request body that, when sent, must not be
+// null: leaving a field out is how a client asks for its default, and a
+// null is far more likely a client's bug (an unset variable) than a wish.
+// Decoding records whether it was sent; present checks it.
+type opt[T any] struct {
+	v    T
+	set  bool // sent with a value
+	null bool // sent as null
+}
+
+// UnmarshalJSON decodes the field's value, noting a null.
+func (o *opt[T]) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
+		o.null = true
+		return nil
+	}
+	if err := json.Unmarshal(b, &o.v); err != nil {
+		return err
+	}
+	o.set = true
+	return nil
+}
+
+// present refuses a null, then checks a value that was sent with check.
+func (o opt[T]) present(field string, check func(v T) error) error {
+	if o.null {
+		return badRequestf("%q is null; leave it out for the default, or send a value", field)
+	}
+	if o.set && check != nil {
+		return check(o.v)
+	}
+	return nil
+}
