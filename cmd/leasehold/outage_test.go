@@ -493,7 +493,7 @@ func insertTask(t *testing.T, dbURL string) int64 {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	ts, err := taskstore.NewStore(pool).Insert(t.Context(), []taskstore.NewTask{{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}})
+	ts, err := taskstore.TasksOf(taskstore.NewStore(pool).Insert(t.Context(), []taskstore.NewTask{{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}}))
 	if err != nil {
 		t.Fatal(err)
 	}

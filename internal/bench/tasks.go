@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
 
 	"github.com/rs/zerolog"
 
@@ -34,6 +35,10 @@ type replicas struct {
 
 // startReplicas starts n replicas of workers each and returns once every one listens.
 func startReplicas(ctx context.Context, d *freshDB, tasks *taskstore.Store, n, workers int, onEvent func(worker.Event)) (*replicas, error) {
+	sleep, err := worker.Sleep(0, nil)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	r := &replicas{cancel: cancel}
 	for i := range n {
@@ -43,7 +48,8 @@ func startReplicas(ctx context.Context, d *freshDB, tasks *taskstore.Store, n, w
 			return nil, err
 		}
 		p := &worker.Pool{Tasks: tasks, Listener: l, Instance: fmt.Sprintf("bench-%d", i+1), Workers: workers,
-			TTL: 30 * time.Second, Log: zerolog.Nop(), OnEvent: onEvent}
+			TTL: 30 * time.Second, Kinds: []string{task.DefaultKind}, Handler: sleep,
+			Log: zerolog.Nop(), OnEvent: onEvent}
 		r.wg.Go(func() { _ = p.Run(ctx) })
 	}
 	return r, nil

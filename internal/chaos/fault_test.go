@@ -32,12 +32,12 @@ func TestHeldLeasesFree(t *testing.T) {
 	tasks := taskstore.NewStore(tdb.Pool)
 	data := json.RawMessage(`{"sleep_duration_seconds": 0}`)
 
-	inserted, err := tasks.Insert(ctx, slices.Repeat([]taskstore.NewTask{{TaskData: data}}, 7))
+	inserted, err := taskstore.TasksOf(tasks.Insert(ctx, slices.Repeat([]taskstore.NewTask{{TaskData: data}}, 7)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A task of an earlier process of replica-a: not the current one's.
-	if _, err := tasks.Claim(ctx, []string{"replica-a/w0"}, time.Minute); err != nil {
+	if _, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: []string{"replica-a/w0"}, TTL: time.Minute, WithLapsed: true}); err != nil {
 		t.Fatal(err)
 	}
 	r := &replica{name: "replica-a"}
@@ -51,13 +51,13 @@ func TestHeldLeasesFree(t *testing.T) {
 	if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "res:b", Holder: "replica-b", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := tasks.Claim(ctx, []string{"replica-a/w1", "replica-a/w2", "replica-a/w3", "replica-a/w4", "replica-a/w5", "replica-b/w1"}, time.Minute)
+	claimed, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: []string{"replica-a/w1", "replica-a/w2", "replica-a/w3", "replica-a/w4", "replica-a/w5", "replica-b/w1"}, TTL: time.Minute, WithLapsed: true})
 	if err != nil || len(claimed) != 6 {
 		t.Fatalf("claimed %d tasks (%v), want 6", len(claimed), err)
 	}
 	// By id, the processors' order: the oldest due task goes to the first named.
 	slices.SortFunc(claimed, func(a, b task.Task) int { return cmp.Compare(a.ID, b.ID) })
-	if p := *claimed[5].Processor; p != "replica-b/w1" {
+	if p := claimed[5].Processor; p != "replica-b/w1" {
 		t.Fatalf("the last task claimed went to %s, want replica-b/w1", p)
 	}
 	done, requeued, failed, lapsed, putBack := claimed[0], claimed[1], claimed[2], claimed[3], claimed[4]
@@ -68,7 +68,7 @@ func TestHeldLeasesFree(t *testing.T) {
 	}
 	want := []heldLease{{resource: "res:r", fence: acq.Lease.Fence}}
 	for _, c := range claimed[:5] {
-		want = append(want, heldLease{resource: taskstore.LeaseResource(c.ID), task: c.ID, fence: *c.Fence})
+		want = append(want, heldLease{resource: taskstore.LeaseResource(c.ID), task: c.ID, fence: c.Fence})
 	}
 	if !slices.Equal(held, want) || at.Before(r.started) {
 		t.Fatalf("held at %v: %v; want %v after %v", at, held, want, r.started)
@@ -93,14 +93,14 @@ func TestHeldLeasesFree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	completed, err := tasks.Complete(ctx, done.ID, *done.Processor, *done.Fence, nil)
+	completed, err := tasks.Complete(ctx, done.ID, done.Processor, done.Fence, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tasks.Requeue(ctx, requeued.ID, *requeued.Processor, *requeued.Fence, "shutting down"); err != nil {
+	if _, err := tasks.Requeue(ctx, requeued.ID, requeued.Processor, requeued.Fence, "shutting down"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tasks.Fail(ctx, failed.ID, *failed.Processor, *failed.Fence, "it broke"); err != nil {
+	if _, err := tasks.Fail(ctx, failed.ID, failed.Processor, failed.Fence, "it broke", -1); err != nil {
 		t.Fatal(err)
 	}
 	// Two leases lapse (forged, rather than waited for); a reaper's pass puts one back.

@@ -45,7 +45,7 @@ func TestCheck(t *testing.T) {
 	}
 	claim := func(processor string, ttl time.Duration) []task.Task {
 		t.Helper()
-		claimed, err := tasks.Claim(ctx, []string{processor}, ttl)
+		claimed, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: []string{processor}, TTL: ttl, WithLapsed: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +70,7 @@ func TestCheck(t *testing.T) {
 
 	// Tasks x and u are claimed by w1 and w3, whose leases on them run out
 	// too: x's first, so that a claim can only take x.
-	inserted, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data}, {TaskData: data}})
+	inserted, err := taskstore.TasksOf(tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data}, {TaskData: data}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,10 +93,10 @@ func TestCheck(t *testing.T) {
 	if len(again) != 1 || again[0].ID != x.ID {
 		t.Fatalf("claimed %v, want task %d again", again, x.ID)
 	}
-	if _, err := tasks.Complete(ctx, x.ID, "w1", *first[0].Fence, nil); !errors.Is(err, task.ErrLeaseLost) {
+	if _, err := tasks.Complete(ctx, x.ID, "w1", first[0].Fence, nil); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("stale completion: %v, want ErrLeaseLost", err)
 	}
-	if _, err := tasks.Complete(ctx, x.ID, "w9", *again[0].Fence, nil); err != nil {
+	if _, err := tasks.Complete(ctx, x.ID, "w9", again[0].Fence, nil); err != nil {
 		t.Fatal(err)
 	}
 	// What a reaper's pass does once u's lease has lapsed: announce z's
@@ -132,7 +132,7 @@ func TestCheck(t *testing.T) {
 
 	// Three more tasks: y is handed back once before it is done, doomed
 	// fails its only attempt; the rest, u included, are done.
-	inserted, err = tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data}, {TaskData: data}, {TaskData: data, MaxAttempts: 1}})
+	inserted, err = taskstore.TasksOf(tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data}, {TaskData: data}, {TaskData: data, MaxAttempts: 1}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,12 +142,12 @@ func TestCheck(t *testing.T) {
 		c := claimed[0]
 		switch {
 		case c.ID == doomed.ID:
-			_, err = tasks.Fail(ctx, c.ID, "w2", *c.Fence, "it broke")
+			_, err = tasks.Fail(ctx, c.ID, "w2", c.Fence, "it broke", -1)
 		case c.ID == y.ID && !requeued:
-			_, err = tasks.Requeue(ctx, c.ID, "w2", *c.Fence, "shutting down")
+			_, err = tasks.Requeue(ctx, c.ID, "w2", c.Fence, "shutting down")
 			requeued = true
 		default:
-			_, err = tasks.Complete(ctx, c.ID, "w2", *c.Fence, nil)
+			_, err = tasks.Complete(ctx, c.ID, "w2", c.Fence, nil)
 		}
 		if err != nil {
 			t.Fatal(err)

@@ -299,7 +299,7 @@ func checkGenerated(t *testing.T, c *cluster) []holding {
 
 	inDB := map[int64]bool{}
 	for after := int64(0); ; {
-		page, err := c.tasks.List(ctx, taskstore.FilterAll, after, 1000)
+		page, err := c.tasks.List(ctx, taskstore.ListParams{AfterID: after, Limit: 1000})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -308,14 +308,14 @@ func checkGenerated(t *testing.T, c *cluster) []holding {
 		}
 		for _, tk := range page {
 			inDB[tk.ID] = true
-			if tk.GeneratorFence == nil {
+			if tk.GeneratorFence == 0 {
 				t.Errorf("task %d has no generator fence", tk.ID)
 				continue
 			}
-			h := byFence[*tk.GeneratorFence]
+			h := byFence[tk.GeneratorFence]
 			switch {
 			case h == nil:
-				t.Errorf("task %d carries fence %d, which no generator lease had", tk.ID, *tk.GeneratorFence)
+				t.Errorf("task %d carries fence %d, which no generator lease had", tk.ID, tk.GeneratorFence)
 			case tk.CreatedAt.Before(h.start) || !tk.CreatedAt.Before(h.end):
 				t.Errorf("task %d created at %s, outside the holding [%s, %s) of its fence %d",
 					tk.ID, tk.CreatedAt, h.start, h.end, h.fence)
@@ -331,7 +331,7 @@ func checkGenerated(t *testing.T, c *cluster) []holding {
 		if !inDB[e.task.ID] {
 			t.Errorf("%s reported task %d, which is not in the database", e.instance, e.task.ID)
 		}
-		if h := byFence[*e.task.GeneratorFence]; h != nil && h.holder != e.instance {
+		if h := byFence[e.task.GeneratorFence]; h != nil && h.holder != e.instance {
 			t.Errorf("%s inserted task %d under fence %d, which %s held", e.instance, e.task.ID, h.fence, h.holder)
 		}
 	}
@@ -377,7 +377,7 @@ func TestOneGeneratorAtATime(t *testing.T) {
 		for range 10 {
 			last, at = c.rec.await(t, at, "generated tasks", inserted)
 			checkSleep(t, last.task)
-			fences[*last.task.GeneratorFence] = true
+			fences[last.task.GeneratorFence] = true
 		}
 		if round == 3 {
 			break
@@ -475,13 +475,13 @@ func TestStoppedHolderHandsOver(t *testing.T) {
 	}
 	c.set(true, "operator")
 	old, at := c.rec.await(t, 0, "generated tasks", inserted)
-	oldFence := *old.task.GeneratorFence
+	oldFence := old.task.GeneratorFence
 	c.halt(replicas[old.instance])
 	delete(replicas, old.instance)
 
 	next, _ := c.rec.await(t, at, "another replica to generate", insertedNotBy(old.instance))
-	if *next.task.GeneratorFence <= oldFence {
-		t.Errorf("new generator's fence %d not above the old %d", *next.task.GeneratorFence, oldFence)
+	if next.task.GeneratorFence <= oldFence {
+		t.Errorf("new generator's fence %d not above the old %d", next.task.GeneratorFence, oldFence)
 	}
 	c.refuseStale(old.instance, oldFence)
 
@@ -519,14 +519,14 @@ func TestCrashedHolderHandsOver(t *testing.T) {
 	})
 	c.set(true, "operator")
 	crashed, _ := c.rec.await(t, 0, "the first generator's tasks", inserted)
-	crashedFence := *crashed.task.GeneratorFence
+	crashedFence := crashed.task.GeneratorFence
 	others := []*replica{c.start("replica-1", nil), c.start("replica-2", nil)}
 
 	at := c.rec.mark()
 	pool.Close() // the crash: from here on "doomed" reaches no database
 	next, _ := c.rec.await(t, at, "another replica to generate", insertedNotBy("doomed"))
-	if *next.task.GeneratorFence <= crashedFence {
-		t.Errorf("new generator's fence %d not above the crashed holder's %d", *next.task.GeneratorFence, crashedFence)
+	if next.task.GeneratorFence <= crashedFence {
+		t.Errorf("new generator's fence %d not above the crashed holder's %d", next.task.GeneratorFence, crashedFence)
 	}
 	c.refuseStale("doomed", crashedFence)
 
@@ -558,7 +558,7 @@ func TestPausedHolderIsRefused(t *testing.T) {
 	}
 	fence := paused.Lease.Fence
 	got, err := c.tasks.InsertGenerated(c.ctx, "paused", fence, []json.RawMessage{json.RawMessage(`{"sleep_duration_seconds":2}`)})
-	if err != nil || len(got) != 1 || got[0].GeneratorFence == nil || *got[0].GeneratorFence != fence {
+	if err != nil || len(got) != 1 || got[0].GeneratorFence == 0 || got[0].GeneratorFence != fence {
 		t.Fatalf("insert by the live holder: got %+v, %v; want one task under fence %d", got, err, fence)
 	}
 	// The pause: a last renewal, down to 1 s, and nothing after it.
@@ -567,8 +567,8 @@ func TestPausedHolderIsRefused(t *testing.T) {
 	}
 	replicas := []*replica{c.start("replica-1", nil), c.start("replica-2", nil)}
 	next, _ := c.rec.await(t, 0, "a live generator to take over", inserted)
-	if *next.task.GeneratorFence <= fence {
-		t.Errorf("new generator's fence %d not above the paused holder's %d", *next.task.GeneratorFence, fence)
+	if next.task.GeneratorFence <= fence {
+		t.Errorf("new generator's fence %d not above the paused holder's %d", next.task.GeneratorFence, fence)
 	}
 	c.refuseStale("paused", fence)
 	if n := c.countFence(fence); n != 1 {
@@ -593,7 +593,7 @@ func TestRevokedLeaseStepsDown(t *testing.T) {
 	only := c.start("replica-0", func(g *generator.Generator) { g.Keep.TTL = time.Hour })
 	c.set(true, "operator")
 	holder, _ := c.rec.await(t, 0, "generated tasks", inserted)
-	fence := *holder.task.GeneratorFence
+	fence := holder.task.GeneratorFence
 
 	at := c.rec.mark()
 	// leasing.Store.Release would do, but for when it stamps released_at: at
@@ -627,9 +627,9 @@ func TestRevokedLeaseStepsDown(t *testing.T) {
 		return e.instance == holder.instance && e.kind == kindObserved
 	})
 	next, _ := c.rec.await(t, at, "generation under a new fence", func(e event) bool {
-		return e.kind == kindInserted && *e.task.GeneratorFence > fence
+		return e.kind == kindInserted && e.task.GeneratorFence > fence
 	})
-	t.Logf("%s stepped down and generates again under fence %d", holder.instance, *next.task.GeneratorFence)
+	t.Logf("%s stepped down and generates again under fence %d", holder.instance, next.task.GeneratorFence)
 	c.refuseStale(holder.instance, fence)
 	c.halt(only)
 	checkGenerated(t, c)

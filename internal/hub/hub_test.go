@@ -226,7 +226,7 @@ func TestSnapshotThenLeaseEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := taskstore.NewStore(db.Pool).Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
+	if _, err := taskstore.TasksOf(taskstore.NewStore(db.Pool).Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}})); err != nil {
 		t.Fatal(err)
 	}
 	r := startReplica(t, db, "replica-a", options{})
@@ -341,7 +341,7 @@ func TestTaskBurstIsCoalesced(t *testing.T) {
 	const n = 1000
 	go func() {
 		for i := range n {
-			if _, err := tasks.Insert(context.Background(), []taskstore.NewTask{{TaskData: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}}); err != nil {
+			if _, err := taskstore.TasksOf(tasks.Insert(context.Background(), []taskstore.NewTask{{TaskData: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}})); err != nil {
 				t.Errorf("insert: %v", err)
 				return
 			}

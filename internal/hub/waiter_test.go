@@ -30,7 +30,7 @@ func TestHubWaitsWhileItHasClients(t *testing.T) {
 	tasks := taskstore.NewStore(db.Pool)
 	insert := func() {
 		t.Helper()
-		if _, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
+		if _, err := taskstore.TasksOf(tasks.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}})); err != nil {
 			t.Fatal(err)
 		}
 	}

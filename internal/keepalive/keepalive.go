@@ -81,16 +81,16 @@ func (l *Loop) Run(ctx context.Context, sent time.Time) (time.Time, error) {
 		last := lastErr
 		mu.Unlock()
 		if last != nil {
-			lose(fmt.Errorf("%w; the last renewal failed: %w", lease.ErrDeadline, last))
+			_ = lose(fmt.Errorf("%w; the last renewal failed: %w", lease.ErrDeadline, last))
 			return
 		}
-		lose(lease.ErrDeadline)
+		_ = lose(lease.ErrDeadline)
 	})
 	defer expire.Stop()
-	lostYet := func() (error, time.Time) {
+	lostYet := func() (time.Time, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		return reason, deadline
+		return deadline, reason
 	}
 	// A renewal is due RenewInterval after the request that last succeeded
 	// was sent, not after its answer came: a slow answer must not push the
@@ -101,18 +101,18 @@ func (l *Loop) Run(ctx context.Context, sent time.Time) (time.Time, error) {
 	for {
 		select {
 		case <-ctx.Done():
-			r, d := lostYet()
+			d, r := lostYet()
 			return d, r
 		case <-timer.C:
 		}
 		if l.BeforeRenew != nil {
 			l.BeforeRenew(ctx)
 		}
-		if r, d := lostYet(); r != nil {
+		if d, r := lostYet(); r != nil {
 			return d, r
 		}
 		attempt := time.Now()
-		_, d := lostYet()
+		d, _ := lostYet()
 		rctx, cancel := context.WithDeadline(ctx, d)
 		err := l.Renew(rctx)
 		cancel()
@@ -121,7 +121,7 @@ func (l *Loop) Run(ctx context.Context, sent time.Time) (time.Time, error) {
 			if !expire.Stop() {
 				// The deadline passed while the renewal was under way: the
 				// lease counts as lost, whatever the service said.
-				r, d := lostYet()
+				d, r := lostYet()
 				return d, r
 			}
 			mu.Lock()
@@ -140,10 +140,10 @@ func (l *Loop) Run(ctx context.Context, sent time.Time) (time.Time, error) {
 			}
 			expire.Stop()
 			why := lose(fmt.Errorf("%w: %w", lease.ErrNotHeld, err))
-			_, d := lostYet()
+			d, _ := lostYet()
 			return d, why
 		case ctx.Err() != nil:
-			r, d := lostYet()
+			d, r := lostYet()
 			return d, r
 		default:
 			if l.RenewFailed != nil {

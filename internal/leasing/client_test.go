@@ -69,7 +69,7 @@ func startClientServer(t *testing.T, token string) *clientServer {
 	return s
 }
 
-func (s *clientServer) client(opts ...lease.ClientOption) *leasing.Client {
+func (s *clientServer) client(opts ...leasing.ClientOption) *leasing.Client {
 	s.t.Helper()
 	c, err := leasing.NewClient(s.srv.URL, append([]leasing.ClientOption{leasing.WithHTTPClient(s.srv.Client())}, opts...)...)
 	if err != nil {

@@ -92,7 +92,7 @@ func (b *bundle) insert(n int) []task.Task {
 	for i := range nts {
 		nts[i] = taskstore.NewTask{TaskData: json.RawMessage(`{}`)}
 	}
-	ts, err := b.tasks.Insert(b.ctx, nts)
+	ts, err := taskstore.TasksOf(b.tasks.Insert(b.ctx, nts))
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -259,10 +259,10 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 	// The reaper's own lease (an hour) is the only one due: it sleeps until
 	// about then after its first pass.
 	waitChange(t, got, func(c leasing.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
-	if _, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
+	if _, err := taskstore.TasksOf(tasks.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}})); err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := tasks.Claim(ctx, []string{"w/1"}, time.Second)
+	claimed, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: []string{"w/1"}, TTL: time.Second, WithLapsed: true})
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %+v, %v", claimed, err)
 	}

@@ -39,7 +39,7 @@ func TestOnlyTheReaperPrunes(t *testing.T) {
 		for i := range batch {
 			batch[i] = taskstore.NewTask{TaskData: json.RawMessage(`{}`)}
 		}
-		if _, err := tasks.Insert(ctx, batch); err != nil {
+		if _, err := taskstore.TasksOf(tasks.Insert(ctx, batch)); err != nil {
 			t.Fatal(err)
 		}
 		// Test setup as the owner: they finished eight days ago.

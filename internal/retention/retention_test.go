@@ -101,11 +101,11 @@ func TestPruneTasks(t *testing.T) {
 	// One task at a time, so that each claim takes the one just inserted.
 	run := func(maxAttempts int32) task.Task {
 		t.Helper()
-		ins, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data(1), MaxAttempts: maxAttempts}})
+		ins, err := taskstore.TasksOf(tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data(1), MaxAttempts: maxAttempts}}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		claimed, err := tasks.Claim(ctx, []string{"w/1"}, time.Minute)
+		claimed, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: []string{"w/1"}, TTL: time.Minute, WithLapsed: true})
 		if err != nil || len(claimed) != 1 || claimed[0].ID != ins[0].ID {
 			t.Fatalf("claim: %+v, %v; want task %d", claimed, err, ins[0].ID)
 		}
@@ -113,7 +113,7 @@ func TestPruneTasks(t *testing.T) {
 	}
 	complete := func(tk task.Task) int64 {
 		t.Helper()
-		if _, err := tasks.Complete(ctx, tk.ID, "w/1", *tk.Fence, json.RawMessage(`{"ok":true}`)); err != nil {
+		if _, err := tasks.Complete(ctx, tk.ID, "w/1", tk.Fence, json.RawMessage(`{"ok":true}`)); err != nil {
 			t.Fatal(err)
 		}
 		return tk.ID
@@ -122,7 +122,7 @@ func TestPruneTasks(t *testing.T) {
 	legacyDone := complete(run(5)) // with a lease row, released
 	newDone := complete(run(5))
 	dying := run(1)
-	if got, err := tasks.Fail(ctx, dying.ID, "w/1", *dying.Fence, "boom"); err != nil || got.State != "dead" {
+	if got, err := tasks.Fail(ctx, dying.ID, "w/1", dying.Fence, "boom", -1); err != nil || got.State != "dead" {
 		t.Fatalf("fail the last attempt: %+v, %v; want dead", got, err)
 	}
 	oldDead := dying.ID
@@ -135,7 +135,7 @@ func TestPruneTasks(t *testing.T) {
 	legacyLapsed := run(1).ID   // dead, with a lease row whose expiry is not announced
 	retaken := complete(run(5)) // with a lease row someone took over
 	running := run(5).ID
-	ins, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data(2), ScheduledAt: time.Now().Add(-30 * 24 * time.Hour)}})
+	ins, err := taskstore.TasksOf(tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data(2), ScheduledAt: time.Now().Add(-30 * 24 * time.Hour)}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,15 +210,15 @@ func TestPrunedTaskTakesItsLeaseRow(t *testing.T) {
 	tdb := pgtest.New(t)
 	tasks := taskstore.NewStore(tdb.Pool)
 	leases := leasing.NewStore(tdb.Pool)
-	ins, err := tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data(1)}})
+	ins, err := taskstore.TasksOf(tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data(1)}}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := tasks.Claim(ctx, []string{"w/1"}, time.Minute)
+	claimed, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: []string{"w/1"}, TTL: time.Minute, WithLapsed: true})
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %+v, %v", claimed, err)
 	}
-	if _, err := tasks.Complete(ctx, ins[0].ID, "w/1", *claimed[0].Fence, nil); err != nil {
+	if _, err := tasks.Complete(ctx, ins[0].ID, "w/1", claimed[0].Fence, nil); err != nil {
 		t.Fatal(err)
 	}
 	resource := taskstore.LeaseResource(ins[0].ID)
@@ -279,25 +279,25 @@ func TestTaskLeasesStayOutOfTheEndedIndex(t *testing.T) {
 		batch[i] = taskstore.NewTask{TaskData: data(i), MaxAttempts: 2}
 	}
 	for range 4 {
-		if _, err := tasks.Insert(ctx, batch); err != nil {
+		if _, err := taskstore.TasksOf(tasks.Insert(ctx, batch)); err != nil {
 			t.Fatal(err)
 		}
-		claimed, err := tasks.Claim(ctx, workers, time.Minute)
+		claimed, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: workers, TTL: time.Minute, WithLapsed: true})
 		if err != nil || len(claimed) != len(workers) {
 			t.Fatalf("claim: %d tasks, %v", len(claimed), err)
 		}
 		cs := make([]taskstore.Completion, 0, len(claimed))
 		for i, tk := range claimed {
-			if _, err := tasks.Heartbeat(ctx, tk.ID, *tk.Processor, *tk.Fence); err != nil {
+			if _, err := tasks.Heartbeat(ctx, tk.ID, tk.Processor, tk.Fence); err != nil {
 				t.Fatal(err)
 			}
 			if i%5 == 0 {
-				if _, err := tasks.Fail(ctx, tk.ID, *tk.Processor, *tk.Fence, "boom"); err != nil {
+				if _, err := tasks.Fail(ctx, tk.ID, tk.Processor, tk.Fence, "boom", -1); err != nil {
 					t.Fatal(err)
 				}
 				continue
 			}
-			cs = append(cs, taskstore.Completion{ID: tk.ID, Processor: *tk.Processor, Fence: *tk.Fence})
+			cs = append(cs, taskstore.Completion{ID: tk.ID, Processor: tk.Processor, Fence: tk.Fence})
 		}
 		if _, err := tasks.CompleteMany(ctx, cs); err != nil {
 			t.Fatal(err)
@@ -457,7 +457,7 @@ func TestPruneBatches(t *testing.T) {
 	for i := range batch {
 		batch[i] = taskstore.NewTask{TaskData: data(i)}
 	}
-	if _, err := tasks.Insert(ctx, batch); err != nil {
+	if _, err := taskstore.TasksOf(tasks.Insert(ctx, batch)); err != nil {
 		t.Fatal(err)
 	}
 	// 25 tasks finished, 25 events recorded, eight days ago.
@@ -574,7 +574,7 @@ func TestRetentionZeroKeepsForever(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	if _, err := taskstore.NewStore(tdb.Pool).Insert(ctx, []taskstore.NewTask{{TaskData: data(0)}}); err != nil {
+	if _, err := taskstore.TasksOf(taskstore.NewStore(tdb.Pool).Insert(ctx, []taskstore.NewTask{{TaskData: data(0)}})); err != nil {
 		t.Fatal(err)
 	}
 	leases := leasing.NewStore(tdb.Pool)
@@ -734,7 +734,7 @@ func TestRunLogsOneLinePerRound(t *testing.T) {
 	for i := range batch {
 		batch[i] = taskstore.NewTask{TaskData: data(i)}
 	}
-	if _, err := taskstore.NewStore(tdb.Pool).Insert(ctx, batch); err != nil {
+	if _, err := taskstore.TasksOf(taskstore.NewStore(tdb.Pool).Insert(ctx, batch)); err != nil {
 		t.Fatal(err)
 	}
 	owner(t, tdb, `UPDATE tasks SET state = 'dead', created_at = now() - interval '9 days', processed_at = now() - interval '8 days'`)

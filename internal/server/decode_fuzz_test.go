@@ -340,9 +340,10 @@ func FuzzQuery(f *testing.F) {
 			wantInt("limit", int64(p.Limit), 1000)
 			wantInt("after", p.AfterID, 0)
 		}
-		if after, limit, err := taskListParams(q); err != nil {
-			wantBadRequest(t, raw, err, "query parameter limit", "query parameter after_id")
+		if tp, err := taskListParams(q); err != nil {
+			wantBadRequest(t, raw, err, "query parameter limit", "query parameter after_id", "query parameter state", "query parameter kind", "query parameter queue")
 		} else {
+			after, limit := tp.AfterID, tp.Limit
 			if limit < 1 || limit > maxTaskLimit || after < 0 || after > 1<<62 {
 				t.Fatalf("query %q: accepted after_id %d, limit %d", raw, after, limit)
 			}

@@ -46,6 +46,12 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		encode(w, http.StatusNotFound, errorBody{Error: "no lease has this id; list leases with GET /api/leases"})
 	case errors.Is(err, task.ErrLeaseLost):
 		encode(w, http.StatusConflict, errorBody{Error: "this processor does not hold the task with a live lease (another processor or fence claimed it, it is already completed or failed, or its lease expired); claim a task again with POST /api/tasks/next"})
+	case errors.Is(err, task.ErrNotCancellable):
+		encode(w, http.StatusConflict, errorBody{Error: "the task is done, dead or cancelled already; only pending and running tasks can be cancelled (retry a dead or cancelled one with POST /api/tasks/{id}/retry)"})
+	case errors.Is(err, task.ErrNotRetryable):
+		encode(w, http.StatusConflict, errorBody{Error: "the task is pending, running or done; only dead and cancelled tasks can be retried"})
+	case errors.Is(err, task.ErrUniqueKeyTaken):
+		encode(w, http.StatusConflict, errorBody{Error: "another task of this kind now holds the task's unique key, so it cannot go back to the queue; cancel that task first, or insert a new one"})
 	case errors.Is(err, task.ErrNotFound):
 		encode(w, http.StatusNotFound, errorBody{Error: "no task has this id; list tasks with GET /api/tasks"})
 	case errors.Is(err, errStopping):

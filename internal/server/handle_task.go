@@ -50,11 +50,11 @@ func decodeValue[T any](raw []byte) (T, error) {
 // newTaskRequest is one task of POST /api/tasks.
 type newTaskRequest struct {
 	TaskData    json.RawMessage `json:"task_data"`
-	Kind        opt[string]     `json:"kind"`
-	Queue       opt[string]     `json:"queue"`
-	Priority    opt[int64]      `json:"priority"`
-	UniqueKey   opt[string]     `json:"unique_key"`
-	TTLSeconds  opt[int64]      `json:"ttl_seconds"`
+	Kind        opt[string]     `json:"kind,omitzero"`
+	Queue       opt[string]     `json:"queue,omitzero"`
+	Priority    opt[int64]      `json:"priority,omitzero"`
+	UniqueKey   opt[string]     `json:"unique_key,omitzero"`
+	TTLSeconds  opt[int64]      `json:"ttl_seconds,omitzero"`
 	ScheduledAt *string         `json:"scheduled_at"`
 	MaxAttempts *int64          `json:"max_attempts"`
 }
@@ -219,9 +219,9 @@ func parseNewTasks(body []byte) (nts []taskstore.NewTask, batch bool, err error)
 // claimRequest is the body of POST /api/tasks/next.
 type claimRequest struct {
 	Processor   string        `json:"processor"`
-	Kinds       opt[[]string] `json:"kinds"`
-	Queues      opt[[]string] `json:"queues"`
-	WaitSeconds opt[int64]    `json:"wait_seconds"`
+	Kinds       opt[[]string] `json:"kinds,omitzero"`
+	Queues      opt[[]string] `json:"queues,omitzero"`
+	WaitSeconds opt[int64]    `json:"wait_seconds,omitzero"`
 }
 
 // maxClaimNames bounds the kinds and the queues of one claim.
@@ -323,7 +323,7 @@ type failRequest struct {
 	Error     string `json:"error"`
 	// RetryInSeconds, when set, replaces the default backoff: the worker's
 	// own retry policy for the task's kind.
-	RetryInSeconds opt[float64] `json:"retry_in_seconds"`
+	RetryInSeconds opt[float64] `json:"retry_in_seconds,omitzero"`
 }
 
 // maxRetryInSeconds bounds a failure's retry_in_seconds and a snooze's
@@ -422,7 +422,7 @@ func handleTaskFail(d Deps) http.Handler {
 type snoozeRequest struct {
 	Processor    string       `json:"processor"`
 	Fence        *int64       `json:"fence"`
-	DelaySeconds opt[float64] `json:"delay_seconds"`
+	DelaySeconds opt[float64] `json:"delay_seconds,omitzero"`
 }
 
 func (q snoozeRequest) validate() error {
@@ -444,7 +444,7 @@ func handleTaskSnooze(d Deps) http.Handler {
 
 // cancelRequest is the body of POST /api/tasks/{id}/cancel.
 type cancelRequest struct {
-	Reason opt[string] `json:"reason"`
+	Reason opt[string] `json:"reason,omitzero"`
 }
 
 // defaultCancelReason is the last_error of a task cancelled with no reason.
@@ -555,7 +555,7 @@ func handleTaskList(d Deps, list string) http.Handler {
 		switch list {
 		case listProcessed:
 			processed := []string{task.StateDone, task.StateDead}
-			if p.States != nil && !slices.Contains(processed, p.States[0]) {
+			if len(p.States) > 0 && !slices.Contains(processed, p.States[0]) {
 				encode(w, http.StatusOK, []task.Task{}) // no processed task is in that state
 				return
 			}

@@ -18,6 +18,7 @@ import (
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
 
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5"
@@ -177,12 +178,12 @@ func TestMetricsAfterActivity(t *testing.T) {
 		}
 	})
 	tasks := taskstore.NewStore(r.db.Pool)
-	if _, err := tasks.Insert(t.Context(), []taskstore.NewTask{{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}}); err != nil {
+	if _, err := taskstore.TasksOf(tasks.Insert(t.Context(), []taskstore.NewTask{{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}})); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tasks.Insert(t.Context(), []taskstore.NewTask{{
+	if _, err := taskstore.TasksOf(tasks.Insert(t.Context(), []taskstore.NewTask{{
 		TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`), ScheduledAt: time.Now().Add(time.Hour),
-	}}); err != nil {
+	}})); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -270,6 +271,16 @@ func readUntil(t *testing.T, ws *websocket.Conn, what string, match func(wsMessa
 	}
 }
 
+// sleepHandler is the demo's sleep handler, with no simulated crashes.
+func sleepHandler(t *testing.T) worker.Handler {
+	t.Helper()
+	h, err := worker.Sleep(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 // runPool runs one worker on the replica's listener, its events counted by
 // the metrics and then passed to onEvent, until the test ends.
 func runPool(t *testing.T, r *replicaMetrics, onEvent func(worker.Event)) {
@@ -277,6 +288,7 @@ func runPool(t *testing.T, r *replicaMetrics, onEvent func(worker.Event)) {
 	p := &worker.Pool{
 		Tasks: taskstore.NewStore(r.db.Pool), Listener: r.listener, Instance: "metered", Workers: 1,
 		TTL: 30 * time.Second, SafetyPoll: -1, Log: zerolog.Nop(),
+		Kinds: []string{task.DefaultKind}, Handler: sleepHandler(t),
 		OnEvent: func(ev worker.Event) {
 			r.metrics.WorkerEvent(ev)
 			onEvent(ev)

@@ -318,15 +318,24 @@ func conformTasks(c *conformance, b bundle) {
 	bad(create, "/api/tasks", `[]`)
 	bad(create, "/api/tasks", `{"task_data": {}, "max_attempts": 101}`)
 	bad(create, "/api/tasks", `{"task_data": {}, "scheduled_at": "tomorrow"}`)
-	bad(create, "/api/tasks", `[{"task_data": {}}, {"task_data": {}, "priority": 1}]`)
+	bad(create, "/api/tasks", `[{"task_data": {}}, {"task_data": {}, "priority": 40000}]`)
+	bad(create, "/api/tasks", `{"task_data": {}, "kind": ""}`)
+	bad(create, "/api/tasks", `{"task_data": {}, "ttl_seconds": null}`)
+	// A unique key: the second insert finds the first's task (200). The
+	// task is of a kind nobody claims here, in a queue of its own.
+	keyed := `{"task_data": {}, "kind": "report", "queue": "reports", "priority": -5, "unique_key": "2030-01", "ttl_seconds": 60}`
+	send(create, "/api/tasks", keyed, http.StatusCreated)
+	again := fields(t, send(create, "/api/tasks", keyed, http.StatusOK))
 
 	// Claim what is due (two tasks, the third is scheduled in 2100): one
 	// to complete, one to fail for good (max_attempts 1), then nothing.
-	first := fields(t, send(claim, "/api/tasks/next", `{"processor": "p1"}`, http.StatusOK))
-	second := fields(t, send(claim, "/api/tasks/next", `{"processor": "p2"}`, http.StatusOK))
-	send(claim, "/api/tasks/next", `{"processor": "p3"}`, http.StatusNoContent)
+	first := fields(t, send(claim, "/api/tasks/next", `{"processor": "p1", "kinds": ["sleep"]}`, http.StatusOK))
+	second := fields(t, send(claim, "/api/tasks/next", `{"processor": "p2", "queues": ["default"]}`, http.StatusOK))
+	send(claim, "/api/tasks/next", `{"processor": "p3", "kinds": ["sleep"], "wait_seconds": 0}`, http.StatusNoContent)
 	bad(claim, "/api/tasks/next", `{"processor": ""}`)
 	bad(claim, "/api/tasks/next", `{}`)
+	bad(claim, "/api/tasks/next", `{"processor": "p", "kinds": []}`)
+	bad(claim, "/api/tasks/next", `{"processor": "p", "wait_seconds": 301}`)
 	// The one of max_attempts 1 fails; the other completes.
 	if second["max_attempts"] != json.Number("1") {
 		first, second = second, first
@@ -352,6 +361,29 @@ func conformTasks(c *conformance, b bundle) {
 	send(fail, "/api/tasks/999999999/fail", hb(second, `, "error": "disk full"`), http.StatusNotFound)
 	bad(fail, "/api/tasks/1.5/fail", hb(second, `, "error": "disk full"`))
 
+	// The keyed task: claimed, snoozed, claimed again, cancelled while it
+	// runs, retried; then cancelled while pending.
+	const snooze, cancel, retry = "PUT /api/tasks/{id}/snooze", "POST /api/tasks/{id}/cancel", "POST /api/tasks/{id}/retry"
+	report := fields(t, send(claim, "/api/tasks/next", `{"processor": "p4", "kinds": ["report"], "queues": ["reports"]}`, http.StatusOK))
+	if report["id"] != again["id"] {
+		t.Fatalf("claimed %v; want the keyed task %v", report["id"], again["id"])
+	}
+	bad(snooze, path(report, "snooze"), hb(report, ""))
+	bad(snooze, path(report, "snooze"), hb(report, `, "delay_seconds": -1`))
+	send(snooze, path(report, "snooze"), hb(report, `, "delay_seconds": 0`), http.StatusAccepted)
+	send(snooze, path(report, "snooze"), hb(report, `, "delay_seconds": 0`), http.StatusConflict)
+	send(snooze, "/api/tasks/999999999/snooze", hb(report, `, "delay_seconds": 0`), http.StatusNotFound)
+	report = fields(t, send(claim, "/api/tasks/next", `{"processor": "p4", "kinds": ["report"]}`, http.StatusOK))
+	send(retry, path(report, "retry"), `{}`, http.StatusConflict) // running
+	bad(cancel, path(report, "cancel"), `{"reason": null}`)
+	send(cancel, path(report, "cancel"), `{"reason": "no longer wanted"}`, http.StatusAccepted)
+	send(cancel, path(report, "cancel"), `{}`, http.StatusConflict)
+	send(cancel, "/api/tasks/999999999/cancel", `{}`, http.StatusNotFound)
+	bad(retry, path(report, "retry"), `{"now": true}`)
+	send(retry, path(report, "retry"), `{}`, http.StatusAccepted)
+	send(retry, "/api/tasks/999999999/retry", `{}`, http.StatusNotFound)
+	send(cancel, path(report, "cancel"), `{}`, http.StatusAccepted)
+
 	send("GET /api/tasks/{id}", fmt.Sprintf("/api/tasks/%v", first["id"]), "", http.StatusOK)
 	send("GET /api/tasks/{id}", fmt.Sprintf("/api/tasks/%v", second["id"]), "", http.StatusOK)
 	send("GET /api/tasks/{id}", "/api/tasks/999999999", "", http.StatusNotFound)
@@ -359,7 +391,10 @@ func conformTasks(c *conformance, b bundle) {
 	for _, list := range []string{"/api/tasks", "/api/tasks/processed", "/api/tasks/started"} {
 		send("GET "+list, list, "", http.StatusOK)
 		send("GET "+list, list+"?limit=1&after_id=0", "", http.StatusOK)
+		send("GET "+list, list+"?state=done&kind=sleep&queue=default", "", http.StatusOK)
+		send("GET "+list, list+"?kind=report", "", http.StatusOK)
 		bad("GET "+list, list+"?limit=1001", "")
+		bad("GET "+list, list+"?state=finished", "")
 	}
 	send("GET /api/tasks/stats", "/api/tasks/stats", "", http.StatusOK)
 }

@@ -28,6 +28,19 @@ func (o *opt[T]) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// MarshalJSON writes the value sent (null for a null), so that a decoded
+// request encodes back to what it said; with the omitzero option, a field
+// not sent stays out.
+func (o opt[T]) MarshalJSON() ([]byte, error) {
+	if o.null {
+		return []byte("null"), nil
+	}
+	return json.Marshal(o.v)
+}
+
+// IsZero reports a field not sent, for the omitzero option.
+func (o opt[T]) IsZero() bool { return !o.set && !o.null }
+
 // present refuses a null, then checks a value that was sent with check.
 func (o opt[T]) present(field string, check func(v T) error) error {
 	if o.null {

@@ -184,18 +184,18 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	tasks := taskstore.NewStore(app.Pool)
 	last := b.claimTask(t, "replica-a/w3") // max_attempts 1
 	owner.expireTaskLease(t, last.ID)
-	if _, err := tasks.Claim(ctx, []string{"replica-b/w1"}, 30*time.Second); err != nil {
+	if _, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: []string{"replica-b/w1"}, TTL: 30 * time.Second, WithLapsed: true}); err != nil {
 		t.Errorf("claim after a lapse: %v", err)
 	}
 	if got, err := tasks.Get(ctx, last.ID); err != nil || got.State != "dead" {
 		t.Errorf("task %d after its last attempt lapsed: %+v, %v; want dead", last.ID, got, err)
 	}
 	owner.sqlExec(t, `UPDATE tasks SET scheduled_at = now() WHERE id = $1`, failing.ID) // its backoff passed
-	again, err := tasks.Claim(ctx, []string{"replica-b/w2"}, 30*time.Second)
+	again, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: []string{"replica-b/w2"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(again) != 1 {
 		t.Fatalf("claim a retry: %v, %v", again, err)
 	}
-	if _, err := tasks.Requeue(ctx, again[0].ID, "replica-b/w2", deref(again[0].Fence), "shutting down"); err != nil {
+	if _, err := tasks.Requeue(ctx, again[0].ID, "replica-b/w2", again[0].Fence, "shutting down"); err != nil {
 		t.Errorf("requeue at shutdown: %v", err)
 	}
 
@@ -266,7 +266,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		t.Errorf("mark expired: %v, %v", marked, err)
 	}
 	// ... and puts a task whose lease lapsed back to pending.
-	lapsing, err := tasks.Claim(ctx, []string{"replica-b/w3"}, 30*time.Second)
+	lapsing, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: []string{"replica-b/w3"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(lapsing) != 1 {
 		t.Fatalf("claim: %v, %v", lapsing, err)
 	}
@@ -469,11 +469,4 @@ func wantOwnerFunctions(t *testing.T, db pgtest.DB, role, what string, names ...
 		t.Errorf("%s functions: %d, %d SECURITY DEFINER with search_path, %d executable by the role, %d by PUBLIC; want %d, %d, %d, 0",
 			what, fns, secure, granted, public, n, n, n)
 	}
-}
-
-func deref(p *int64) int64 {
-	if p == nil {
-		return 0
-	}
-	return *p
 }

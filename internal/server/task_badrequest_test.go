@@ -112,7 +112,31 @@ func TestTaskRejectedRequestsChangeNothing(t *testing.T) {
 		if !r.fence {
 			add("fence (not a field here)", object(with(r.base, "fence", "1")...), 400)
 		}
-		add("ttl_seconds (not a field here)", object(with(r.base, "ttl_seconds", "30")...), 400)
+		if r.path == "/api/tasks" {
+			// The new task's own fields: bad values, and null for any.
+			for _, v := range []struct{ field, what, raw string }{
+				{"ttl_seconds", "null", "null"}, {"ttl_seconds", "0", "0"}, {"ttl_seconds", "3601", "3601"},
+				{"ttl_seconds", "a fraction", "1.5"}, {"kind", "empty", `""`}, {"kind", "null", "null"},
+				{"kind", "over 255 bytes", q(long)}, {"kind", "a control character", `"a\tb"`},
+				{"queue", "empty", `""`}, {"queue", "null", "null"}, {"queue", "a number", "7"},
+				{"unique_key", "empty", `""`}, {"unique_key", "null", "null"}, {"unique_key", "over 255 bytes", q(long)},
+				{"priority", "below -32768", "-32769"}, {"priority", "above 32767", "32768"},
+				{"priority", "a string", `"high"`}, {"priority", "null", "null"},
+			} {
+				add(v.field+" "+v.what, object(with(r.base, v.field, v.raw)...), 400)
+			}
+		} else {
+			add("ttl_seconds (not a field here)", object(with(r.base, "ttl_seconds", "30")...), 400)
+		}
+		if r.path == "/api/tasks/next" {
+			for _, v := range []struct{ field, what, raw string }{
+				{"kinds", "empty", "[]"}, {"kinds", "null", "null"}, {"kinds", "a string", q("sleep")},
+				{"kinds", "an empty name", `[""]`}, {"queues", "empty", "[]"}, {"queues", "a name over 255 bytes", "[" + q(long) + "]"},
+				{"wait_seconds", "negative", "-1"}, {"wait_seconds", "over 300", "301"}, {"wait_seconds", "null", "null"},
+			} {
+				add(v.field+" "+v.what, object(with(r.base, v.field, v.raw)...), 400)
+			}
+		}
 
 		if r.processor {
 			add("missing processor", object(without(r.base, "processor")...), 400)

@@ -24,11 +24,16 @@ func withTaskTTL(ttl time.Duration) option { return func(d *server.Deps) { d.Tas
 // (created_at and generator_fence are the task package's additions).
 type taskJSON struct {
 	ID                  int64           `json:"id"`
+	Kind                string          `json:"kind"`
+	Queue               string          `json:"queue"`
+	Priority            int             `json:"priority"`
 	TaskData            json.RawMessage `json:"task_data"`
 	State               string          `json:"state"`
+	UniqueKey           *string         `json:"unique_key"`
 	ScheduledAt         string          `json:"scheduled_at"`
 	Processor           *string         `json:"processor"`
 	Fence               *int64          `json:"fence"`
+	TTLSeconds          *int            `json:"ttl_seconds"`
 	Attempts            int             `json:"attempts"`
 	MaxAttempts         int             `json:"max_attempts"`
 	LastHeartbeatAt     *string         `json:"last_heartbeat_at"`
@@ -507,7 +512,7 @@ func TestTaskListsAndStats(t *testing.T) {
 		r := b.do(t, "GET", "/api/tasks/stats", "").want(t, "stats", http.StatusOK)
 		return decodeStrict[obj](t, "stats", r)
 	}
-	if got, want := stats(), (obj{"pending": 0.0, "running": 0.0, "done": 0.0, "dead": 0.0, "done_last_minute": 0.0}); !reflect.DeepEqual(got, want) {
+	if got, want := stats(), (obj{"pending": 0.0, "running": 0.0, "done": 0.0, "dead": 0.0, "cancelled": 0.0, "done_last_minute": 0.0}); !reflect.DeepEqual(got, want) {
 		t.Errorf("stats of an empty queue: got %v, want %v", got, want)
 	}
 
@@ -523,7 +528,7 @@ func TestTaskListsAndStats(t *testing.T) {
 	one, two, three := b.claimTask(t, "p1"), b.claimTask(t, "p2"), b.claimTask(t, "p3")
 	b.taskOp(t, one.ID, "complete", obj{"processor": "p1", "task_output": "ok"}).want(t, "complete 1", http.StatusAccepted)
 	b.taskOp(t, two.ID, "fail", obj{"processor": "p2", "error": "no"}).want(t, "fail 2", http.StatusAccepted)
-	if got, want := stats(), (obj{"pending": 2.0, "running": 1.0, "done": 1.0, "dead": 1.0, "done_last_minute": 1.0}); !reflect.DeepEqual(got, want) {
+	if got, want := stats(), (obj{"pending": 2.0, "running": 1.0, "done": 1.0, "dead": 1.0, "cancelled": 0.0, "done_last_minute": 1.0}); !reflect.DeepEqual(got, want) {
 		t.Errorf("stats: got %v, want %v", got, want)
 	}
 

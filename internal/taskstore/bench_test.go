@@ -31,16 +31,16 @@ func BenchmarkClaimCompleteBatch(b *testing.B) {
 	}
 	b.ResetTimer()
 	for done := 0; done < b.N; done += batch {
-		if _, err := s.Insert(ctx, data); err != nil {
+		if _, err := taskstore.TasksOf(s.Insert(ctx, data)); err != nil {
 			b.Fatal(err)
 		}
-		claimed, err := s.Claim(ctx, workers, time.Minute)
+		claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: workers, TTL: time.Minute, WithLapsed: true})
 		if err != nil || len(claimed) != batch {
 			b.Fatalf("claim: %d tasks, %v", len(claimed), err)
 		}
 		cs := make([]taskstore.Completion, len(claimed))
 		for i, t := range claimed {
-			cs[i] = taskstore.Completion{ID: t.ID, Processor: *t.Processor, Fence: *t.Fence}
+			cs[i] = taskstore.Completion{ID: t.ID, Processor: t.Processor, Fence: t.Fence}
 		}
 		if got, err := s.CompleteMany(ctx, cs); err != nil || len(got) != batch {
 			b.Fatalf("complete: %d tasks, %v", len(got), err)

@@ -30,13 +30,13 @@ func TestTaskNotifications(t *testing.T) {
 	next := listen(t, tdb, true)
 
 	data := []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`), MaxAttempts: 1}}
-	if _, err := s.Insert(ctx, data); err != nil {
+	if _, err := taskstore.TasksOf(s.Insert(ctx, data)); err != nil {
 		t.Fatal(err)
 	}
 	if got := next(); !slices.Equal(got, []string{notify.TasksInserted}) {
 		t.Fatalf("insert of 3: %q, want one %q", got, notify.TasksInserted)
 	}
-	claimed, err := s.Claim(ctx, []string{"r/w1", "r/w2", "r/w3"}, 30*time.Second)
+	claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"r/w1", "r/w2", "r/w3"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(claimed) != 3 {
 		t.Fatalf("claim: %d, %v", len(claimed), err)
 	}
@@ -53,38 +53,38 @@ func TestTaskNotifications(t *testing.T) {
 	if earliest, ok := notify.ParseClaimed(got[0]); !ok || earliest.After(first) || first.Sub(earliest) >= time.Millisecond {
 		t.Fatalf("claim payload %q: earliest %v, want the earliest lease expiry %v to the millisecond", got[0], earliest, first)
 	}
-	if _, err := s.Heartbeat(ctx, claimed[0].ID, *claimed[0].Processor, *claimed[0].Fence); err != nil {
+	if _, err := s.Heartbeat(ctx, claimed[0].ID, claimed[0].Processor, claimed[0].Fence); err != nil {
 		t.Fatal(err)
 	}
 	if got := next(); len(got) != 0 {
 		t.Fatalf("heartbeat: %q, want nothing", got)
 	}
 	if _, err := s.CompleteMany(ctx, []taskstore.Completion{
-		{ID: claimed[0].ID, Processor: *claimed[0].Processor, Fence: *claimed[0].Fence},
-		{ID: claimed[1].ID, Processor: *claimed[1].Processor, Fence: *claimed[1].Fence},
+		{ID: claimed[0].ID, Processor: claimed[0].Processor, Fence: claimed[0].Fence},
+		{ID: claimed[1].ID, Processor: claimed[1].Processor, Fence: claimed[1].Fence},
 	}); err != nil {
 		t.Fatal(err)
 	}
 	if got := next(); !slices.Equal(got, []string{notify.TasksFinished}) {
 		t.Fatalf("completion of 2: %q, want one %q", got, notify.TasksFinished)
 	}
-	if _, err := s.Fail(ctx, claimed[2].ID, *claimed[2].Processor, *claimed[2].Fence, "boom"); err != nil {
+	if _, err := s.Fail(ctx, claimed[2].ID, claimed[2].Processor, claimed[2].Fence, "boom", -1); err != nil {
 		t.Fatal(err)
 	}
 	if got := next(); !slices.Equal(got, []string{notify.TasksFinished}) {
 		t.Fatalf("a failure on the last attempt: %q, want %q", got, notify.TasksFinished)
 	}
-	more, err := s.Insert(ctx, data[:1])
+	more, err := taskstore.TasksOf(s.Insert(ctx, data[:1]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	next()
-	c, err := s.Claim(ctx, []string{"r/w1"}, 30*time.Second)
+	c, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"r/w1"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(c) != 1 || c[0].ID != more[0].ID {
 		t.Fatalf("claim: %+v, %v", c, err)
 	}
 	next()
-	if _, err := s.Requeue(ctx, c[0].ID, *c[0].Processor, *c[0].Fence, "shutting down"); err != nil {
+	if _, err := s.Requeue(ctx, c[0].ID, c[0].Processor, c[0].Fence, "shutting down"); err != nil {
 		t.Fatal(err)
 	}
 	if got := next(); !slices.Equal(got, []string{notify.TasksRequeued}) {
@@ -92,7 +92,7 @@ func TestTaskNotifications(t *testing.T) {
 	}
 	// A task lease's lapse, once the reaper's statement announces it, is a
 	// requeue; nothing goes to the lease channel.
-	if c, err := s.Claim(ctx, []string{"r/w1"}, 30*time.Second); err != nil || len(c) != 1 {
+	if c, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"r/w1"}, TTL: 30 * time.Second, WithLapsed: true}); err != nil || len(c) != 1 {
 		t.Fatalf("claim of the requeued task: %+v, %v", c, err)
 	}
 	next()
@@ -166,13 +166,13 @@ func TestQuietClaimsAndCompletions(t *testing.T) {
 	for i := range data {
 		data[i] = taskstore.NewTask{TaskData: json.RawMessage(`{}`)}
 	}
-	if _, err := s.Insert(ctx, data); err != nil {
+	if _, err := taskstore.TasksOf(s.Insert(ctx, data)); err != nil {
 		t.Fatal(err)
 	}
 	next()
 	claimed := func(processor string, ttl time.Duration) task.Task {
 		t.Helper()
-		c, err := s.Claim(ctx, []string{processor}, ttl)
+		c, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{processor}, TTL: ttl, WithLapsed: true})
 		if err != nil || len(c) != 1 {
 			t.Fatalf("claim by %s: %+v, %v", processor, c, err)
 		}
@@ -192,7 +192,7 @@ func TestQuietClaimsAndCompletions(t *testing.T) {
 	if got := next(); len(got) != 1 || !isClaimed(got[0]) {
 		t.Fatalf("a claim that expires before every running task: %q; want its expiry announced", got)
 	}
-	if _, err := s.Complete(ctx, first.ID, "r/w1", *first.Fence, nil); err != nil {
+	if _, err := s.Complete(ctx, first.ID, "r/w1", first.Fence, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := next(); len(got) != 0 {
@@ -252,8 +252,8 @@ func TestQuietClaimsAndCompletions(t *testing.T) {
 		t.Fatalf("NextLapse: %v; want the earliest running expiry %v", lapse, earliest)
 	}
 
-	r3 := running[slices.IndexFunc(running, func(r task.Task) bool { return *r.Processor == "r/w3" })]
-	if _, err := s.Requeue(ctx, r3.ID, "r/w3", *r3.Fence, "shutting down"); err != nil {
+	r3 := running[slices.IndexFunc(running, func(r task.Task) bool { return r.Processor == "r/w3" })]
+	if _, err := s.Requeue(ctx, r3.ID, "r/w3", r3.Fence, "shutting down"); err != nil {
 		t.Fatal(err)
 	}
 	if got := next(); !slices.Equal(got, []string{notify.TasksRequeued}) {

@@ -658,3 +658,16 @@ func (s *Store) PendingByKind(ctx context.Context, maxCount int32) ([]Pending, e
 	}
 	return out, nil
 }
+
+// TasksOf returns the tasks of ins, inserted or duplicate alike, and err:
+// for a caller of Insert that wants the tasks only.
+func TasksOf(ins []Inserted, err error) ([]task.Task, error) {
+	if err != nil {
+		return nil, err
+	}
+	ts := make([]task.Task, len(ins))
+	for i, in := range ins {
+		ts[i] = in.Task
+	}
+	return ts, nil
+}

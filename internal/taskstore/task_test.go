@@ -22,16 +22,16 @@ func TestClaimHeartbeatComplete(t *testing.T) {
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	s := taskstore.NewStore(tdb.Pool)
-	ins, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{"n":1}`)}, {TaskData: json.RawMessage(`{"n":2}`)}})
+	ins, err := taskstore.TasksOf(s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{"n":1}`)}, {TaskData: json.RawMessage(`{"n":2}`)}}))
 	if err != nil || len(ins) != 2 {
 		t.Fatalf("insert: %v, %v", ins, err)
 	}
-	claimed, err := s.Claim(ctx, []string{"r/w1", "r/w2", "r/w3"}, 30*time.Second)
+	claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"r/w1", "r/w2", "r/w3"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(claimed) != 2 {
 		t.Fatalf("claim: %+v, %v; want both tasks", claimed, err)
 	}
 	a := claimed[0]
-	if a.State != task.StateRunning || a.Fence == nil || a.Attempts != 1 || a.Processor == nil {
+	if a.State != task.StateRunning || a.Fence == 0 || a.Attempts != 1 || a.Processor == "" {
 		t.Fatalf("claimed task: %+v", a)
 	}
 	// The lease is in the task's row, with a fence from the sequence every
@@ -39,8 +39,8 @@ func TestClaimHeartbeatComplete(t *testing.T) {
 	if a.MustHeartbeatBefore == nil || a.StartedAt == nil || a.MustHeartbeatBefore.Sub(*a.StartedAt) != 30*time.Second {
 		t.Fatalf("claimed task's lease: started %v, must heartbeat before %v; want a 30s lease", a.StartedAt, a.MustHeartbeatBefore)
 	}
-	if *claimed[1].Fence == *a.Fence {
-		t.Fatalf("two claims share fence %d", *a.Fence)
+	if claimed[1].Fence == a.Fence {
+		t.Fatalf("two claims share fence %d", a.Fence)
 	}
 	if l, err := leasing.NewStore(tdb.Pool).List(ctx, lease.ListParams{Filter: "active", Prefix: "task:", Limit: 10}); err != nil || len(l) != 0 {
 		t.Fatalf("leases rows for task leases: %+v, %v; want none", l, err)
@@ -48,17 +48,17 @@ func TestClaimHeartbeatComplete(t *testing.T) {
 	if _, err := s.Heartbeat(ctx, a.ID, "someone-else", 0); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("heartbeat by another processor: %v", err)
 	}
-	if _, err := s.Heartbeat(ctx, a.ID, *a.Processor, *a.Fence+1); !errors.Is(err, task.ErrLeaseLost) {
+	if _, err := s.Heartbeat(ctx, a.ID, a.Processor, a.Fence+1); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("heartbeat with another fence: %v", err)
 	}
-	if _, err := s.Heartbeat(ctx, 999999, *a.Processor, 0); !errors.Is(err, task.ErrNotFound) {
+	if _, err := s.Heartbeat(ctx, 999999, a.Processor, 0); !errors.Is(err, task.ErrNotFound) {
 		t.Fatalf("heartbeat of an unknown task: %v", err)
 	}
-	hb, err := s.Heartbeat(ctx, a.ID, *a.Processor, *a.Fence)
+	hb, err := s.Heartbeat(ctx, a.ID, a.Processor, a.Fence)
 	if err != nil || !hb.MustHeartbeatBefore.After(*a.MustHeartbeatBefore) {
 		t.Fatalf("heartbeat: %+v, %v", hb, err)
 	}
-	done, err := s.Complete(ctx, a.ID, *a.Processor, *a.Fence, json.RawMessage(`{"ok":true}`))
+	done, err := s.Complete(ctx, a.ID, a.Processor, a.Fence, json.RawMessage(`{"ok":true}`))
 	if err != nil || done.State != task.StateDone || string(done.TaskOutput) != `{"ok": true}` {
 		t.Fatalf("complete: %+v (%s), %v", done, done.TaskOutput, err)
 	}
@@ -67,10 +67,10 @@ func TestClaimHeartbeatComplete(t *testing.T) {
 		t.Errorf("done task: processed at %v, must heartbeat before %v; want the renewed lease's expiry %v, after the completion",
 			done.ProcessedAt, done.MustHeartbeatBefore, hb.MustHeartbeatBefore)
 	}
-	if _, err := s.Heartbeat(ctx, a.ID, *a.Processor, *a.Fence); !errors.Is(err, task.ErrLeaseLost) {
+	if _, err := s.Heartbeat(ctx, a.ID, a.Processor, a.Fence); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("heartbeat after the completion: %v, want ErrLeaseLost", err)
 	}
-	if _, err := s.Complete(ctx, a.ID, *a.Processor, *a.Fence, nil); !errors.Is(err, task.ErrLeaseLost) {
+	if _, err := s.Complete(ctx, a.ID, a.Processor, a.Fence, nil); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("second complete: %v, want ErrLeaseLost", err)
 	}
 }
@@ -80,7 +80,7 @@ func TestLapsedTaskIsReclaimedThenDead(t *testing.T) {
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	s := taskstore.NewStore(tdb.Pool)
-	ins, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 2}})
+	ins, err := taskstore.TasksOf(s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 2}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,31 +91,31 @@ func TestLapsedTaskIsReclaimedThenDead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	first, err := s.Claim(ctx, []string{"a"}, 30*time.Second)
+	first, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"a"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(first) != 1 {
 		t.Fatalf("first claim: %v %v", first, err)
 	}
 	lapse()
-	second, err := s.Claim(ctx, []string{"b"}, 30*time.Second)
-	if err != nil || len(second) != 1 || second[0].Attempts != 2 || *second[0].Fence <= *first[0].Fence {
+	second, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"b"}, TTL: 30 * time.Second, WithLapsed: true})
+	if err != nil || len(second) != 1 || second[0].Attempts != 2 || second[0].Fence <= first[0].Fence {
 		t.Fatalf("second claim: %+v %v", second, err)
 	}
-	if _, err := s.Complete(ctx, id, "a", *first[0].Fence, nil); !errors.Is(err, task.ErrLeaseLost) {
+	if _, err := s.Complete(ctx, id, "a", first[0].Fence, nil); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("stale complete by the first worker: %v, want ErrLeaseLost", err)
 	}
 	lapse()
-	none, err := s.Claim(ctx, []string{"c"}, 30*time.Second)
+	none, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"c"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(none) != 0 {
 		t.Fatalf("claim after the last attempt lapsed: %+v %v; want nothing", none, err)
 	}
 	got, _ := s.Get(ctx, id)
-	if got.State != task.StateDead || got.LastError == nil {
+	if got.State != task.StateDead || got.LastError == "" {
 		t.Fatalf("task after its last attempt lapsed: %+v", got)
 	}
 	// Both lapsed attempts are in the history, in order, each with its own fence.
 	want := []task.Attempt{
-		{Processor: "a", Fence: *first[0].Fence, Outcome: task.OutcomeExpired},
-		{Processor: "b", Fence: *second[0].Fence, Outcome: task.OutcomeExpired},
+		{Processor: "a", Fence: first[0].Fence, Outcome: task.OutcomeExpired},
+		{Processor: "b", Fence: second[0].Fence, Outcome: task.OutcomeExpired},
 	}
 	checkAttempts(t, earlierAttempts(t, tdb, id), want)
 }
@@ -161,13 +161,13 @@ func TestRequeueLapsed(t *testing.T) {
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	s := taskstore.NewStore(tdb.Pool)
-	ins, err := s.Insert(ctx, []taskstore.NewTask{
+	ins, err := taskstore.TasksOf(s.Insert(ctx, []taskstore.NewTask{
 		{TaskData: json.RawMessage(`{}`)}, {TaskData: json.RawMessage(`{}`), MaxAttempts: 1}, {TaskData: json.RawMessage(`{}`)},
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := s.Claim(ctx, []string{"a", "b", "c"}, 30*time.Second)
+	claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"a", "b", "c"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(claimed) != 3 {
 		t.Fatalf("claim: %+v, %v", claimed, err)
 	}
@@ -196,13 +196,13 @@ func TestRequeueLapsed(t *testing.T) {
 		t.Fatalf("states after the lapse: %v; want %d pending, %d dead", states, ins[0].ID, ins[1].ID)
 	}
 	for i, id := range []int64{ins[0].ID, ins[1].ID} {
-		checkAttempts(t, earlierAttempts(t, tdb, id), []task.Attempt{{Processor: *claimed[i].Processor, Fence: *claimed[i].Fence, Outcome: task.OutcomeExpired}})
+		checkAttempts(t, earlierAttempts(t, tdb, id), []task.Attempt{{Processor: claimed[i].Processor, Fence: claimed[i].Fence, Outcome: task.OutcomeExpired}})
 	}
 	if got, err := s.Get(ctx, ins[2].ID); err != nil || got.State != task.StateRunning {
 		t.Fatalf("the live task: %+v, %v; want it running", got, err)
 	}
-	again, err := s.Claim(ctx, []string{"d"}, 30*time.Second)
-	if err != nil || len(again) != 1 || again[0].ID != ins[0].ID || again[0].Attempts != 2 || *again[0].Fence <= *claimed[0].Fence {
+	again, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"d"}, TTL: 30 * time.Second, WithLapsed: true})
+	if err != nil || len(again) != 1 || again[0].ID != ins[0].ID || again[0].Attempts != 2 || again[0].Fence <= claimed[0].Fence {
 		t.Fatalf("claim after the requeue: %+v, %v; want task %d, second attempt, a greater fence", again, err, ins[0].ID)
 	}
 }
@@ -214,27 +214,27 @@ func TestFailAndRequeueRecordTheAttempt(t *testing.T) {
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	s := taskstore.NewStore(tdb.Pool)
-	ins, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}})
+	ins, err := taskstore.TasksOf(s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c1, err := s.Claim(ctx, []string{"a"}, 30*time.Second)
+	c1, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"a"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(c1) != 1 {
 		t.Fatalf("claim: %+v, %v", c1, err)
 	}
-	if _, err := s.Requeue(ctx, ins[0].ID, "a", *c1[0].Fence, "shutting down"); err != nil {
+	if _, err := s.Requeue(ctx, ins[0].ID, "a", c1[0].Fence, "shutting down"); err != nil {
 		t.Fatal(err)
 	}
-	c2, err := s.Claim(ctx, []string{"b"}, 30*time.Second)
+	c2, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"b"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(c2) != 1 {
 		t.Fatalf("claim after the hand-back: %+v, %v", c2, err)
 	}
-	if _, err := s.Fail(ctx, ins[0].ID, "b", *c2[0].Fence, "boom"); err != nil {
+	if _, err := s.Fail(ctx, ins[0].ID, "b", c2[0].Fence, "boom", -1); err != nil {
 		t.Fatal(err)
 	}
 	checkAttempts(t, earlierAttempts(t, tdb, ins[0].ID), []task.Attempt{
-		{Processor: "a", Fence: *c1[0].Fence, Outcome: task.OutcomeRequeued},
-		{Processor: "b", Fence: *c2[0].Fence, Outcome: task.OutcomeFailed},
+		{Processor: "a", Fence: c1[0].Fence, Outcome: task.OutcomeRequeued},
+		{Processor: "b", Fence: c2[0].Fence, Outcome: task.OutcomeFailed},
 	})
 }
 
@@ -243,29 +243,29 @@ func TestFailBackoffAndDead(t *testing.T) {
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	s := taskstore.NewStore(tdb.Pool)
-	ins, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 2}})
+	ins, err := taskstore.TasksOf(s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 2}}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, []string{"a"}, 30*time.Second)
+	c, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"a"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(c) != 1 {
 		t.Fatalf("claim: %v, %v", c, err)
 	}
-	failed, err := s.Fail(ctx, c[0].ID, "a", *c[0].Fence, "boom")
-	if err != nil || failed.State != task.StatePending || !failed.ScheduledAt.After(ins[0].ScheduledAt) || *failed.LastError != "boom" {
+	failed, err := s.Fail(ctx, c[0].ID, "a", c[0].Fence, "boom", -1)
+	if err != nil || failed.State != task.StatePending || !failed.ScheduledAt.After(ins[0].ScheduledAt) || failed.LastError != "boom" {
 		t.Fatalf("fail: %+v %v", failed, err)
 	}
-	if again, err := s.Claim(ctx, []string{"a"}, 30*time.Second); err != nil || len(again) != 0 {
+	if again, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"a"}, TTL: 30 * time.Second, WithLapsed: true}); err != nil || len(again) != 0 {
 		t.Fatalf("claimed during its backoff: %+v, %v", again, err)
 	}
 	if _, err := tdb.Pool.Exec(ctx, `UPDATE tasks SET scheduled_at = now() WHERE id = $1`, c[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	c2, err := s.Claim(ctx, []string{"a"}, 30*time.Second)
+	c2, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"a"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(c2) != 1 {
 		t.Fatalf("second claim: %v, %v", c2, err)
 	}
-	dead, err := s.Fail(ctx, c2[0].ID, "a", *c2[0].Fence, "boom again")
+	dead, err := s.Fail(ctx, c2[0].ID, "a", c2[0].Fence, "boom again", -1)
 	if err != nil || dead.State != task.StateDead || dead.ProcessedAt == nil {
 		t.Fatalf("last fail: %+v %v", dead, err)
 	}
@@ -276,14 +276,14 @@ func TestRunningAndDead(t *testing.T) {
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	s := taskstore.NewStore(tdb.Pool)
-	if _, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 1}, {TaskData: json.RawMessage(`{}`)}}); err != nil {
+	if _, err := taskstore.TasksOf(s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`), MaxAttempts: 1}, {TaskData: json.RawMessage(`{}`)}})); err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := s.Claim(ctx, []string{"a", "b"}, 30*time.Second)
+	claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"a", "b"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(claimed) != 2 {
 		t.Fatalf("claim: %v, %v", claimed, err)
 	}
-	if _, err := s.Fail(ctx, claimed[0].ID, *claimed[0].Processor, *claimed[0].Fence, "poison"); err != nil {
+	if _, err := s.Fail(ctx, claimed[0].ID, claimed[0].Processor, claimed[0].Fence, "poison", -1); err != nil {
 		t.Fatal(err)
 	}
 	running, err := s.Running(ctx, 10)
@@ -291,7 +291,7 @@ func TestRunningAndDead(t *testing.T) {
 		t.Fatalf("Running = %+v, %v; want task %d", running, err, claimed[1].ID)
 	}
 	dead, err := s.Dead(ctx, 10)
-	if err != nil || len(dead) != 1 || dead[0].ID != claimed[0].ID || *dead[0].LastError != "poison" {
+	if err != nil || len(dead) != 1 || dead[0].ID != claimed[0].ID || dead[0].LastError != "poison" {
 		t.Fatalf("Dead = %+v, %v; want task %d with its error", dead, err, claimed[0].ID)
 	}
 }
@@ -307,19 +307,19 @@ func TestCompleteMany(t *testing.T) {
 	for i := range data {
 		data[i] = taskstore.NewTask{TaskData: json.RawMessage(`{}`)}
 	}
-	if _, err := s.Insert(ctx, data); err != nil {
+	if _, err := taskstore.TasksOf(s.Insert(ctx, data)); err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := s.Claim(ctx, []string{"r/w1", "r/w2", "r/w3", "r/w4", "r/w5"}, 30*time.Second)
+	claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"r/w1", "r/w2", "r/w3", "r/w4", "r/w5"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(claimed) != 5 {
 		t.Fatalf("claim: %d tasks, %v", len(claimed), err)
 	}
 	c := func(i int) taskstore.Completion {
-		return taskstore.Completion{ID: claimed[i].ID, Processor: *claimed[i].Processor, Fence: *claimed[i].Fence,
+		return taskstore.Completion{ID: claimed[i].ID, Processor: claimed[i].Processor, Fence: claimed[i].Fence,
 			Output: json.RawMessage(`{"i":` + string(rune('0'+i)) + `}`)}
 	}
 	// 0 completed already; 1 right; 2 with a stale fence; 3 by another processor; 4 right, no output.
-	if _, err := s.Complete(ctx, claimed[0].ID, *claimed[0].Processor, *claimed[0].Fence, nil); err != nil {
+	if _, err := s.Complete(ctx, claimed[0].ID, claimed[0].Processor, claimed[0].Fence, nil); err != nil {
 		t.Fatal(err)
 	}
 	stale, other, noOutput := c(2), c(3), c(4)
@@ -347,7 +347,7 @@ func TestCompleteMany(t *testing.T) {
 	// The completed ones' leases ended with the completion: no heartbeat is
 	// accepted after it.
 	for _, i := range []int{1, 4} {
-		if _, err := s.Heartbeat(ctx, claimed[i].ID, *claimed[i].Processor, *claimed[i].Fence); !errors.Is(err, task.ErrLeaseLost) {
+		if _, err := s.Heartbeat(ctx, claimed[i].ID, claimed[i].Processor, claimed[i].Fence); !errors.Is(err, task.ErrLeaseLost) {
 			t.Errorf("heartbeat of task %d after its batch completion: %v; want ErrLeaseLost", claimed[i].ID, err)
 		}
 	}
@@ -377,7 +377,7 @@ func TestClaimWalksThePendingIndexInOrder(t *testing.T) {
 	returned := func() int64 {
 		t.Helper()
 		var n int64
-		if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('tasks_pending_idx'::regclass)`).Scan(&n); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('tasks_claim_idx'::regclass)`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -410,20 +410,20 @@ func TestClaimPendingLeavesLapsedTasks(t *testing.T) {
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	s := taskstore.NewStore(tdb.Pool)
-	if _, err := s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}}); err != nil {
+	if _, err := taskstore.TasksOf(s.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}})); err != nil {
 		t.Fatal(err)
 	}
-	first, err := s.ClaimPending(ctx, []string{"a"}, 30*time.Second)
+	first, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"a"}, TTL: 30 * time.Second, WithLapsed: false})
 	if err != nil || len(first) != 1 {
 		t.Fatalf("claim of the pending task: %+v, %v", first, err)
 	}
 	if _, err := tdb.Pool.Exec(ctx, `UPDATE tasks SET must_heartbeat_before = now() WHERE id = $1`, first[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.ClaimPending(ctx, []string{"b"}, 30*time.Second); err != nil || len(got) != 0 {
+	if got, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"b"}, TTL: 30 * time.Second, WithLapsed: false}); err != nil || len(got) != 0 {
 		t.Fatalf("ClaimPending took %+v, %v; want nothing: the task is running, its lease lapsed", got, err)
 	}
-	got, err := s.Claim(ctx, []string{"c"}, 30*time.Second)
+	got, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"c"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(got) != 1 || got[0].ID != first[0].ID || got[0].Attempts != 2 {
 		t.Fatalf("Claim: %+v, %v; want the lapsed task, second attempt", got, err)
 	}
@@ -441,29 +441,29 @@ func TestCompleteAndClaim(t *testing.T) {
 	for i := range data {
 		data[i] = taskstore.NewTask{TaskData: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}
 	}
-	if _, err := s.Insert(ctx, data); err != nil {
+	if _, err := taskstore.TasksOf(s.Insert(ctx, data)); err != nil {
 		t.Fatal(err)
 	}
-	first, err := s.ClaimPending(ctx, []string{"a", "b"}, 30*time.Second)
+	first, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"a", "b"}, TTL: 30 * time.Second, WithLapsed: false})
 	if err != nil || len(first) != 2 {
 		t.Fatalf("claim: %+v, %v", first, err)
 	}
-	stale := taskstore.Completion{ID: first[1].ID, Processor: "b", Fence: *first[1].Fence - 1}
+	stale := taskstore.Completion{ID: first[1].ID, Processor: "b", Fence: first[1].Fence - 1}
 	done, claimed, err := s.CompleteAndClaim(ctx,
-		[]taskstore.Completion{{ID: first[0].ID, Processor: "a", Fence: *first[0].Fence, Output: json.RawMessage(`{"ok":1}`)}, stale},
-		[]string{"a", "b"}, 30*time.Second)
+		[]taskstore.Completion{{ID: first[0].ID, Processor: "a", Fence: first[0].Fence, Output: json.RawMessage(`{"ok":1}`)}, stale},
+		taskstore.ClaimParams{Processors: []string{"a", "b"}, TTL: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(done) != 1 || !done[first[0].ID] {
 		t.Fatalf("completed %v; want only task %d (the other's fence is stale)", done, first[0].ID)
 	}
-	if len(claimed) != 1 || claimed[0].ID != first[1].ID+1 || *claimed[0].Processor != "a" ||
-		claimed[0].State != task.StateRunning || *claimed[0].Fence <= *first[1].Fence || claimed[0].Attempts != 1 {
+	if len(claimed) != 1 || claimed[0].ID != first[1].ID+1 || claimed[0].Processor != "a" ||
+		claimed[0].State != task.StateRunning || claimed[0].Fence <= first[1].Fence || claimed[0].Attempts != 1 {
 		t.Fatalf("claimed %+v; want the one task left, for a, running under a new fence", claimed)
 	}
 	got, err := s.Get(ctx, claimed[0].ID)
-	if err != nil || got.State != task.StateRunning || *got.Fence != *claimed[0].Fence || !got.MustHeartbeatBefore.Equal(*claimed[0].MustHeartbeatBefore) {
+	if err != nil || got.State != task.StateRunning || got.Fence != claimed[0].Fence || !got.MustHeartbeatBefore.Equal(*claimed[0].MustHeartbeatBefore) {
 		t.Fatalf("the claimed task as stored: %+v, %v; want it as returned", got, err)
 	}
 	if string(claimed[0].TaskData) != `{"i": 2}` {
@@ -471,7 +471,7 @@ func TestCompleteAndClaim(t *testing.T) {
 	}
 	// Nothing left to claim: the completions come back all the same.
 	done, claimed, err = s.CompleteAndClaim(ctx,
-		[]taskstore.Completion{{ID: first[1].ID, Processor: "b", Fence: *first[1].Fence}}, []string{"b"}, 30*time.Second)
+		[]taskstore.Completion{{ID: first[1].ID, Processor: "b", Fence: first[1].Fence}}, taskstore.ClaimParams{Processors: []string{"b"}, TTL: 30 * time.Second})
 	if err != nil || len(done) != 1 || !done[first[1].ID] || len(claimed) != 0 {
 		t.Fatalf("complete with nothing to claim: %v, %+v, %v; want task %d completed, nothing claimed", done, claimed, err, first[1].ID)
 	}

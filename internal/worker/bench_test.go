@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
@@ -32,7 +33,8 @@ func benchReplicas(ctx context.Context, b *testing.B, wg *sync.WaitGroup, url st
 		<-ready.Resync()
 		ready.Close()
 		p := &worker.Pool{Tasks: tasks, Listener: l, Instance: string(rune('a' + r)), Workers: workers,
-			TTL: 30 * time.Second, Log: zerolog.Nop(), OnEvent: onEvent}
+			TTL: 30 * time.Second, Kinds: []string{task.DefaultKind}, Handler: sleepHandler(b, 0, nil),
+			Log: zerolog.Nop(), OnEvent: onEvent}
 		wg.Go(func() { _ = p.Run(ctx) })
 	}
 }
@@ -52,7 +54,7 @@ func BenchmarkDrain(b *testing.B) {
 			batch[i] = taskstore.NewTask{TaskData: json.RawMessage(`{"sleep_duration_seconds": 0}`)}
 		}
 		for range n / len(batch) {
-			if _, err := tasks.Insert(context.Background(), batch); err != nil {
+			if _, err := taskstore.TasksOf(tasks.Insert(context.Background(), batch)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -108,7 +110,7 @@ func BenchmarkPickupLatency(b *testing.B) {
 		lat := make([]time.Duration, 0, n)
 		for range n {
 			inserted := time.Now()
-			ts, err := tasks.Insert(ctx, data)
+			ts, err := taskstore.TasksOf(tasks.Insert(ctx, data))
 			committed := time.Now()
 			if err != nil {
 				b.Fatal(err)

@@ -23,7 +23,7 @@ func TestEventsCarryWhatMetricsNeed(t *testing.T) {
 
 	insert := func(data string, scheduled time.Time, maxAttempts int32) task.Task {
 		t.Helper()
-		ts, err := e.tasks.Insert(e.ctx, []taskstore.NewTask{{TaskData: json.RawMessage(data), ScheduledAt: scheduled, MaxAttempts: maxAttempts}})
+		ts, err := taskstore.TasksOf(e.tasks.Insert(e.ctx, []taskstore.NewTask{{TaskData: json.RawMessage(data), ScheduledAt: scheduled, MaxAttempts: maxAttempts}}))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -131,6 +131,7 @@ func (e *env) startPool(instance string, workers int, ttl time.Duration, configu
 	r := &replica{ctx: ctx, events: newRecorder(), cancel: cancel, done: make(chan struct{})}
 	r.Pool = &worker.Pool{
 		Tasks: e.tasks, Instance: instance, Workers: workers, TTL: ttl,
+		Kinds: []string{task.DefaultKind}, Handler: sleepHandler(e.t, 0, nil),
 		SafetyPoll: -1, Log: e.log(), OnEvent: r.events.add,
 	}
 	if configure != nil {
@@ -149,6 +150,17 @@ func (e *env) startPool(instance string, workers int, ttl time.Duration, configu
 	return r
 }
 
+// sleepHandler is the demo's sleep handler (worker.Sleep) with the given
+// simulated crash rate and hook.
+func sleepHandler(t testing.TB, crashRate float64, crash func()) worker.Handler {
+	t.Helper()
+	h, err := worker.Sleep(crashRate, crash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 // insert adds tasks with the given task_data in one statement.
 func (e *env) insert(maxAttempts int32, data ...string) []task.Task {
 	e.t.Helper()
@@ -156,7 +168,7 @@ func (e *env) insert(maxAttempts int32, data ...string) []task.Task {
 	for i, d := range data {
 		nts[i] = taskstore.NewTask{TaskData: json.RawMessage(d), MaxAttempts: maxAttempts}
 	}
-	ts, err := e.tasks.Insert(e.ctx, nts)
+	ts, err := taskstore.TasksOf(e.tasks.Insert(e.ctx, nts))
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -19,13 +19,14 @@ import (
 // failed.
 type Handler func(ctx context.Context, t task.Task) (output json.RawMessage, err error)
 
-// SnoozeError, returned by a handler, puts the task back to run again after
-// Delay without counting the attempt.
+// SnoozeError is what a handler returns to put its task back to run again
+// after Delay without counting the attempt.
 type SnoozeError struct{ Delay time.Duration }
 
 func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %s", e.Delay) }
 
-// CancelError, returned by a handler, cancels the task: it is not retried.
+// CancelError is what a handler returns to cancel its task: it is not
+// retried.
 type CancelError struct{ Err error }
 
 func (e *CancelError) Error() string { return "cancelled by its handler: " + e.Err.Error() }
@@ -33,8 +34,8 @@ func (e *CancelError) Error() string { return "cancelled by its handler: " + e.E
 // Unwrap returns the handler's reason.
 func (e *CancelError) Unwrap() error { return e.Err }
 
-// RetryError, returned by a handler, fails the attempt with a retry after
-// Delay instead of the default backoff (the kind's retry policy).
+// RetryError is what a handler returns to fail the attempt with a retry
+// after Delay instead of the default backoff (the kind's retry policy).
 type RetryError struct {
 	Err   error
 	Delay time.Duration
@@ -45,8 +46,8 @@ func (e *RetryError) Error() string { return e.Err.Error() }
 // Unwrap returns the failure.
 func (e *RetryError) Unwrap() error { return e.Err }
 
-// ErrAbandon, returned by a handler, makes the worker leave the task as a
-// process that died would: no completion, no failure, no more heartbeats;
+// ErrAbandon is what a handler returns to make the worker leave the task as
+// a process that died would: no completion, no failure, no more heartbeats;
 // the lease lapses and the task is claimed again. The demo's simulated
 // crash uses it when its crash hook returns.
 var ErrAbandon = errors.New("task abandoned")

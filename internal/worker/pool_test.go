@@ -154,7 +154,7 @@ func TestLeaseLostDuringWork(t *testing.T) {
 		t.Fatalf("a's stale complete: %v, want task.ErrLeaseLost", err)
 	}
 	got := e.get(tk.ID)
-	if got.State != task.StateDone || got.Attempts != 2 || deref(got.Processor) != "b/w1" || deref(got.Fence) != reclaimed.Fence {
+	if got.State != task.StateDone || got.Attempts != 2 || got.Processor != "b/w1" || got.Fence != reclaimed.Fence {
 		t.Fatalf("task: %+v; want done by b/w1 on attempt 2 with fence %d", got, reclaimed.Fence)
 	}
 	h := e.leaseHistory(tk.ID)
@@ -187,8 +187,8 @@ func TestPoisonTaskEndsDead(t *testing.T) {
 			return ev.Kind == worker.EventFailed && ev.TaskID == id && ev.Attempts == 3
 		})
 		got := e.get(id)
-		if got.Attempts != 3 || got.LastError == nil || !strings.Contains(*got.LastError, c.says) || got.ProcessedAt == nil {
-			t.Errorf("task %s: %+v (last error %q); want dead after 3 attempts, the error saying %q", c.data, got, deref(got.LastError), c.says)
+		if got.Attempts != 3 || got.LastError == "" || !strings.Contains(got.LastError, c.says) || got.ProcessedAt == nil {
+			t.Errorf("task %s: %+v (last error %q); want dead after 3 attempts, the error saying %q", c.data, got, got.LastError, c.says)
 		}
 		if fails := p.events.all(isTask(worker.EventFailed, id)); len(fails) != 3 {
 			t.Errorf("task %s: %d failed attempts recorded by the workers, want 3", c.data, len(fails))
@@ -215,11 +215,10 @@ func TestCrashedWorkerTaskIsRedone(t *testing.T) {
 	crashed := make(chan struct{}, 1)
 	proceed := make(chan struct{})
 	a := e.startPool("a", 1, 4*time.Second, func(p *worker.Pool, _ *replica) {
-		p.SimCrashRate = 1
-		p.Crash = func() {
+		p.Handler = sleepHandler(t, 1, func() {
 			crashed <- struct{}{}
 			<-proceed // meanwhile a's heartbeats go on: the task stays a's until the "crash" completes
-		}
+		})
 	})
 	tk := e.insert(0, sleepTask(0.2))[0]
 	select {
@@ -247,7 +246,7 @@ func TestCrashedWorkerTaskIsRedone(t *testing.T) {
 		t.Fatalf("the crashed worker's late complete: %v, want task.ErrLeaseLost", err)
 	}
 	got := e.get(tk.ID)
-	if got.State != task.StateDone || got.Attempts != 2 || deref(got.Processor) != "b/w1" {
+	if got.State != task.StateDone || got.Attempts != 2 || got.Processor != "b/w1" {
 		t.Fatalf("task: %+v; want done by b/w1 on attempt 2", got)
 	}
 	h := e.leaseHistory(tk.ID)
@@ -356,7 +355,7 @@ func TestExpiredTaskLeaseWakesIdlePool(t *testing.T) {
 	// dead processor; then made due behind p's back (no notification, and
 	// p's due timer is an hour away).
 	from := p.events.len()
-	tk, err := e.tasks.Insert(e.ctx, []taskstore.NewTask{{TaskData: json.RawMessage(sleepTask(0)), ScheduledAt: time.Now().Add(time.Hour)}})
+	tk, err := taskstore.TasksOf(e.tasks.Insert(e.ctx, []taskstore.NewTask{{TaskData: json.RawMessage(sleepTask(0)), ScheduledAt: time.Now().Add(time.Hour)}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +366,7 @@ func TestExpiredTaskLeaseWakesIdlePool(t *testing.T) {
 	if _, err := e.db.Pool.Exec(e.ctx, `UPDATE tasks SET scheduled_at = now() WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
-	dead, err := e.tasks.Claim(e.ctx, []string{"dead/w1"}, time.Second)
+	dead, err := e.tasks.Claim(e.ctx, taskstore.ClaimParams{Processors: []string{"dead/w1"}, TTL: time.Second, WithLapsed: true})
 	if err != nil || len(dead) != 1 || dead[0].ID != id {
 		t.Fatalf("the dead processor's claim: %+v, %v", dead, err)
 	}
@@ -382,10 +381,10 @@ func TestExpiredTaskLeaseWakesIdlePool(t *testing.T) {
 	if got.State != task.StateDone || got.Attempts != 2 {
 		t.Fatalf("task: %+v; want done on attempt 2", got)
 	}
-	if _, err := e.tasks.Complete(e.ctx, id, "dead/w1", deref(dead[0].Fence), nil); !errors.Is(err, task.ErrLeaseLost) {
+	if _, err := e.tasks.Complete(e.ctx, id, "dead/w1", dead[0].Fence, nil); !errors.Is(err, task.ErrLeaseLost) {
 		t.Fatalf("the dead processor's late complete: %v, want task.ErrLeaseLost", err)
 	}
-	if h := e.leaseHistory(id); !contains(h[deref(dead[0].Fence)], "expired") {
+	if h := e.leaseHistory(id); !contains(h[dead[0].Fence], "expired") {
 		t.Fatalf("lease history by fence: %v; want the dead processor's lease expired", h)
 	}
 }
@@ -443,7 +442,7 @@ func TestShutdownRequeuesUnfinishedTasks(t *testing.T) {
 			t.Errorf("task %d: lease history %v; want fence %d released", tk.ID, h, fences[tk.ID])
 		}
 	}
-	again, err := e.tasks.Claim(e.ctx, []string{"other/w1", "other/w2", "other/w3"}, time.Second)
+	again, err := e.tasks.Claim(e.ctx, taskstore.ClaimParams{Processors: []string{"other/w1", "other/w2", "other/w3"}, TTL: time.Second, WithLapsed: true})
 	if err != nil || len(again) != 2 {
 		t.Fatalf("another replica's claim right after the shutdown: %d tasks, %v; want the 2 handed back", len(again), err)
 	}
@@ -455,7 +454,8 @@ func TestRunChecksSettings(t *testing.T) {
 	e := newEnv(t)
 	l := e.listener(e.ctx)
 	valid := func() *worker.Pool {
-		return &worker.Pool{Tasks: e.tasks, Listener: l, Instance: "x", Workers: 1, TTL: time.Second}
+		return &worker.Pool{Tasks: e.tasks, Listener: l, Instance: "x", Workers: 1, TTL: time.Second,
+			Kinds: []string{task.DefaultKind}, Handler: sleepHandler(t, 0, nil)}
 	}
 	cases := map[string]func(p *worker.Pool){
 		"no store":        func(p *worker.Pool) { p.Tasks = nil },
@@ -464,7 +464,8 @@ func TestRunChecksSettings(t *testing.T) {
 		"negative":        func(p *worker.Pool) { p.Workers = -1 },
 		"ttl fraction":    func(p *worker.Pool) { p.TTL = 1500 * time.Millisecond },
 		"ttl zero":        func(p *worker.Pool) { p.TTL = 0 },
-		"crash rate > 1":  func(p *worker.Pool) { p.SimCrashRate = 2 },
+		"no kinds":        func(p *worker.Pool) { p.Kinds = nil },
+		"no handler":      func(p *worker.Pool) { p.Handler = nil },
 		"spike rate < 0":  func(p *worker.Pool) { p.SimSpikeRate = -0.1 },
 		"ttl over a hour": func(p *worker.Pool) { p.TTL = 2 * time.Hour },
 	}
@@ -487,14 +488,6 @@ func TestRunChecksSettings(t *testing.T) {
 	})
 	cancel()
 	wg.Wait()
-}
-
-func deref[T any](v *T) T {
-	var zero T
-	if v == nil {
-		return zero
-	}
-	return *v
 }
 
 // TestHandedBackTaskWakesIdlePool: a task another replica hands back at its

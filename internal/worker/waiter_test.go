@@ -43,7 +43,7 @@ func TestNoLostWakeUpWhileRegistering(t *testing.T) {
 			wg.Go(func() {
 				for k := range perInserter {
 					if k%2 == 0 {
-						if _, err := e.tasks.Insert(e.ctx, []taskstore.NewTask{{TaskData: []byte(sleepTask(0))}}); err != nil {
+						if _, err := taskstore.TasksOf(e.tasks.Insert(e.ctx, []taskstore.NewTask{{TaskData: []byte(sleepTask(0))}})); err != nil {
 							t.Errorf("insert: %v", err)
 							return
 						}
