@@ -94,7 +94,7 @@ due AS (
     SELECT d.id, d.priority, d.scheduled_at
     FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], cardinality(@processors::text[]),
                          @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
-                         @hint_at::timestamptz[], @hint_ids::bigint[]) AS d (id, priority, scheduled_at)
+                         @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS d (id, priority, scheduled_at)
 ),
 lapsed AS (
     SELECT r.id, r.priority, r.scheduled_at FROM tasks AS r
@@ -385,7 +385,7 @@ picked AS (
     SELECT d.id, row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
     FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], cardinality(@claim_for::text[]),
                          @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
-                         @hint_at::timestamptz[], @hint_ids::bigint[]) AS d (id, priority, scheduled_at)
+                         @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS d (id, priority, scheduled_at)
 ),
 claimed AS (
     UPDATE tasks AS t

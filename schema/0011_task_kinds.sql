@@ -35,11 +35,18 @@ CREATE INDEX tasks_claim_idx ON tasks (queue, kind, priority, scheduled_at, id) 
 CREATE UNIQUE INDEX tasks_unique_key_idx ON tasks (kind, unique_key)
     WHERE unique_key IS NOT NULL AND state <> 'cancelled';
 
--- The lists' filters (?kind=&queue=&state=, paged by id): an equality on
+-- The lists' filters (?state=&kind=&queue=, paged by id): an equality on
 -- all three is a range of this index in id order; a list that names fewer
--- reads each (kind, queue, state) it may match the same way and merges
--- them (TaskListFiltered).
-CREATE INDEX tasks_filter_idx ON tasks (kind, queue, state, id);
+-- reads each (state, kind, queue) it may match the same way and merges them
+-- (tasks_filtered). It also serves what tasks_running_idx did, the running
+-- tasks (its state = 'running' range), which it replaces: a claim writes
+-- one entry to it, as it did to that index, and a completion one more. That
+-- one entry is what the filters cost; a full index on columns a claim never
+-- changes would cost as much, since a claim and a completion are not HOT
+-- updates (they change state, which partial indexes name) and so write an
+-- entry to every index whose predicate holds.
+DROP INDEX tasks_running_idx;
+CREATE INDEX tasks_filter_idx ON tasks (state, kind, queue, id);
 
 -- The cancelled tasks, newest first, for the dashboard (as tasks_dead_idx).
 CREATE INDEX tasks_cancelled_idx ON tasks (processed_at DESC, id DESC) WHERE state = 'cancelled';
@@ -104,12 +111,15 @@ BEGIN
     watched := current_setting('transaction_isolation') <> 'read committed'
                OR NOT pg_try_advisory_xact_lock_shared(7810756277295999348)
                OR EXISTS (SELECT 1 FROM task_waiters WHERE all_changes);
+    -- The look for a running task that expires sooner walks the running
+    -- range of tasks_filter_idx backwards, newest ids of each (kind,
+    -- queue) first, as it walked tasks_running_idx (schema/0009).
     IF claimed_by IS NOT NULL AND (watched OR (
             SELECT r.id FROM tasks AS r
             WHERE r.state = 'running'
               AND r.must_heartbeat_before > now()
               AND r.must_heartbeat_before < claimed_by
-            ORDER BY r.id DESC
+            ORDER BY r.state DESC, r.kind DESC, r.queue DESC, r.id DESC
             LIMIT 1) IS NULL) THEN
         PERFORM pg_notify('leasehold_task', 'claimed:' || floor(extract(epoch FROM claimed_by) * 1000)::bigint);
     END IF;
@@ -243,6 +253,12 @@ $$;
 -- max_tasks due pending tasks of want_queues and want_kinds (NULL: all)
 -- with the lowest (priority, scheduled_at, id), reading only their
 -- branches' ranges of tasks_claim_idx (see task_branches for the hints).
+-- With discover false, the branches are those of the hints alone, none is
+-- looked for: the claims of a busy claimer between those that discover
+-- (worker.Pool's, which discover at least once a second), which then cost
+-- one index scan per branch and nothing more, as a claim from one queue
+-- did before kinds and queues existed. The hints must then lie within
+-- want_queues and want_kinds.
 -- The claim that calls it joins its rows, locked for the rest of the
 -- claim's transaction, and takes every one of them: a row it locked and
 -- left would be skipped by a concurrent claim and then sit before that
@@ -259,7 +275,7 @@ $$;
 -- say (schema/0010); PL/pgSQL keeps each statement's plan for the session.
 CREATE FUNCTION tasks_claimable(want_queues text[], want_kinds text[], max_tasks integer,
                                 hint_queues text[], hint_kinds text[], hint_priorities smallint[],
-                                hint_at timestamptz[], hint_ids bigint[])
+                                hint_at timestamptz[], hint_ids bigint[], discover boolean)
 RETURNS TABLE (id bigint, priority smallint, scheduled_at timestamptz)
 LANGUAGE plpgsql VOLATILE
 ROWS 10
@@ -286,13 +302,32 @@ BEGIN
     IF max_tasks IS NULL OR max_tasks < 1 THEN
         RETURN;
     END IF;
-    SELECT array_agg(br.queue ORDER BY br.priority, br.queue, br.kind),
-           array_agg(br.kind ORDER BY br.priority, br.queue, br.kind),
-           array_agg(br.priority ORDER BY br.priority, br.queue, br.kind),
-           array_agg(br.after_at ORDER BY br.priority, br.queue, br.kind),
-           array_agg(br.after_id ORDER BY br.priority, br.queue, br.kind)
-    INTO bq, bk, bp, bat, bid
-    FROM task_branches(want_queues, want_kinds, hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids) AS br;
+    IF discover OR coalesce(cardinality(hint_queues), 0) = 0 THEN
+        SELECT array_agg(br.queue ORDER BY br.priority, br.queue, br.kind),
+               array_agg(br.kind ORDER BY br.priority, br.queue, br.kind),
+               array_agg(br.priority ORDER BY br.priority, br.queue, br.kind),
+               array_agg(br.after_at ORDER BY br.priority, br.queue, br.kind),
+               array_agg(br.after_id ORDER BY br.priority, br.queue, br.kind)
+        INTO bq, bk, bp, bat, bid
+        FROM task_branches(want_queues, want_kinds, hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids) AS br;
+    ELSIF cardinality(hint_queues) = 1 THEN
+        -- One branch known, none to look for: the busy claimer's case.
+        RETURN QUERY
+        SELECT c.id, c.priority, c.scheduled_at FROM tasks AS c
+        WHERE c.state = 'pending' AND c.queue = hint_queues[1] AND c.kind = hint_kinds[1] AND c.priority = hint_priorities[1]
+          AND (c.scheduled_at, c.id) > (hint_at[1], hint_ids[1]) AND c.scheduled_at <= now()
+        ORDER BY c.scheduled_at, c.id
+        LIMIT max_tasks
+        FOR UPDATE SKIP LOCKED;
+        RETURN;
+    ELSE
+        -- The branches known from the hints, none looked for.
+        SELECT array_agg(h.q ORDER BY h.p, h.q, h.k), array_agg(h.k ORDER BY h.p, h.q, h.k),
+               array_agg(h.p ORDER BY h.p, h.q, h.k), array_agg(h.at ORDER BY h.p, h.q, h.k),
+               array_agg(h.id ORDER BY h.p, h.q, h.k)
+        INTO bq, bk, bp, bat, bid
+        FROM unnest(hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids) AS h (q, k, p, at, id);
+    END IF;
     n := coalesce(cardinality(bq), 0);
     -- One group of branches of equal priority at a time, lowest lo.
     WHILE lo <= n AND left_over > 0 LOOP
@@ -464,8 +499,8 @@ $$;
 -- tasks_filtered returns up to row_limit tasks with an id after after_id,
 -- in id order, of want_states, want_kinds and want_queues (NULL: any), and
 -- when started only those ever claimed: the task lists of the API. With no
--- filter it walks the primary key. Otherwise it reads, for each (kind,
--- queue, state) the filters may match, that range of tasks_filter_idx from
+-- filter it walks the primary key. Otherwise it reads, for each (state,
+-- kind, queue) the filters may match, that range of tasks_filter_idx from
 -- after_id on, at most row_limit entries each, and merges them: the
 -- combinations are found by a loose scan of the index (one probe each), so
 -- a list stays index-bound however many tasks the table holds.
@@ -479,13 +514,13 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE
-    ck   text[] := '{}';
-    cq   text[] := '{}';
-    cs   text[] := '{}';
-    k    text;
-    q    text;
-    kq   text[];
-    ks   text[];
+    cs  text[] := '{}';
+    ck  text[] := '{}';
+    cq  text[] := '{}';
+    st  text;
+    k   text;
+    sk  text[];
+    skq text[];
 BEGIN
     IF want_states IS NULL AND want_kinds IS NULL AND want_queues IS NULL THEN
         RETURN QUERY
@@ -495,51 +530,44 @@ BEGIN
         LIMIT row_limit;
         RETURN;
     END IF;
-    IF want_kinds IS NULL THEN
-        want_kinds := ARRAY(
-            WITH RECURSIVE d (v) AS (
-                (SELECT t.kind FROM tasks AS t ORDER BY t.kind LIMIT 1)
-                UNION ALL
-                SELECT (SELECT t.kind FROM tasks AS t WHERE t.kind > d.v ORDER BY t.kind LIMIT 1)
-                FROM d WHERE d.v IS NOT NULL
-            )
-            SELECT d.v FROM d WHERE d.v IS NOT NULL);
+    IF want_states IS NULL THEN
+        want_states := ARRAY['cancelled', 'dead', 'done', 'pending', 'running'];
     END IF;
-    FOREACH k IN ARRAY want_kinds LOOP
-        kq := want_queues;
-        IF kq IS NULL THEN
-            kq := ARRAY(
+    FOREACH st IN ARRAY want_states LOOP
+        sk := want_kinds;
+        IF sk IS NULL THEN
+            sk := ARRAY(
                 WITH RECURSIVE d (v) AS (
-                    (SELECT t.queue FROM tasks AS t WHERE t.kind = k ORDER BY t.queue LIMIT 1)
+                    (SELECT t.kind FROM tasks AS t WHERE t.state = st ORDER BY t.kind LIMIT 1)
                     UNION ALL
-                    SELECT (SELECT t.queue FROM tasks AS t WHERE t.kind = k AND t.queue > d.v ORDER BY t.queue LIMIT 1)
+                    SELECT (SELECT t.kind FROM tasks AS t WHERE t.state = st AND t.kind > d.v ORDER BY t.kind LIMIT 1)
                     FROM d WHERE d.v IS NOT NULL
                 )
                 SELECT d.v FROM d WHERE d.v IS NOT NULL);
         END IF;
-        FOREACH q IN ARRAY kq LOOP
-            ks := want_states;
-            IF ks IS NULL THEN
-                ks := ARRAY(
+        FOREACH k IN ARRAY sk LOOP
+            skq := want_queues;
+            IF skq IS NULL THEN
+                skq := ARRAY(
                     WITH RECURSIVE d (v) AS (
-                        (SELECT t.state FROM tasks AS t WHERE t.kind = k AND t.queue = q ORDER BY t.state LIMIT 1)
+                        (SELECT t.queue FROM tasks AS t WHERE t.state = st AND t.kind = k ORDER BY t.queue LIMIT 1)
                         UNION ALL
-                        SELECT (SELECT t.state FROM tasks AS t
-                                WHERE t.kind = k AND t.queue = q AND t.state > d.v ORDER BY t.state LIMIT 1)
+                        SELECT (SELECT t.queue FROM tasks AS t
+                                WHERE t.state = st AND t.kind = k AND t.queue > d.v ORDER BY t.queue LIMIT 1)
                         FROM d WHERE d.v IS NOT NULL
                     )
                     SELECT d.v FROM d WHERE d.v IS NOT NULL);
             END IF;
-            ck := ck || array_fill(k, ARRAY[cardinality(ks)]);
-            cq := cq || array_fill(q, ARRAY[cardinality(ks)]);
-            cs := cs || ks;
+            cs := cs || array_fill(st, ARRAY[cardinality(skq)]);
+            ck := ck || array_fill(k, ARRAY[cardinality(skq)]);
+            cq := cq || skq;
         END LOOP;
     END LOOP;
     RETURN QUERY
-    SELECT x.* FROM unnest(ck, cq, cs) AS c (k, q, s)
+    SELECT x.* FROM unnest(cs, ck, cq) AS c (s, k, q)
     CROSS JOIN LATERAL (
         SELECT t.* FROM tasks AS t
-        WHERE t.kind = c.k AND t.queue = c.q AND t.state = c.s AND t.id > after_id
+        WHERE t.state = c.s AND t.kind = c.k AND t.queue = c.q AND t.id > after_id
           AND (NOT started OR t.started_at IS NOT NULL)
         ORDER BY t.id
         LIMIT row_limit
@@ -589,7 +617,7 @@ $$;
 DROP FUNCTION tasks_pending_summary(integer);
 DROP FUNCTION tasks_filtered(text[], text[], text[], boolean, bigint, integer);
 DROP FUNCTION tasks_next_due(text[], text[]);
-DROP FUNCTION tasks_claimable(text[], text[], integer, text[], text[], smallint[], timestamptz[], bigint[]);
+DROP FUNCTION tasks_claimable(text[], text[], integer, text[], text[], smallint[], timestamptz[], bigint[], boolean);
 DROP FUNCTION task_branches(text[], text[], text[], text[], smallint[], timestamptz[], bigint[]);
 CREATE OR REPLACE FUNCTION prune_tasks(age interval, batch integer, after_id bigint, ids bigint[],
                             OUT pruned_tasks bigint, OUT pruned_leases bigint,
@@ -758,6 +786,7 @@ $$;
 
 DROP INDEX tasks_cancelled_idx;
 DROP INDEX tasks_filter_idx;
+CREATE INDEX tasks_running_idx ON tasks (id) WHERE state = 'running';
 DROP INDEX tasks_unique_key_idx;
 DROP INDEX tasks_claim_idx;
 CREATE INDEX tasks_pending_idx ON tasks (scheduled_at, id) WHERE state = 'pending';

@@ -100,7 +100,7 @@ due AS (
     SELECT d.id, d.priority, d.scheduled_at
     FROM tasks_claimable($3::text[], $4::text[], cardinality($5::text[]),
                          $6::text[], $7::text[], $8::smallint[],
-                         $9::timestamptz[], $10::bigint[]) AS d (id, priority, scheduled_at)
+                         $9::timestamptz[], $10::bigint[], $11::boolean) AS d (id, priority, scheduled_at)
 ),
 lapsed AS (
     SELECT r.id, r.priority, r.scheduled_at FROM tasks AS r
@@ -151,6 +151,7 @@ type TaskClaimParams struct {
 	HintPriorities []int16
 	HintAt         []time.Time
 	HintIds        []int64
+	Discover       bool
 }
 
 // TaskClaim claims up to one task for each processor named, of the queues
@@ -182,6 +183,7 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, e
 		arg.HintPriorities,
 		arg.HintAt,
 		arg.HintIds,
+		arg.Discover,
 	)
 	if err != nil {
 		return nil, err
@@ -304,18 +306,18 @@ picked AS (
     SELECT d.id, row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
     FROM tasks_claimable($5::text[], $6::text[], cardinality($7::text[]),
                          $8::text[], $9::text[], $10::smallint[],
-                         $11::timestamptz[], $12::bigint[]) AS d (id, priority, scheduled_at)
+                         $11::timestamptz[], $12::bigint[], $13::boolean) AS d (id, priority, scheduled_at)
 ),
 claimed AS (
     UPDATE tasks AS t
     SET state = 'running',
         processor = w.processor,
         fence = nextval('lease_fence_seq'),
-        ttl_seconds = coalesce(t.ttl_seconds, $13::integer),
+        ttl_seconds = coalesce(t.ttl_seconds, $14::integer),
         attempts = t.attempts + 1,
         started_at = now(),
         last_heartbeat_at = now(),
-        must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, $13::integer))
+        must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, $14::integer))
     FROM picked
     JOIN unnest($7::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     WHERE t.id = picked.id
@@ -342,6 +344,7 @@ type TaskCompleteAndClaimParams struct {
 	HintPriorities []int16
 	HintAt         []time.Time
 	HintIds        []int64
+	Discover       bool
 	TTLSeconds     int32
 }
 
@@ -385,6 +388,7 @@ func (q *Queries) TaskCompleteAndClaim(ctx context.Context, arg TaskCompleteAndC
 		arg.HintPriorities,
 		arg.HintAt,
 		arg.HintIds,
+		arg.Discover,
 		arg.TTLSeconds,
 	)
 	if err != nil {

@@ -244,6 +244,11 @@ type ClaimParams struct {
 	// Hints, at most one per branch, let the claim skip what the claimer
 	// already took (see Hint).
 	Hints []Hint
+	// Known: with Hints, claim from their branches alone and look for no
+	// other (a new kind, a new priority): the cheapest claim, for a busy
+	// claimer that also claims without it now and then. Every hint must
+	// lie within Queues and Kinds.
+	Known bool
 	// WithLapsed also takes running tasks whose lease lapsed before a reaper
 	// put them back, reading the index of running tasks, which holds an
 	// entry for every task run since the table's last VACUUM: for the
@@ -280,6 +285,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]task.Task, error) {
 		Processors: p.Processors, TTLSeconds: int32(p.TTL / time.Second), WithLapsed: p.WithLapsed,
 		WantQueues: p.Queues, WantKinds: p.Kinds,
 		HintQueues: h.queues, HintKinds: h.kinds, HintPriorities: h.priorities, HintAt: h.at, HintIds: h.ids,
+		Discover: !p.Known,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim tasks: %w", err)
@@ -341,6 +347,7 @@ func (s *Store) CompleteAndClaim(ctx context.Context, cs []Completion, claim Cla
 		ClaimFor: claim.Processors, TTLSeconds: int32(claim.TTL / time.Second),
 		WantQueues: claim.Queues, WantKinds: claim.Kinds,
 		HintQueues: h.queues, HintKinds: h.kinds, HintPriorities: h.priorities, HintAt: h.at, HintIds: h.ids,
+		Discover: !claim.Known,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("complete %d tasks and claim for %d workers: %w", len(cs), len(claim.Processors), err)

@@ -20,7 +20,8 @@ const maxHintAge = time.Second
 type hints struct {
 	mu     sync.Mutex
 	m      map[branch]taskstore.Hint
-	fullAt time.Time // when the last claim without hints was sent
+	fullAt time.Time        // when the last claim without hints was sent
+	cached []taskstore.Hint // m's values, for forClaim; nil when m changed
 }
 
 type branch struct {
@@ -37,31 +38,54 @@ func (h *hints) forClaim() ([]taskstore.Hint, bool) {
 	if len(h.m) == 0 || time.Since(h.fullAt) > maxHintAge {
 		return nil, false
 	}
-	out := make([]taskstore.Hint, 0, len(h.m))
-	for _, v := range h.m {
-		out = append(out, v)
+	if h.cached == nil {
+		h.cached = make([]taskstore.Hint, 0, len(h.m))
+		for _, v := range h.m {
+			h.cached = append(h.cached, v)
+		}
 	}
-	return out, true
+	return h.cached, true
 }
 
 // claimed records what a claim took. A claim without hints (full) starts
 // the hints afresh from its own tasks, which it took after every pending
 // task that it did not.
 func (h *hints) claimed(sent time.Time, full bool, ts []task.Task) {
+	// The last task of each branch, outside the lock: a claim's tasks come
+	// from a few branches, most often one.
+	var last []taskstore.Hint
+	for _, t := range ts {
+		hint := taskstore.HintOf(t)
+		i := 0
+		for i < len(last) && !sameBranch(last[i], hint) {
+			i++
+		}
+		switch {
+		case i == len(last):
+			last = append(last, hint)
+		case hint.After(last[i]):
+			last[i] = hint
+		}
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if full {
 		clear(h.m)
 		h.fullAt = sent
+		h.cached = nil
 	}
 	if h.m == nil {
 		h.m = make(map[branch]taskstore.Hint)
 	}
-	for _, t := range ts {
-		b := branch{t.Queue, t.Kind, t.Priority}
-		hint := taskstore.HintOf(t)
+	for _, hint := range last {
+		b := branch{hint.Queue, hint.Kind, hint.Priority}
 		if old, ok := h.m[b]; !ok || hint.After(old) {
 			h.m[b] = hint
+			h.cached = nil
 		}
 	}
+}
+
+func sameBranch(a, b taskstore.Hint) bool {
+	return a.Queue == b.Queue && a.Kind == b.Kind && a.Priority == b.Priority
 }

@@ -87,10 +87,6 @@ type Pool struct {
 	// now on is handed back, not run.
 	stopping atomic.Bool
 	hints    hints
-	// running are the tasks being run, by id: the cancellation of one stops
-	// its handler at once.
-	runningMu sync.Mutex
-	running   map[int64]context.CancelCauseFunc
 }
 
 // finished is a worker done with its task.
@@ -106,6 +102,15 @@ type finished struct {
 type worker struct {
 	name  string
 	tasks chan claim // capacity 1; the dispatcher sends only to idle workers, and closes it when it stops
+	// running is the task it runs and how to stop it, for a cancellation's
+	// NOTIFY (nil while idle).
+	running atomic.Pointer[runningTask]
+}
+
+// runningTask is a worker's task while it runs.
+type runningTask struct {
+	id     int64
+	cancel context.CancelCauseFunc
 }
 
 // claim is a task the dispatcher claimed for a worker.
@@ -124,9 +129,13 @@ func (p *Pool) Counters() Counters { return p.counters.snapshot() }
 func (p *Pool) margin() time.Duration { return p.TTL / 10 }
 
 // claimParams is a claim of the pool's queue and kinds for the workers named.
+// With hints, the claim reads their branches alone (taskstore.ClaimParams'
+// Known): a hinted claim that comes back short is followed by one without
+// hints, which looks for every branch.
 func (p *Pool) claimParams(names []string, hints []taskstore.Hint, withLapsed bool) taskstore.ClaimParams {
 	return taskstore.ClaimParams{
-		Processors: names, TTL: p.TTL, Queues: []string{p.Queue}, Kinds: p.Kinds, Hints: hints, WithLapsed: withLapsed,
+		Processors: names, TTL: p.TTL, Queues: []string{p.Queue}, Kinds: p.Kinds, Hints: hints, Known: len(hints) > 0,
+		WithLapsed: withLapsed,
 	}
 }
 
@@ -157,7 +166,6 @@ func (p *Pool) init() error {
 	if p.Queue != task.DefaultQueue {
 		p.prefix += "/" + p.Queue
 	}
-	p.running = make(map[int64]context.CancelCauseFunc)
 	if p.SafetyPoll == 0 {
 		p.SafetyPoll = DefaultSafetyPoll
 	}
@@ -285,26 +293,14 @@ func (p *Pool) watch(ctx, stop context.Context, tasks *notify.Subscription) {
 	}
 }
 
-// cancelRunning stops the handler of task id if this pool runs it.
+// cancelRunning stops the handler of task id if this pool runs it. A
+// cancellation is rare; a look at every worker costs nothing while none
+// comes.
 func (p *Pool) cancelRunning(id int64) {
-	p.runningMu.Lock()
-	cancel := p.running[id]
-	p.runningMu.Unlock()
-	if cancel != nil {
-		cancel(fmt.Errorf("task %d: %w", id, task.ErrCancelled))
-	}
-}
-
-// track records that task id runs under cancel, until the returned
-// function is called.
-func (p *Pool) track(id int64, cancel context.CancelCauseFunc) (untrack func()) {
-	p.runningMu.Lock()
-	p.running[id] = cancel
-	p.runningMu.Unlock()
-	return func() {
-		p.runningMu.Lock()
-		delete(p.running, id)
-		p.runningMu.Unlock()
+	for _, w := range p.workers {
+		if r := w.running.Load(); r != nil && r.id == id {
+			r.cancel(fmt.Errorf("task %d: %w", id, task.ErrCancelled))
+		}
 	}
 }
 

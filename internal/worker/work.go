@@ -36,15 +36,20 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *cl
 	t := c.task
 	ttl := p.taskTTL(t)
 	keep := lease.KeepConfig{TTL: ttl}.WithDefaults()
-	log := p.log.With().Int64("task", t.ID).Str("kind", t.Kind).Str("processor", w.name).Int64("fence", t.Fence).Int32("attempt", t.Attempts).Logger()
+	// The task's logger, made when something is worth saying: most tasks
+	// of a busy queue say nothing.
+	log := sync.OnceValue(func() *zerolog.Logger {
+		l := p.log.With().Int64("task", t.ID).Str("kind", t.Kind).Str("processor", w.name).Int64("fence", t.Fence).Int32("attempt", t.Attempts).Logger()
+		return &l
+	})
 	ev := Event{Processor: w.name, TaskID: t.ID, TaskKind: t.Kind, Fence: t.Fence, Attempts: t.Attempts}
 
 	// The task runs under taskCtx, which the heartbeats cancel the moment
 	// the lease counts as lost, and a cancellation's NOTIFY at once.
 	taskCtx, cancelTask := context.WithCancelCause(workCtx)
 	defer cancelTask(nil)
-	untrack := p.track(t.ID, cancelTask)
-	defer untrack()
+	w.running.Store(&runningTask{id: t.ID, cancel: cancelTask})
+	defer w.running.Store(nil)
 	hbCtx, stopHeartbeats := context.WithCancel(taskCtx)
 	// The lease's local deadline when the heartbeats stopped; the claim's
 	// when none was due.
@@ -82,13 +87,13 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *cl
 	case errors.Is(runErr, ErrAbandon):
 		// A dead process does nothing more: the lease lapses, and the
 		// reaper's expiry notification wakes a worker to take the task.
-		log.Warn().Msg("the handler abandoned the task (a simulated crash): left to its lease")
+		log().Warn().Msg("the handler abandoned the task (a simulated crash): left to its lease")
 		p.counters.crashed.Add(1)
 		ev.Kind = EventCrashed
 		p.emit(ev)
 		return EventCrashed, nil
 	case errors.Is(cause, task.ErrLeaseLost) || errors.Is(cause, lease.ErrDeadline) || errors.Is(cause, task.ErrCancelled):
-		log.Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("task lease lost: abandoned the task without completing it")
+		log().Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("task lease lost: abandoned the task without completing it")
 		p.counters.leaseLost.Add(1)
 		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
 		p.emit(ev)
@@ -169,7 +174,7 @@ func (p *Pool) run(ctx context.Context, t task.Task) (output json.RawMessage, er
 // lease's local deadline: after that the write could only be refused. It
 // returns kind when the write succeeded, EventLeaseLost when it was
 // refused, "" when it could not be made.
-func (p *Pool) finish(ctx context.Context, log zerolog.Logger, ev Event, deadline time.Time, ttl time.Duration,
+func (p *Pool) finish(ctx context.Context, log func() *zerolog.Logger, ev Event, deadline time.Time, ttl time.Duration,
 	kind EventKind, write func(ctx context.Context) (state string, err error),
 ) EventKind {
 	ev.Kind = kind
@@ -190,35 +195,34 @@ func (p *Pool) finish(ctx context.Context, log zerolog.Logger, ev Event, deadlin
 			switch kind {
 			case EventCompleted:
 				p.counters.completed.Add(1)
-				log.Debug().Msg("completed task")
 			case EventFailed:
 				p.counters.failed.Add(1)
-				log.Info().Err(ev.Err).Str("state", state).Msg("task failed")
+				log().Info().Err(ev.Err).Str("state", state).Msg("task failed")
 			case EventRequeued:
 				p.counters.requeued.Add(1)
-				log.Info().Msg("handed the task back at shutdown")
+				log().Info().Msg("handed the task back at shutdown")
 			case EventSnoozed:
 				p.counters.snoozed.Add(1)
-				log.Debug().Msg("snoozed task")
+				log().Debug().Msg("snoozed task")
 			case EventCancelled:
 				p.counters.cancelled.Add(1)
-				log.Info().Err(ev.Err).Msg("the handler cancelled its task")
+				log().Info().Err(ev.Err).Msg("the handler cancelled its task")
 			}
 			p.emit(ev)
 			return kind
 		case errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound):
-			log.Warn().Err(err).Msgf("task lease lost: %s refused", kind)
+			log().Warn().Err(err).Msgf("task lease lost: %s refused", kind)
 			p.counters.leaseLost.Add(1)
 			ev.Kind, ev.Err = EventLeaseLost, err
 			p.emit(ev)
 			return EventLeaseLost
 		case !time.Now().Add(retryEvery).Before(deadline):
-			log.Warn().Err(err).Msgf("could not record the task as %s; it will be claimed again when its lease lapses", kind)
+			log().Warn().Err(err).Msgf("could not record the task as %s; it will be claimed again when its lease lapses", kind)
 			return ""
 		default:
-			ev := log.Debug()
+			ev := log().Debug()
 			if !retry {
-				ev = log.Warn() // once per task: the retries are no news
+				ev = log().Warn() // once per task: the retries are no news
 			}
 			ev.Err(err).Msgf("could not record the task as %s; retrying until the lease's deadline", kind)
 			time.Sleep(retryEvery)
@@ -244,7 +248,7 @@ func committed(kind EventKind, cur task.Task) bool {
 // refused, or none succeeded before the local deadline (the time the claim
 // or the last successful heartbeat was sent + TTL − margin). It returns the
 // deadline as it stood when it stopped.
-func (p *Pool) heartbeat(ctx context.Context, log zerolog.Logger, t task.Task, processor string, keep lease.KeepConfig,
+func (p *Pool) heartbeat(ctx context.Context, log func() *zerolog.Logger, t task.Task, processor string, keep lease.KeepConfig,
 	sent time.Time, lost context.CancelCauseFunc,
 ) time.Time {
 	failing := false // the last heartbeat failed: the retries are logged at debug level
@@ -253,7 +257,7 @@ func (p *Pool) heartbeat(ctx context.Context, log zerolog.Logger, t task.Task, p
 		Renew: func(ctx context.Context) error {
 			_, err := p.Tasks.Heartbeat(ctx, t.ID, processor, t.Fence)
 			if err == nil && failing {
-				log.Info().Msg("heartbeat succeeded again")
+				log().Info().Msg("heartbeat succeeded again")
 				failing = false
 			}
 			return err
@@ -267,9 +271,9 @@ func (p *Pool) heartbeat(ctx context.Context, log zerolog.Logger, t task.Task, p
 			if errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound) {
 				return
 			}
-			ev := log.Debug()
+			ev := log().Debug()
 			if !failing {
-				ev = log.Warn()
+				ev = log().Warn()
 			}
 			failing = true
 			ev.Err(err).Msg("heartbeat failed; retrying until the lease's deadline")
@@ -281,7 +285,7 @@ func (p *Pool) heartbeat(ctx context.Context, log zerolog.Logger, t task.Task, p
 				return
 			}
 			pause := keep.TTL + keep.TTL/2
-			log.Warn().Dur("pause", pause).Msg("simulated latency spike before a heartbeat")
+			log().Warn().Dur("pause", pause).Msg("simulated latency spike before a heartbeat")
 			timer := time.NewTimer(pause)
 			defer timer.Stop()
 			select {
