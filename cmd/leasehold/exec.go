@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold"
 	"github.com/leasehold/leasehold/lease"
 )
 
@@ -150,13 +150,18 @@ func runExec(ctx context.Context, args []string, getenv func(string) string, std
 			return fmt.Errorf("keep the lease on %s: %w", o.resource, o.client.describe(err))
 		}
 	}
-	return runHolding(ctx, client, client.Keep(context.WithoutCancel(ctx), l, sent, keep), o, sigs, stdout, stderr)
+	h, err := client.Keep(context.WithoutCancel(ctx), l, sent, keep)
+	if err != nil { // cannot happen: parseExec checked the configuration
+		releaseQuietly(client, o)
+		return err
+	}
+	return runHolding(ctx, client, h, o, sigs, stdout, stderr)
 }
 
 // winLease acquires the lease, waiting up to o.wait for it, and returns
 // the acquisition and when its request was sent. A signal that asks to
 // stop (or ctx ending) ends the wait; CMD then never runs.
-func winLease(ctx context.Context, client *leasing.Client, o execOptions, sigs <-chan os.Signal) (lease.Acquisition, time.Time, error) {
+func winLease(ctx context.Context, client *leasehold.Leases, o execOptions, sigs <-chan os.Signal) (lease.Acquisition, time.Time, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
@@ -198,7 +203,7 @@ wait:
 		return won, sent, nil
 	case errors.As(err, &held):
 		return lease.Acquisition{}, sent, exitStatus{exitNotWon, heldMessage(held, o.wait)}
-	case leasing.IsTransient(err):
+	case leasehold.IsTransient(err):
 		// The lease may have been won although the answer was lost.
 		releaseQuietly(client, o)
 	}
@@ -210,7 +215,7 @@ const releaseTimeout = 10 * time.Second
 
 // releaseQuietly gives up whatever lease o's holder may hold on the
 // resource, when exec ends without knowing.
-func releaseQuietly(client *leasing.Client, o execOptions) {
+func releaseQuietly(client *leasehold.Leases, o execOptions) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	_, _ = client.Release(ctx, lease.ReleaseParams{Resource: o.resource, Holder: o.holder})
@@ -218,7 +223,7 @@ func releaseQuietly(client *leasing.Client, o execOptions) {
 
 // runHolding runs CMD under the held lease until CMD exits, stopping it
 // when the lease is lost, and releases the lease after it.
-func runHolding(ctx context.Context, client *leasing.Client, h *leasing.Holding, o execOptions,
+func runHolding(ctx context.Context, client *leasehold.Leases, h *leasehold.Holding, o execOptions,
 	sigs <-chan os.Signal, stdout, stderr io.Writer) error {
 	l := h.Lease()
 	name := filepath.Base(o.argv[0])

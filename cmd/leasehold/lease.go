@@ -15,8 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/leasehold/leasehold"
 	"github.com/leasehold/leasehold/internal/apitime"
-	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/lease"
 )
 
@@ -91,14 +91,15 @@ const requestTimeout = 30 * time.Second
 // connect returns a client of the server and a function that closes its
 // idle connections, for when the command is done. A bad --url is a usage
 // error.
-func (c *clientFlags) connect() (*leasing.Client, func(), error) {
+func (c *clientFlags) connect() (*leasehold.Leases, func(), error) {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
-	client, err := leasing.NewClient(c.url, leasing.WithToken(c.token),
-		leasing.WithHTTPClient(&http.Client{Transport: transport, Timeout: requestTimeout}))
+	client, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{
+		URL: c.url, Token: c.token, HTTPClient: &http.Client{Transport: transport, Timeout: requestTimeout},
+	}, leasehold.Config{})
 	if err != nil {
-		return nil, nil, usagef("--url: %v", err)
+		return nil, nil, usagef("--url: %s", strings.TrimPrefix(err.Error(), leasehold.ErrInvalidConfig.Error()+": "))
 	}
-	return client, transport.CloseIdleConnections, nil
+	return client.Leases(), transport.CloseIdleConnections, nil
 }
 
 // describe words a failed request for the user: the server's own sentence
@@ -108,7 +109,7 @@ func (c *clientFlags) describe(err error) error {
 	if errors.As(err, &transport) && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("cannot reach leasehold at %s (%w); check that it runs, or point --url (LEASEHOLD_URL) at it", c.url, transport.Err)
 	}
-	var status *leasing.StatusError
+	var status *leasehold.StatusError
 	if errors.As(err, &status) && status.StatusCode == http.StatusUnauthorized {
 		return fmt.Errorf("%w (pass the server's token with --api-token or LEASEHOLD_API_TOKEN)", err)
 	}
@@ -336,7 +337,7 @@ func runLeaseGet(ctx context.Context, args []string, getenv func(string) string,
 // leaseOf finds the lease of resource, the one lease a resource has: the
 // API lists by prefix, so it pages through the resources that start with
 // it for the one that is it.
-func leaseOf(ctx context.Context, c *leasing.Client, resource string) (lease.Lease, error) {
+func leaseOf(ctx context.Context, c *leasehold.Leases, resource string) (lease.Lease, error) {
 	p := lease.ListParams{Filter: lease.FilterAll, Prefix: resource, Limit: 1000}
 	for {
 		page, err := c.List(ctx, p)

@@ -267,7 +267,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	background("hub", wsHub.Run)
 	// The replica is live while it holds its instance lease.
 	background("instance lease", (&leasing.Elector{
-		Store: leases, Listener: listener, Resource: instance.LeaseResource(c.Instance),
+		Leases: leases, Listener: listener, Resource: instance.LeaseResource(c.Instance),
 		Holder: c.Instance, Log: log,
 		Keep: lease.KeepConfig{TTL: 10 * time.Second, Observer: metrics.KeepObserver(server.HolderInstance)},
 	}).RunUntilDone)

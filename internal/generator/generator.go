@@ -159,7 +159,7 @@ func (g *Generator) Run(ctx context.Context) error {
 		return err
 	}
 	e := &leasing.Elector{
-		Store: g.Leases, Listener: g.Listener, Resource: Resource,
+		Leases: g.Leases, Listener: g.Listener, Resource: Resource,
 		Holder: g.Instance, Keep: g.Keep, Log: g.Log,
 	}
 	return e.Run(ctx, func(ctx context.Context, l lease.Lease) { g.lead(ctx, l, s) })

@@ -5,31 +5,50 @@ import (
 	"errors"
 	"time"
 
-	"github.com/leasehold/leasehold/lease"
-
 	"github.com/rs/zerolog"
 
+	"github.com/leasehold/leasehold/internal/keepalive"
 	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/lease"
 )
 
+// Service acquires, renews and releases leases: the Store on the database,
+// or a leasehold service's REST API. An Acquire with Wait is waited for by
+// a service that can (the REST API's wait_seconds); the Store never waits.
+type Service interface {
+	Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acquisition, error)
+	Renew(ctx context.Context, p lease.RenewParams) (lease.Lease, error)
+	Release(ctx context.Context, p lease.ReleaseParams) (lease.Lease, error)
+}
+
 // Elector runs a function only while it holds the lease on a resource: the
-// way one replica of many becomes the reaper or the generator. Followers wait
-// for the holder's lease to be released or to expire, woken by NOTIFY or, when
-// no reaper announces the expiry, by their own timer at its expires_at.
+// way one replica of many becomes the reaper or the generator. Followers
+// wait for the holder's lease to be released or to expire: woken by NOTIFY
+// through Listener or, without one, by the service itself (an acquisition
+// that waits), and by their own timer at the holder's expires_at.
 type Elector struct {
-	Store    *Store
+	Leases Service
+	// Listener, when set, wakes followers on a release or an expiry; it
+	// must listen on notify.ChannelLease. Without it each campaign is an
+	// acquisition that waits up to a TTL (Leases must wait: the REST API).
 	Listener *notify.Listener
 	Resource string
 	Holder   string
 	Keep     lease.KeepConfig
 	Log      zerolog.Logger
+	// Observed, if set, is called with the holder of the lease each time a
+	// campaign finds it held by another (its callbacks' OnNewLeader).
+	Observed func(holder string)
+	// Stopped, if set, is called with the lease each time a holding ends,
+	// after it was released or counted lost (reason nil when released).
+	Stopped func(l lease.Lease, reason error)
 }
 
 // Run campaigns until ctx ends. Each time it wins, it calls lead with a
 // context that is cancelled as soon as the lease is lost (or ctx ends); when
 // lead returns, the lease is released and the campaign goes on.
 //
-// While the database cannot be reached, the campaign retries with backoff
+// While the service cannot be reached, the campaign retries with backoff
 // (RetryInterval doubling up to maxCampaignBackoff), and says so once, not
 // at every attempt; a reconnect of the listener ends the wait at once.
 func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l lease.Lease)) error {
@@ -43,7 +62,7 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l leas
 		// Subscribed before each attempt, so that a release right after a
 		// refused Acquire is not missed; closed while leading, when nobody
 		// reads it.
-		sub := e.Listener.Subscribe(notify.ChannelLease, 64)
+		sub := e.subscribe()
 		acq, sent, err := e.campaign(ctx, keep)
 		wait := keep.RetryInterval
 		var held *lease.HeldError
@@ -54,7 +73,7 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l leas
 			log.Info().Int64("fence", acq.Lease.Fence).Msg("won the lease")
 			won(keep, acq.Lease)
 			e.hold(ctx, acq.Lease, sent, lead)
-			sub = e.Listener.Subscribe(notify.ChannelLease, 64)
+			sub = e.subscribe()
 			log.Info().Int64("fence", acq.Lease.Fence).Msg("gave up the lease")
 			// Having just stepped down, let the followers, woken by the
 			// release within milliseconds, go first; then campaign again,
@@ -62,9 +81,17 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l leas
 			wait = min(wait, stepDownPause)
 		case errors.As(err, &held):
 			failures = 0
-			// The holder's lease runs out at its expires_at by the database
+			if e.Observed != nil {
+				e.Observed(held.Lease.Holder)
+			}
+			// The holder's lease runs out at its expires_at by the service's
 			// clock; a little after that, try again even if nobody says so.
-			wait = held.UntilExpiry(acq.DBNow)
+			// A service that waited for it answers after its own wait.
+			if acq.DBNow.IsZero() {
+				wait = 0
+			} else {
+				wait = held.UntilExpiry(acq.DBNow)
+			}
 		case ctx.Err() != nil:
 			// Stopped mid-campaign: the acquisition may have committed
 			// although its answer was lost. Give up whatever we may hold.
@@ -91,6 +118,23 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l leas
 	}
 }
 
+// subscription is a Subscription to the lease channel, or nothing without
+// a listener.
+type subscription struct{ *notify.Subscription }
+
+func (s subscription) Close() {
+	if s.Subscription != nil {
+		s.Subscription.Close()
+	}
+}
+
+func (e *Elector) subscribe() subscription {
+	if e.Listener == nil {
+		return subscription{}
+	}
+	return subscription{e.Listener.Subscribe(notify.ChannelLease, 64)}
+}
+
 // maxCampaignBackoff bounds the wait between campaigns that failed on an
 // error (unless RetryInterval is longer).
 const maxCampaignBackoff = 5 * time.Second
@@ -101,23 +145,30 @@ const maxCampaignBackoff = 5 * time.Second
 // When the elector's holder already holds the lease (an earlier acquisition
 // whose answer was lost, or an earlier run of a process of the same name),
 // Acquire hands it back unchanged, its expiry set by a request this elector
-// did not time. campaign renews it at once, with this elector's TTL, so that
-// the deadline counts from a request it sent and the lease lasts as long on
-// the server as the elector believes.
+// did not time; and an acquisition that waited for the lease was sent
+// before its wait. campaign then renews it at once, with this elector's
+// TTL, so that the deadline counts from a request it sent and the lease
+// lasts as long on the service as the elector believes.
 //
-// Each request is bounded by TTL − Margin: a later answer would arrive past
-// the deadline it starts, and a database that does not answer must not
-// stall the campaign.
+// Each request is bounded by TTL − Margin (plus the wait it asks for): a
+// later answer would arrive past the deadline it starts, and a service that
+// does not answer must not stall the campaign.
 func (e *Elector) campaign(ctx context.Context, keep lease.KeepConfig) (lease.Acquisition, time.Time, error) {
-	actx, cancel := context.WithTimeout(ctx, keep.TTL-keep.Margin)
+	p := lease.AcquireParams{Resource: e.Resource, Holder: e.Holder, TTL: keep.TTL}
+	if e.Listener == nil {
+		p.Wait = keep.TTL // the service wakes us on a release or an expiry
+	}
+	actx, cancel := context.WithTimeout(ctx, keep.TTL-keep.Margin+p.Wait)
 	defer cancel()
 	sent := time.Now()
-	acq, err := e.Store.Acquire(actx, lease.AcquireParams{Resource: e.Resource, Holder: e.Holder, TTL: keep.TTL})
-	if err != nil || acq.New {
+	acq, err := e.Leases.Acquire(actx, p)
+	if err != nil || (acq.New && p.Wait == 0) {
 		return acq, sent, err
 	}
+	rctx, cancel := context.WithTimeout(ctx, keep.TTL-keep.Margin)
+	defer cancel()
 	sent = time.Now()
-	acq.Lease, err = e.Store.Renew(actx, lease.RenewParams{Resource: e.Resource, Holder: e.Holder, Fence: acq.Lease.Fence, TTL: keep.TTL})
+	acq.Lease, err = e.Leases.Renew(rctx, lease.RenewParams{Resource: e.Resource, Holder: e.Holder, Fence: acq.Lease.Fence, TTL: keep.TTL})
 	return acq, sent, err
 }
 
@@ -132,25 +183,39 @@ func (e *Elector) RunUntilDone(ctx context.Context) error {
 // campaigning again, unless told the lease is free.
 const stepDownPause = 250 * time.Millisecond
 
-// hold runs lead while keeping the lease, then releases it.
+// hold runs lead while keeping the lease (the keep-alive loop every holder
+// uses), then releases it.
 func (e *Elector) hold(ctx context.Context, l lease.Lease, sent time.Time, lead func(ctx context.Context, l lease.Lease)) {
-	leadCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	leadCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	lost := make(chan error, 1)
 	go func() {
-		lost <- keep(leadCtx, e.Keep, sent, func(rctx context.Context) error {
-			_, err := e.Store.Renew(rctx, lease.RenewParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
-			return err
-		})
-		cancel()
+		loop := keepalive.Loop{
+			Config: e.Keep,
+			Renew: func(rctx context.Context) error {
+				_, err := e.Leases.Renew(rctx, lease.RenewParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
+				return err
+			},
+			Refused: keepalive.Refusal(lease.ErrNotHeld),
+			Lost:    cancel,
+		}
+		_, reason := loop.Run(leadCtx, sent)
+		lost <- reason
+		cancel(reason)
 	}()
 	lead(leadCtx, l)
-	cancel()
+	cancel(nil)
 	if reason := <-lost; reason != nil {
 		e.Log.Warn().Err(reason).Str("resource", l.Resource).Msg("lost the lease")
+		if e.Stopped != nil {
+			e.Stopped(l, reason)
+		}
 		return
 	}
 	e.release(ctx, lease.ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
+	if e.Stopped != nil {
+		e.Stopped(l, nil)
+	}
 }
 
 // release gives the lease up even when ctx has ended, so that a follower
@@ -158,7 +223,7 @@ func (e *Elector) hold(ctx context.Context, l lease.Lease, sent time.Time, lead 
 func (e *Elector) release(ctx context.Context, p lease.ReleaseParams) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	l, err := e.Store.Release(rctx, p)
+	l, err := e.Leases.Release(rctx, p)
 	switch {
 	case err == nil:
 		released(e.Keep, l)
@@ -169,18 +234,25 @@ func (e *Elector) release(ctx context.Context, p lease.ReleaseParams) {
 
 // waitForTurn waits up to d for a sign that the resource may be free: its
 // release or expiry notified, or a resync. It reports false when ctx ended.
-func waitForTurn(ctx context.Context, sub *notify.Subscription, resource string, d time.Duration) bool {
+func waitForTurn(ctx context.Context, sub subscription, resource string, d time.Duration) bool {
 	timer := time.NewTimer(max(d, 0))
 	defer timer.Stop()
+	var (
+		changes <-chan notify.Notification
+		resync  <-chan struct{}
+	)
+	if sub.Subscription != nil {
+		changes, resync = sub.C(), sub.Resync()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-timer.C:
 			return true
-		case <-sub.Resync():
+		case <-resync:
 			return true
-		case n := <-sub.C():
+		case n := <-changes:
 			if Frees(n, resource) {
 				return true
 			}

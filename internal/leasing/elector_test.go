@@ -33,7 +33,7 @@ func TestElectorTakesOverFromCrashedHolder(t *testing.T) {
 		zerolog.Nop(), notify.ChannelLease)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = listener.Run(ctx) })
-	e := &leasing.Elector{Store: store, Listener: listener, Resource: "singleton", Holder: "follower",
+	e := &leasing.Elector{Leases: store, Listener: listener, Resource: "singleton", Holder: "follower",
 		Keep: lease.KeepConfig{TTL: 2 * time.Second}, Log: zerolog.Nop()}
 	led := make(chan lease.Lease, 1)
 	wg.Go(func() {
@@ -80,7 +80,7 @@ func TestElectorsLeadOneAtATime(t *testing.T) {
 	var ewg sync.WaitGroup
 	for i := range electors {
 		name := string(rune('a' + i))
-		e := &leasing.Elector{Store: store, Listener: listener, Resource: "job", Holder: name,
+		e := &leasing.Elector{Leases: store, Listener: listener, Resource: "job", Holder: name,
 			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: zerolog.Nop()}
 		ewg.Go(func() {
 			_ = e.Run(ctx, func(ctx context.Context, l lease.Lease) {
@@ -131,7 +131,7 @@ func TestElectorRenewsLeaseItAlreadyHolds(t *testing.T) {
 		zerolog.Nop(), notify.ChannelLease)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = listener.Run(ctx) })
-	e := &leasing.Elector{Store: store, Listener: listener, Resource: "singleton", Holder: "replica-a",
+	e := &leasing.Elector{Leases: store, Listener: listener, Resource: "singleton", Holder: "replica-a",
 		Keep: lease.KeepConfig{TTL: 30 * time.Second}, Log: zerolog.Nop()}
 	led := make(chan lease.Lease, 1)
 	wg.Go(func() {

@@ -162,3 +162,15 @@ func TestGroupsWithoutFailureShareOneCommit(t *testing.T) {
 		t.Fatalf("%d acquisitions in %d transactions, want %d in 1", acquired, txs, n)
 	}
 }
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -54,7 +54,7 @@ func observeElector(t *testing.T, tdb pgtest.DB, store *leasing.Store, resource 
 	defer wg.Wait()
 	wg.Go(func() { _ = listener.Run(ctx) })
 	o := &observed{}
-	e := &leasing.Elector{Store: store, Listener: listener, Resource: resource, Holder: "observed",
+	e := &leasing.Elector{Leases: store, Listener: listener, Resource: resource, Holder: "observed",
 		Keep: lease.KeepConfig{TTL: 2 * time.Second, Observer: o}, Log: zerolog.Nop()}
 	done := make(chan error, 1)
 	term := 0

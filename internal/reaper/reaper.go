@@ -55,7 +55,7 @@ type Reaper struct {
 // Run campaigns for the reaper lease and reaps while holding it, until ctx ends.
 func (r *Reaper) Run(ctx context.Context) error {
 	e := &leasing.Elector{
-		Store: r.Store, Listener: r.Listener, Resource: Resource,
+		Leases: r.Store, Listener: r.Listener, Resource: Resource,
 		Holder: r.Instance, Keep: r.Keep, Log: r.Log,
 	}
 	return e.Run(ctx, r.reap)

@@ -2,15 +2,12 @@ package server
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/url"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/lease"
-
-	"github.com/leasehold/leasehold/internal/notify"
 )
 
 type acquireRequest struct {
@@ -68,20 +65,18 @@ func handleLeaseAcquire(d Deps) http.Handler {
 	})
 }
 
-// errStopping ends a waiting acquisition when the replica shuts down.
-var errStopping = errors.New("the replica is shutting down")
+// errStopping ends a waiting acquisition or claim when the replica shuts
+// down.
+var errStopping = leasing.ErrStopping
 
 // answerMargin is the time a waiting acquisition leaves itself, past its
 // wait, for its last statement and for writing the answer.
-const answerMargin = 30 * time.Second
+const answerMargin = 5 * time.Second
 
 // acquireWaiting acquires p for a request with wait_seconds: while another
 // holder holds the resource it waits, up to wait, for the lease to be
-// released or to expire, and takes it then. What wakes it: the release or
-// expiry on the replica's LISTEN connection (a subscription to the one
-// listener of the process; a resync after a reconnect counts too, since
-// notifications were lost meanwhile), and a timer at the holder's expires_at,
-// since a lease that expired is free whether or not a reaper announced it.
+// released or to expire (leasing.Store.AcquireWaiting), woken by the
+// release's NOTIFY through Deps.Listener or at the holder's expires_at.
 // Waiters are not queued: whichever acquisition lands first wins, and the
 // others wait on.
 //
@@ -99,88 +94,14 @@ func acquireWaiting(w http.ResponseWriter, r *http.Request, d Deps, p lease.Acqu
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(deadline.Add(answerMargin))
 	_ = rc.SetWriteDeadline(deadline.Add(answerMargin))
-
-	// Subscribed before the first attempt, so that a release right after a
-	// refused acquisition is not missed.
-	var sub *notify.Subscription
-	if d.Listener != nil {
-		sub = d.Listener.Subscribe(notify.ChannelLease, 64)
-		defer sub.Close()
-	}
-	logged := false
-	for {
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if budget > 0 {
-			actx, cancel = context.WithTimeout(ctx, budget)
-		}
-		acq, err := d.Leases.Acquire(actx, p)
-		cancel()
-		var held *lease.HeldError
-		if !errors.As(err, &held) {
-			if err == nil && acq.New && ctx.Err() != nil {
-				// Won as the client went away: nobody will hold it.
-				releaseAbandoned(d, acq.Lease)
-				return lease.Acquisition{}, ctx.Err()
-			}
-			return acq, err
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return acq, err
-		}
-		if !logged {
-			logged = true
-			d.Log.Debug().Str("resource", p.Resource).Str("holder", p.Holder).Str("held_by", held.Lease.Holder).
+	p.Wait = wait
+	return d.Leases.AcquireWaiting(ctx, p, leasing.WaitParams{
+		Listener: d.Listener, Stopping: d.Stopping, Statement: budget,
+		Waiting: func(held lease.Lease) {
+			d.Log.Debug().Str("resource", p.Resource).Str("holder", p.Holder).Str("held_by", held.Holder).
 				Dur("wait", wait).Msg("acquisition waits for the lease")
-		}
-		// The holder's lease runs out at its expires_at by the database
-		// clock; try again a little after that even if nobody says so.
-		untilExpiry := held.UntilExpiry(acq.DBNow)
-		if err := waitForRelease(ctx, d.Stopping, sub, p.Resource, min(left, untilExpiry)); err != nil {
-			return lease.Acquisition{}, err
-		}
-	}
-}
-
-// waitForRelease waits up to d for a sign that resource may be free: its
-// release or expiry notified, or a resync of the subscription (nil: none).
-// It returns ctx's error when ctx ends first, errStopping when stopping is
-// closed first.
-func waitForRelease(ctx context.Context, stopping <-chan struct{}, sub *notify.Subscription, resource string, d time.Duration) error {
-	timer := time.NewTimer(max(d, 0))
-	defer timer.Stop()
-	var changes <-chan notify.Notification
-	var resync <-chan struct{}
-	if sub != nil {
-		changes, resync = sub.C(), sub.Resync()
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-stopping:
-			return errStopping
-		case <-timer.C:
-			return nil
-		case <-resync:
-			return nil
-		case n := <-changes:
-			if leasing.Frees(n, resource) {
-				return nil
-			}
-		}
-	}
-}
-
-// releaseAbandoned gives up a lease won for a client that went away before
-// it could hear so, rather than leave the resource held for a whole TTL.
-func releaseAbandoned(d Deps, l lease.Lease) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err := d.Leases.Release(ctx, lease.ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
-	if err != nil && !errors.Is(err, lease.ErrNotHeld) {
-		d.Log.Warn().Err(err).Str("resource", l.Resource).Msg("could not release a lease won for a client that went away; it will expire on its own")
-	}
+		},
+	})
 }
 
 // budgetKey is the context key of the request context that BoundRequest

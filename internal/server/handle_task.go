@@ -442,16 +442,54 @@ func handleTaskSnooze(d Deps) http.Handler {
 	})
 }
 
-// cancelRequest is the body of POST /api/tasks/{id}/cancel.
+// requeueRequest is the body of PUT /api/tasks/{id}/requeue.
+type requeueRequest struct {
+	Processor string      `json:"processor"`
+	Fence     *int64      `json:"fence"`
+	Reason    opt[string] `json:"reason,omitzero"`
+}
+
+func (q requeueRequest) validate() error {
+	return firstError(checkProcessorFence(q.Processor, q.Fence),
+		q.Reason.present("reason", func(v string) error { return checkErrorText("reason", v) }))
+}
+
+// defaultRequeueReason is the history's reason for a task handed back with
+// none.
+const defaultRequeueReason = "handed back by its worker"
+
+// handleTaskRequeue serves PUT /api/tasks/{id}/requeue: the processor
+// holding the task hands it back (a worker shutting down), due at once,
+// without counting the attempt. 202 · 409 · 404.
+func handleTaskRequeue(d Deps) http.Handler {
+	return handleTaskLeaseOp(d, "requeue", func(r *http.Request, id int64, q requeueRequest) (task.Task, error) {
+		reason := defaultRequeueReason
+		if q.Reason.set {
+			reason = q.Reason.v
+		}
+		return d.Tasks.Requeue(r.Context(), id, q.Processor, deref(q.Fence), reason)
+	})
+}
+
+// cancelRequest is the body of POST /api/tasks/{id}/cancel. With a
+// processor, the cancellation is the holder's own (a worker giving up on
+// its task): refused (409) unless the processor holds the task's live lease
+// (with the fence, when given).
 type cancelRequest struct {
-	Reason opt[string] `json:"reason,omitzero"`
+	Reason    opt[string] `json:"reason,omitzero"`
+	Processor opt[string] `json:"processor,omitzero"`
+	Fence     *int64      `json:"fence"`
 }
 
 // defaultCancelReason is the last_error of a task cancelled with no reason.
 const defaultCancelReason = "cancelled"
 
 func (q cancelRequest) validate() error {
-	return q.Reason.present("reason", func(v string) error { return checkErrorText("reason", v) })
+	if q.Fence != nil && !q.Processor.set {
+		return badRequestf(`"fence" needs "processor": a cancellation by the task's holder names both`)
+	}
+	return firstError(q.Reason.present("reason", func(v string) error { return checkErrorText("reason", v) }),
+		q.Processor.present("processor", func(v string) error { return checkName("processor", v) }), checkFence(q.Fence))
 }
 
 // handleTaskCancel serves POST /api/tasks/{id}/cancel: 202 + the task,
@@ -463,6 +501,9 @@ func handleTaskCancel(d Deps) http.Handler {
 		reason := defaultCancelReason
 		if q.Reason.set {
 			reason = q.Reason.v
+		}
+		if q.Processor.set {
+			return d.Tasks.CancelHeld(r.Context(), id, q.Processor.v, deref(q.Fence), reason)
 		}
 		return d.Tasks.Cancel(r.Context(), id, reason)
 	})

@@ -84,7 +84,7 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 		}, []string{"op", "outcome"}),
 		taskOps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_task_operations_total",
-			Help: "Task operations over the API by op (insert, claim, heartbeat, complete, fail) and outcome (ok, empty, lease_lost, not_found, error).",
+			Help: "Task operations over the API by op (insert, claim, heartbeat, complete, fail, snooze, requeue, cancel, retry) and outcome (ok, empty, lease_lost, not_found, conflict, error).",
 		}, []string{"op", "outcome"}),
 		expiries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_lease_expiries_announced_total", Help: "Expired leases the reaper of this replica announced.",
@@ -169,6 +169,10 @@ func (m *Metrics) initSeries() {
 		"heartbeat": {"ok", "lease_lost", "not_found", "error"},
 		"complete":  {"ok", "lease_lost", "not_found", "error"},
 		"fail":      {"ok", "lease_lost", "not_found", "error"},
+		"snooze":    {"ok", "lease_lost", "not_found", "error"},
+		"requeue":   {"ok", "lease_lost", "not_found", "error"},
+		"cancel":    {"ok", "conflict", "lease_lost", "not_found", "error"},
+		"retry":     {"ok", "conflict", "not_found", "error"},
 	} {
 		for _, o := range outcomes {
 			m.taskOps.WithLabelValues(op, o)
@@ -336,6 +340,8 @@ func (m *Metrics) taskOp(op string, err error) {
 		outcome = "lease_lost"
 	case errors.Is(err, task.ErrNotFound):
 		outcome = "not_found"
+	case errors.Is(err, task.ErrNotCancellable), errors.Is(err, task.ErrNotRetryable), errors.Is(err, task.ErrUniqueKeyTaken):
+		outcome = "conflict"
 	default:
 		outcome = "error"
 	}

@@ -314,7 +314,7 @@ func loseElectedLease(t *testing.T, r *replicaMetrics) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e := &leasing.Elector{
-		Store: leasing.NewStore(r.db.Pool), Listener: r.listener, Resource: resource, Holder: "elector",
+		Leases: leasing.NewStore(r.db.Pool), Listener: r.listener, Resource: resource, Holder: "elector",
 		Keep: lease.KeepConfig{TTL: 3 * time.Second, Observer: r.metrics.KeepObserver(server.HolderGenerator)},
 		Log:  zerolog.Nop(),
 	}

@@ -41,6 +41,7 @@ func addRoutes(mux *http.ServeMux, d Deps) {
 	mux.Handle("PUT /api/tasks/{id}/complete", handleTaskComplete(d))
 	mux.Handle("PUT /api/tasks/{id}/fail", handleTaskFail(d))
 	mux.Handle("PUT /api/tasks/{id}/snooze", handleTaskSnooze(d))
+	mux.Handle("PUT /api/tasks/{id}/requeue", handleTaskRequeue(d))
 	mux.Handle("POST /api/tasks/{id}/cancel", handleTaskCancel(d))
 	mux.Handle("POST /api/tasks/{id}/retry", handleTaskRetry(d))
 

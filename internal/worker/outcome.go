@@ -63,3 +63,21 @@ type PanicError struct {
 }
 
 func (e *PanicError) Error() string { return fmt.Sprintf("panic: %v\n\n%s", e.Value, e.Stack) }
+
+// graceFor calls cancel when the shutdown grace is over: after grace, or
+// when abort (if set) is closed. The function it returns stops waiting.
+func graceFor(grace time.Duration, abort <-chan struct{}, cancel func()) (stop func()) {
+	if abort == nil {
+		t := time.AfterFunc(max(grace, 0), cancel)
+		return func() { t.Stop() }
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-abort:
+			cancel()
+		case <-done:
+		}
+	}()
+	return func() { close(done) }
+}

@@ -57,6 +57,9 @@ type Pool struct {
 	// ends before they are cancelled and requeued (default 10s; negative: no
 	// grace).
 	ShutdownGrace time.Duration
+	// Abort, when set, replaces ShutdownGrace: running tasks go on after
+	// Run's context ends until Abort is closed.
+	Abort <-chan struct{}
 	// WaitLinger is how long the pool stays registered as a waiter for
 	// inserted tasks once all its workers are busy (default 1s; negative:
 	// it unregisters at once). Inserts notify while any waiter is
@@ -70,6 +73,7 @@ type Pool struct {
 	OnEvent func(Event)
 
 	log       zerolog.Logger
+	runner    runner
 	prefix    string // of the processors' names
 	workers   []*worker
 	byName    map[string]*worker
@@ -185,6 +189,10 @@ func (p *Pool) init() error {
 	}
 	p.idle = make(chan finished, p.Workers)
 	p.completer = newCompleter(p)
+	p.runner = runner{
+		ops: p.Tasks, complete: p.completer.complete, handler: p.Handler, ttl: p.TTL, spike: p.SimSpikeRate,
+		log: p.log, counters: &p.counters, onEvent: p.OnEvent,
+	}
 	p.wakeC = make(chan struct{}, 1)
 	return nil
 }
@@ -219,7 +227,7 @@ func (p *Pool) Run(ctx context.Context) error {
 		workers.Go(func() {
 			for c := range w.tasks {
 				for {
-					outcome, next := p.work(workCtx, w, c)
+					outcome, next := p.runner.work(workCtx, w, c)
 					if next == nil {
 						p.idle <- finished{w: w, failed: outcome == EventFailed}
 						break
@@ -242,9 +250,9 @@ func (p *Pool) Run(ctx context.Context) error {
 	p.dispatch(ctx) // until ctx ends; then no more claims, and the workers' channels are closed
 
 	p.log.Info().Dur("grace", max(p.ShutdownGrace, 0)).Msg("worker pool stopping: running tasks get the grace period")
-	grace := time.AfterFunc(max(p.ShutdownGrace, 0), func() { stopWork(ErrShutdown) })
+	stopGrace := graceFor(p.ShutdownGrace, p.Abort, func() { stopWork(ErrShutdown) })
 	workers.Wait()
-	grace.Stop()
+	stopGrace()
 	stopCompleter()
 	completing.Wait()
 	stopWatching()

@@ -18,13 +18,47 @@ import (
 	"github.com/leasehold/leasehold/task"
 )
 
+// runner runs claimed tasks: the handler under the task's lease, kept alive
+// by heartbeats, then the final write. A Pool's runner writes to the
+// database (completions in batches, through its completer); a
+// RemotePool's, to a leasehold service's REST API.
+type runner struct {
+	ops      Ops
+	complete func(ctx context.Context, c taskstore.Completion) (*claim, error)
+	handler  Handler
+	ttl      time.Duration // of a task that has none of its own
+	spike    float64       // SimSpikeRate
+	log      zerolog.Logger
+	counters *counters
+	onEvent  func(Event)
+}
+
+func (r *runner) emit(e Event) {
+	if r.onEvent != nil {
+		r.onEvent(e)
+	}
+}
+
+// Ops are the writes a worker makes under its task's lease, each a
+// compare-and-set on (processor, fence, lease live) that answers
+// task.ErrLeaseLost when refused: *taskstore.Store's, or a REST client's.
+type Ops interface {
+	Heartbeat(ctx context.Context, id int64, processor string, fence int64) (task.Task, error)
+	Complete(ctx context.Context, id int64, processor string, fence int64, output json.RawMessage) (task.Task, error)
+	Fail(ctx context.Context, id int64, processor string, fence int64, reason string, retryIn time.Duration) (task.Task, error)
+	Requeue(ctx context.Context, id int64, processor string, fence int64, reason string) (task.Task, error)
+	Snooze(ctx context.Context, id int64, processor string, fence int64, delay time.Duration) (task.Task, error)
+	CancelHeld(ctx context.Context, id int64, processor string, fence int64, reason string) (task.Task, error)
+	Get(ctx context.Context, id int64) (task.Task, error)
+}
+
 // taskTTL is the TTL of t's lease: its own, which the claim set, or the
 // pool's default for a row that has none.
-func (p *Pool) taskTTL(t task.Task) time.Duration {
+func (r *runner) taskTTL(t task.Task) time.Duration {
 	if t.TTLSeconds > 0 {
 		return t.TTL()
 	}
-	return p.TTL
+	return r.ttl
 }
 
 // work runs one claimed task under its lease, then completes it, fails it,
@@ -32,14 +66,14 @@ func (p *Pool) taskTTL(t task.Task) time.Duration {
 // when the lease was lost, leaves it alone. workCtx ends when the shutdown
 // grace is over. It returns what became of the task and, when the
 // completion's statement claimed one, the worker's next task.
-func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *claim) {
+func (r *runner) work(workCtx context.Context, w *worker, c claim) (EventKind, *claim) {
 	t := c.task
-	ttl := p.taskTTL(t)
+	ttl := r.taskTTL(t)
 	keep := lease.KeepConfig{TTL: ttl}.WithDefaults()
 	// The task's logger, made when something is worth saying: most tasks
 	// of a busy queue say nothing.
 	log := sync.OnceValue(func() *zerolog.Logger {
-		l := p.log.With().Int64("task", t.ID).Str("kind", t.Kind).Str("processor", w.name).Int64("fence", t.Fence).Int32("attempt", t.Attempts).Logger()
+		l := r.log.With().Int64("task", t.ID).Str("kind", t.Kind).Str("processor", w.name).Int64("fence", t.Fence).Int32("attempt", t.Attempts).Logger()
 		return &l
 	})
 	ev := Event{Processor: w.name, TaskID: t.ID, TaskKind: t.Kind, Fence: t.Fence, Attempts: t.Attempts}
@@ -66,10 +100,10 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *cl
 		hbMu.Lock()
 		defer hbMu.Unlock()
 		if !stopped {
-			hb.Go(func() { deadline = p.heartbeat(hbCtx, log, t, w.name, keep, c.sent, cancelTask) })
+			hb.Go(func() { deadline = r.heartbeat(hbCtx, log, t, w.name, keep, c.sent, cancelTask) })
 		}
 	})
-	output, runErr := p.run(taskCtx, t)
+	output, runErr := r.run(taskCtx, t)
 	stopHeartbeats()
 	first.Stop()
 	hbMu.Lock()
@@ -88,39 +122,39 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *cl
 		// A dead process does nothing more: the lease lapses, and the
 		// reaper's expiry notification wakes a worker to take the task.
 		log().Warn().Msg("the handler abandoned the task (a simulated crash): left to its lease")
-		p.counters.crashed.Add(1)
+		r.counters.crashed.Add(1)
 		ev.Kind = EventCrashed
-		p.emit(ev)
+		r.emit(ev)
 		return EventCrashed, nil
 	case errors.Is(cause, task.ErrLeaseLost) || errors.Is(cause, lease.ErrDeadline) || errors.Is(cause, task.ErrCancelled):
 		log().Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("task lease lost: abandoned the task without completing it")
-		p.counters.leaseLost.Add(1)
+		r.counters.leaseLost.Add(1)
 		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
-		p.emit(ev)
+		r.emit(ev)
 		return EventLeaseLost, nil
 	case runErr == nil:
 		var next *claim // from the last attempt: a retry's batch claims afresh
-		kind := p.finish(workCtx, log, ev, deadline, ttl, EventCompleted, func(ctx context.Context) (string, error) {
-			n, err := p.completer.complete(ctx, taskstore.Completion{ID: t.ID, Processor: w.name, Fence: t.Fence, Output: output})
+		kind := r.finish(workCtx, log, ev, deadline, ttl, EventCompleted, func(ctx context.Context) (string, error) {
+			n, err := r.complete(ctx, taskstore.Completion{ID: t.ID, Processor: w.name, Fence: t.Fence, Output: output})
 			next = n
 			return task.StateDone, err
 		})
 		return kind, next
 	case workCtx.Err() != nil && errors.Is(runErr, context.Canceled):
-		return p.finish(workCtx, log, ev, deadline, ttl, EventRequeued, func(ctx context.Context) (string, error) {
-			t, err := p.Tasks.Requeue(ctx, t.ID, w.name, t.Fence, "the worker shut down before the task finished")
+		return r.finish(workCtx, log, ev, deadline, ttl, EventRequeued, func(ctx context.Context) (string, error) {
+			t, err := r.ops.Requeue(ctx, t.ID, w.name, t.Fence, "the worker shut down before the task finished")
 			return t.State, err
 		}), nil
 	case errors.As(runErr, &snooze):
-		return p.finish(workCtx, log, ev, deadline, ttl, EventSnoozed, func(ctx context.Context) (string, error) {
-			t, err := p.Tasks.Snooze(ctx, t.ID, w.name, t.Fence, snooze.Delay)
+		return r.finish(workCtx, log, ev, deadline, ttl, EventSnoozed, func(ctx context.Context) (string, error) {
+			t, err := r.ops.Snooze(ctx, t.ID, w.name, t.Fence, snooze.Delay)
 			return t.State, err
 		}), nil
 	case errors.As(runErr, &cancel):
 		ev.Err = runErr
-		return p.finish(workCtx, log, ev, deadline, ttl, EventCancelled, func(ctx context.Context) (string, error) {
+		return r.finish(workCtx, log, ev, deadline, ttl, EventCancelled, func(ctx context.Context) (string, error) {
 			// The holder's own cancellation: a compare-and-set on its lease.
-			ct, err := p.Tasks.CancelHeld(ctx, t.ID, w.name, t.Fence, failureText(cancel.Err))
+			ct, err := r.ops.CancelHeld(ctx, t.ID, w.name, t.Fence, failureText(cancel.Err))
 			return ct.State, err
 		}), nil
 	default:
@@ -129,8 +163,8 @@ func (p *Pool) work(workCtx context.Context, w *worker, c claim) (EventKind, *cl
 		if errors.As(runErr, &retry) {
 			retryIn = max(retry.Delay, 0)
 		}
-		return p.finish(workCtx, log, ev, deadline, ttl, EventFailed, func(ctx context.Context) (string, error) {
-			t, err := p.Tasks.Fail(ctx, t.ID, w.name, t.Fence, failureText(runErr), retryIn)
+		return r.finish(workCtx, log, ev, deadline, ttl, EventFailed, func(ctx context.Context) (string, error) {
+			t, err := r.ops.Fail(ctx, t.ID, w.name, t.Fence, failureText(runErr), retryIn)
 			return t.State, err
 		}), nil
 	}
@@ -160,13 +194,13 @@ func failureText(err error) string {
 }
 
 // run calls the handler, turning a panic into a *PanicError.
-func (p *Pool) run(ctx context.Context, t task.Task) (output json.RawMessage, err error) {
+func (r *runner) run(ctx context.Context, t task.Task) (output json.RawMessage, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			output, err = nil, &PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return p.Handler(ctx, t)
+	return r.handler(ctx, t)
 }
 
 // finish makes the task's final write (complete, fail, requeue, snooze,
@@ -174,7 +208,7 @@ func (p *Pool) run(ctx context.Context, t task.Task) (output json.RawMessage, er
 // lease's local deadline: after that the write could only be refused. It
 // returns kind when the write succeeded, EventLeaseLost when it was
 // refused, "" when it could not be made.
-func (p *Pool) finish(ctx context.Context, log func() *zerolog.Logger, ev Event, deadline time.Time, ttl time.Duration,
+func (r *runner) finish(ctx context.Context, log func() *zerolog.Logger, ev Event, deadline time.Time, ttl time.Duration,
 	kind EventKind, write func(ctx context.Context) (state string, err error),
 ) EventKind {
 	ev.Kind = kind
@@ -184,7 +218,7 @@ func (p *Pool) finish(ctx context.Context, log func() *zerolog.Logger, ev Event,
 		state, err := write(wctx)
 		if retry && errors.Is(err, task.ErrLeaseLost) {
 			// The attempt that seemed to fail may have committed.
-			if cur, gerr := p.Tasks.Get(wctx, ev.TaskID); gerr == nil && cur.Fence == ev.Fence && committed(kind, cur) {
+			if cur, gerr := r.ops.Get(wctx, ev.TaskID); gerr == nil && cur.Fence == ev.Fence && committed(kind, cur) {
 				state, err = cur.State, nil
 			}
 		}
@@ -194,27 +228,27 @@ func (p *Pool) finish(ctx context.Context, log func() *zerolog.Logger, ev Event,
 			ev.State = state
 			switch kind {
 			case EventCompleted:
-				p.counters.completed.Add(1)
+				r.counters.completed.Add(1)
 			case EventFailed:
-				p.counters.failed.Add(1)
+				r.counters.failed.Add(1)
 				log().Info().Err(ev.Err).Str("state", state).Msg("task failed")
 			case EventRequeued:
-				p.counters.requeued.Add(1)
+				r.counters.requeued.Add(1)
 				log().Info().Msg("handed the task back at shutdown")
 			case EventSnoozed:
-				p.counters.snoozed.Add(1)
+				r.counters.snoozed.Add(1)
 				log().Debug().Msg("snoozed task")
 			case EventCancelled:
-				p.counters.cancelled.Add(1)
+				r.counters.cancelled.Add(1)
 				log().Info().Err(ev.Err).Msg("the handler cancelled its task")
 			}
-			p.emit(ev)
+			r.emit(ev)
 			return kind
 		case errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound):
 			log().Warn().Err(err).Msgf("task lease lost: %s refused", kind)
-			p.counters.leaseLost.Add(1)
+			r.counters.leaseLost.Add(1)
 			ev.Kind, ev.Err = EventLeaseLost, err
-			p.emit(ev)
+			r.emit(ev)
 			return EventLeaseLost
 		case !time.Now().Add(retryEvery).Before(deadline):
 			log().Warn().Err(err).Msgf("could not record the task as %s; it will be claimed again when its lease lapses", kind)
@@ -248,14 +282,14 @@ func committed(kind EventKind, cur task.Task) bool {
 // refused, or none succeeded before the local deadline (the time the claim
 // or the last successful heartbeat was sent + TTL − margin). It returns the
 // deadline as it stood when it stopped.
-func (p *Pool) heartbeat(ctx context.Context, log func() *zerolog.Logger, t task.Task, processor string, keep lease.KeepConfig,
+func (r *runner) heartbeat(ctx context.Context, log func() *zerolog.Logger, t task.Task, processor string, keep lease.KeepConfig,
 	sent time.Time, lost context.CancelCauseFunc,
 ) time.Time {
 	failing := false // the last heartbeat failed: the retries are logged at debug level
 	loop := keepalive.Loop{
 		Config: keep,
 		Renew: func(ctx context.Context) error {
-			_, err := p.Tasks.Heartbeat(ctx, t.ID, processor, t.Fence)
+			_, err := r.ops.Heartbeat(ctx, t.ID, processor, t.Fence)
 			if err == nil && failing {
 				log().Info().Msg("heartbeat succeeded again")
 				failing = false
@@ -267,7 +301,7 @@ func (p *Pool) heartbeat(ctx context.Context, log func() *zerolog.Logger, t task
 			lost(fmt.Errorf("task %d: %w", t.ID, reason))
 		},
 		RenewFailed: func(err error) {
-			p.emit(Event{Kind: EventHeartbeatFailed, Processor: processor, TaskID: t.ID, TaskKind: t.Kind, Fence: t.Fence, Err: err})
+			r.emit(Event{Kind: EventHeartbeatFailed, Processor: processor, TaskID: t.ID, TaskKind: t.Kind, Fence: t.Fence, Err: err})
 			if errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound) {
 				return
 			}
@@ -279,9 +313,9 @@ func (p *Pool) heartbeat(ctx context.Context, log func() *zerolog.Logger, t task
 			ev.Err(err).Msg("heartbeat failed; retrying until the lease's deadline")
 		},
 	}
-	if p.SimSpikeRate > 0 {
+	if r.spike > 0 {
 		loop.BeforeRenew = func(ctx context.Context) {
-			if rand.Float64() >= p.SimSpikeRate {
+			if rand.Float64() >= r.spike {
 				return
 			}
 			pause := keep.TTL + keep.TTL/2

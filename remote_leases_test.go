@@ -1,4 +1,4 @@
-package leasing_test
+package leasehold_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold"
 	"github.com/leasehold/leasehold/internal/apitime"
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/lease"
@@ -69,18 +70,24 @@ func startClientServer(t *testing.T, token string) *clientServer {
 	return s
 }
 
-func (s *clientServer) client(opts ...leasing.ClientOption) *leasing.Client {
+// client returns the leases of a remote client of the server, with the
+// token given (none when omitted).
+func (s *clientServer) client(token ...string) *leasehold.Leases {
 	s.t.Helper()
-	c, err := leasing.NewClient(s.srv.URL, append([]leasing.ClientOption{leasing.WithHTTPClient(s.srv.Client())}, opts...)...)
-	if err != nil {
-		s.t.Fatalf("NewClient(%q): %v", s.srv.URL, err)
+	rc := leasehold.RemoteConfig{URL: s.srv.URL, HTTPClient: s.srv.Client()}
+	if len(token) > 0 {
+		rc.Token = token[0]
 	}
-	return c
+	c, err := leasehold.NewRemoteClient(rc, leasehold.Config{})
+	if err != nil {
+		s.t.Fatalf("NewRemoteClient(%q): %v", s.srv.URL, err)
+	}
+	return c.Leases()
 }
 
 // hold acquires with auto-renew and makes sure the holding is released
 // before the server stops.
-func hold(t *testing.T, c *leasing.Client, resource, holder string, cfg lease.KeepConfig) *leasing.Holding {
+func hold(t *testing.T, c *leasehold.Leases, resource, holder string, cfg lease.KeepConfig) *leasehold.Holding {
 	t.Helper()
 	h, err := c.Hold(t.Context(), resource, holder, cfg)
 	if err != nil {
@@ -91,7 +98,7 @@ func hold(t *testing.T, c *leasing.Client, resource, holder string, cfg lease.Ke
 }
 
 // renewals counts the renewals of the lease with this fence in the history.
-func renewals(t *testing.T, c *leasing.Client, resource string, fence int64) int {
+func renewals(t *testing.T, c *leasehold.Leases, resource string, fence int64) int {
 	t.Helper()
 	events, err := c.Events(t.Context(), lease.EventsParams{Resource: resource})
 	if err != nil {
@@ -119,7 +126,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 }
 
 // waitDone waits for the holding's context to be cancelled and returns when.
-func waitDone(t *testing.T, h *leasing.Holding, timeout time.Duration) time.Time {
+func waitDone(t *testing.T, h *leasehold.Holding, timeout time.Duration) time.Time {
 	t.Helper()
 	select {
 	case <-h.Context().Done():
@@ -201,7 +208,10 @@ func testClientKeep(t *testing.T) {
 	if err != nil || !acq.New {
 		t.Fatalf("acquire: %+v, %v", acq, err)
 	}
-	h := c.Keep(t.Context(), acq.Lease, sent, cfg)
+	h, err := c.Keep(t.Context(), acq.Lease, sent, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, 15*time.Second, "3 renewals", func() bool {
 		if err := h.Err(); err != nil {
 			t.Fatalf("the holding ended: %v", err)
@@ -266,13 +276,13 @@ func testClientHoldServerDown(t *testing.T) {
 		t.Errorf("cancelled %s after the server went down, want less than the TTL %s", doneAt.Sub(downAt), ttl)
 	}
 	cause := h.Err()
-	if !errors.Is(cause, lease.ErrDeadline) || !leasing.IsTransient(cause) {
+	if !errors.Is(cause, lease.ErrDeadline) || !leasehold.IsTransient(cause) {
 		t.Errorf("cause: got %v, want ErrDeadline wrapping a transient renewal error", cause)
 	}
 	if !errors.Is(context.Cause(h.Context()), lease.ErrDeadline) {
 		t.Errorf("context.Cause: got %v, want ErrDeadline", context.Cause(h.Context()))
 	}
-	if err := h.Release(t.Context()); !leasing.IsTransient(err) {
+	if err := h.Release(t.Context()); !leasehold.IsTransient(err) {
 		t.Errorf("Release while the server is down: got %v, want a transient error", err)
 	}
 }
@@ -416,10 +426,11 @@ func TestClientHoldConfigValidation(t *testing.T) {
 		requests.Add(1)
 		return nil, errors.New("no network in this test")
 	})}
-	c, err := leasing.NewClient("http://leasehold.invalid", leasing.WithHTTPClient(offline))
+	rc, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: "http://leasehold.invalid", HTTPClient: offline}, leasehold.Config{})
 	if err != nil {
-		t.Fatalf("NewClient: %v", err)
+		t.Fatalf("NewRemoteClient: %v", err)
 	}
+	c := rc.Leases()
 	tests := []struct {
 		name string
 		cfg  lease.KeepConfig
@@ -447,7 +458,7 @@ func TestClientHoldConfigValidation(t *testing.T) {
 	if _, err := c.Acquire(t.Context(), lease.AcquireParams{Resource: "r", Holder: "h", TTL: 1500 * time.Millisecond}); err == nil || !strings.Contains(err.Error(), "whole number of seconds") {
 		t.Errorf("Acquire with TTL 1.5s: got %v, want an error about whole seconds", err)
 	}
-	if _, err := c.List(t.Context(), lease.ListParams{Filter: "stale"}); err == nil || !strings.Contains(err.Error(), "unknown lease filter") {
+	if _, err := c.List(t.Context(), lease.ListParams{Filter: "stale"}); err == nil || !errors.Is(err, leasehold.ErrInvalidArgument) {
 		t.Errorf("List with filter stale: got %v, want an error naming the filters", err)
 	}
 	if n := requests.Load(); n != 0 {
@@ -455,22 +466,15 @@ func TestClientHoldConfigValidation(t *testing.T) {
 	}
 }
 
-func TestClientNewClient(t *testing.T) {
+func TestClientNewRemoteClient(t *testing.T) {
 	t.Parallel()
 	for _, bad := range []string{"", "localhost:8080", "ftp://localhost", "http://", "http://u:p@localhost", "http://localhost?x=1", "http://local host"} {
-		if _, err := leasing.NewClient(bad); err == nil {
-			t.Errorf("NewClient(%q): got no error, want one", bad)
+		if _, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: bad}, leasehold.Config{}); !errors.Is(err, leasehold.ErrInvalidConfig) {
+			t.Errorf("NewRemoteClient(%q): got %v, want ErrInvalidConfig", bad, err)
 		}
 	}
-	if _, err := leasing.NewClient("http://localhost:8080", leasing.WithHTTPClient(nil)); err == nil {
-		t.Error("NewClient with a nil http.Client: got no error, want one")
-	}
-	c, err := leasing.NewClient("https://example.com/leasehold/")
-	if err != nil {
-		t.Fatalf("NewClient with a path: %v", err)
-	}
-	if got, want := c.URL(), "https://example.com/leasehold"; got != want {
-		t.Errorf("URL: got %q, want %q", got, want)
+	if _, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: "https://example.com/leasehold/"}, leasehold.Config{}); err != nil {
+		t.Fatalf("NewRemoteClient with a path: %v", err)
 	}
 }
 
@@ -540,8 +544,8 @@ func TestClientAcquireWait(t *testing.T) {
 	c := s.client()
 	ctx := t.Context()
 
-	if _, err := c.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "a", Wait: -time.Second}); err == nil || !strings.Contains(err.Error(), "negative") {
-		t.Errorf("Acquire with a negative Wait: got %v, want an error saying so", err)
+	if _, err := c.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "a", Wait: -time.Second}); !errors.Is(err, leasehold.ErrInvalidArgument) || !strings.Contains(err.Error(), "between 0 and") {
+		t.Errorf("Acquire with a negative Wait: got %v, want ErrInvalidArgument saying so", err)
 	}
 	first, err := c.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "a", TTL: time.Second})
 	if err != nil {
@@ -584,7 +588,7 @@ func TestClientAcquireWait(t *testing.T) {
 func TestClientMethods(t *testing.T) {
 	t.Parallel()
 	s := startClientServer(t, "secret")
-	c := s.client(leasing.WithToken("secret"))
+	c := s.client("secret")
 	ctx := t.Context()
 
 	acq, err := c.Acquire(ctx, lease.AcquireParams{Resource: "db:primary", Holder: "a", TTL: 30 * time.Second})
@@ -690,38 +694,39 @@ func TestClientErrors(t *testing.T) {
 	ctx := t.Context()
 
 	_, err := s.client().Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "a"})
-	var status *leasing.StatusError
+	var status *leasehold.StatusError
 	if !errors.As(err, &status) || status.StatusCode != http.StatusUnauthorized || !strings.Contains(status.Message, "API token") {
 		t.Fatalf("Acquire without the token: got %v, want a 401 *StatusError about the token", err)
 	}
-	if leasing.IsTransient(err) {
+	if leasehold.IsTransient(err) {
 		t.Errorf("IsTransient(%v): got true, want false", err)
 	}
-	if _, err := s.client(leasing.WithToken("wrong")).List(ctx, lease.ListParams{}); !errors.As(err, &status) || status.StatusCode != http.StatusUnauthorized {
+	if _, err := s.client("wrong").List(ctx, lease.ListParams{}); !errors.As(err, &status) || status.StatusCode != http.StatusUnauthorized {
 		t.Errorf("List with a wrong token: got %v, want 401", err)
 	}
 
-	c := s.client(leasing.WithToken("secret"))
-	if _, err := c.Acquire(ctx, lease.AcquireParams{Resource: "bad\x01name", Holder: "a"}); !errors.As(err, &status) || status.StatusCode != http.StatusBadRequest || !strings.Contains(status.Message, "control character") {
-		t.Errorf("Acquire of a bad name: got %v, want a 400 naming the control character", err)
+	c := s.client("secret")
+	// Bad input is refused before anything is sent, as the service would.
+	if _, err := c.Acquire(ctx, lease.AcquireParams{Resource: "bad\x01name", Holder: "a"}); !errors.Is(err, leasehold.ErrInvalidArgument) || !strings.Contains(err.Error(), "control character") {
+		t.Errorf("Acquire of a bad name: got %v, want ErrInvalidArgument naming the control character", err)
 	}
 
 	s.failWith.Store(http.StatusServiceUnavailable)
 	_, err = c.Renew(ctx, lease.RenewParams{Resource: "r", Holder: "a"})
-	if !errors.As(err, &status) || status.StatusCode != http.StatusServiceUnavailable || !leasing.IsTransient(err) {
+	if !errors.As(err, &status) || status.StatusCode != http.StatusServiceUnavailable || !leasehold.IsTransient(err) {
 		t.Errorf("Renew answered 503: got %v, want a transient 503 *StatusError", err)
 	}
 	s.failWith.Store(0)
 
 	s.down.Store(true)
-	if _, err := c.Get(ctx, 1); err == nil || !leasing.IsTransient(err) {
+	if _, err := c.Get(ctx, 1); err == nil || !leasehold.IsTransient(err) {
 		t.Errorf("Get while the server is unreachable: got %v, want a transient error", err)
 	}
 	s.down.Store(false)
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := c.Get(cancelled, 1); !errors.Is(err, context.Canceled) || leasing.IsTransient(err) {
+	if _, err := c.Get(cancelled, 1); !errors.Is(err, context.Canceled) || leasehold.IsTransient(err) {
 		t.Errorf("Get with a cancelled context: got %v, want context.Canceled, not transient", err)
 	}
 }

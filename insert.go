@@ -1,0 +1,310 @@
+package leasehold
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
+)
+
+// InsertOpts are the options of one insert. Zero fields take the args'
+// defaults (InsertOptsProvider), then the kind's (KindConfig), then
+// leasehold's: the default queue, priority 0, no unique key, due now, five
+// attempts, the claiming worker's TTL.
+type InsertOpts struct {
+	// Queue is the task's queue: 1 to 255 bytes, no control characters.
+	Queue string
+	// Priority orders the due tasks of a claim: lower runs first
+	// (−32768 to 32767).
+	Priority int16
+	// UniqueKey, when set, makes the insert a no-op while another task of
+	// the kind, in any state but cancelled, holds the key: the result is
+	// then that task, with Duplicate set. An insert that is safe to retry.
+	UniqueKey string
+	// ScheduledAt is when the task falls due (zero: now).
+	ScheduledAt time.Time
+	// MaxAttempts is how many attempts the task gets before it is dead:
+	// 1 to 100.
+	MaxAttempts int
+	// TTL is the TTL of the task's leases: whole seconds, 1s to 1h.
+	TTL time.Duration
+}
+
+// InsertParams is one task of InsertMany: its args and, optionally, its
+// options.
+type InsertParams struct {
+	Args TaskArgs
+	Opts *InsertOpts
+}
+
+// InsertResult is what became of one insert.
+type InsertResult struct {
+	// Task is the task inserted or, with Duplicate, the one that holds its
+	// unique key.
+	Task *task.Task
+	// Duplicate: nothing was inserted, another task holds the unique key.
+	Duplicate bool
+}
+
+// Insert adds one task with args as its task_data. It is claimable at once
+// (or at ScheduledAt): idle workers are woken by NOTIFY when it commits.
+func (c *Client) Insert(ctx context.Context, args TaskArgs, opts *InsertOpts) (*InsertResult, error) {
+	res, err := c.InsertMany(ctx, []InsertParams{{Args: args, Opts: opts}})
+	if err != nil {
+		return nil, err
+	}
+	return res[0], nil
+}
+
+// InsertMany adds tasks in one statement (one NOTIFY), all or none.
+func (c *Client) InsertMany(ctx context.Context, params []InsertParams) ([]*InsertResult, error) {
+	nts, err := c.newTasks(params)
+	if err != nil {
+		return nil, err
+	}
+	var ins []taskstore.Inserted
+	if c.store != nil {
+		ins, err = c.store.Insert(ctx, nts)
+	} else {
+		ins, err = restTasks{c: c.rest}.insert(ctx, nts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return results(ins), nil
+}
+
+// InsertTx is Insert inside the caller's transaction tx, on the client's
+// database: the task exists if and when tx commits, and is claimable then
+// (NOTIFY on commit); if tx rolls back, it never existed. This is how a
+// task and the data it is about are written together: no task without its
+// data, no data without its task. A remote client has no database: the
+// error is ErrNoDatabase.
+func (c *Client) InsertTx(ctx context.Context, tx pgx.Tx, args TaskArgs, opts *InsertOpts) (*InsertResult, error) {
+	res, err := c.InsertManyTx(ctx, tx, []InsertParams{{Args: args, Opts: opts}})
+	if err != nil {
+		return nil, err
+	}
+	return res[0], nil
+}
+
+// InsertManyTx is InsertMany inside the caller's transaction tx (see
+// InsertTx).
+func (c *Client) InsertManyTx(ctx context.Context, tx pgx.Tx, params []InsertParams) ([]*InsertResult, error) {
+	if c.store == nil {
+		return nil, fmt.Errorf("%w: InsertTx needs a client made with NewClient on the database's pool", ErrNoDatabase)
+	}
+	if tx == nil {
+		return nil, fmt.Errorf("%w: InsertTx needs a transaction, not nil", ErrInvalidArgument)
+	}
+	nts, err := c.newTasks(params)
+	if err != nil {
+		return nil, err
+	}
+	ins, err := c.store.InsertTx(ctx, tx, nts)
+	if err != nil {
+		return nil, err
+	}
+	return results(ins), nil
+}
+
+func results(ins []taskstore.Inserted) []*InsertResult {
+	out := make([]*InsertResult, len(ins))
+	for i := range ins {
+		out[i] = &InsertResult{Task: &ins[i].Task, Duplicate: ins[i].Duplicate}
+	}
+	return out
+}
+
+// maxInsert bounds one InsertMany, as the REST API does.
+const maxInsert = 10000
+
+// newTasks checks params and turns them into the store's NewTasks, the
+// options merged: the insert's, the args', the kind's.
+func (c *Client) newTasks(params []InsertParams) ([]taskstore.NewTask, error) {
+	if len(params) == 0 || len(params) > maxInsert {
+		return nil, fmt.Errorf("%w: %d tasks; insert 1 to %d at a time", ErrInvalidArgument, len(params), maxInsert)
+	}
+	nts := make([]taskstore.NewTask, len(params))
+	for i, p := range params {
+		nt, err := c.newTask(p)
+		if err != nil {
+			if len(params) > 1 {
+				return nil, fmt.Errorf("task %d (counting from 0): %w", i, err)
+			}
+			return nil, err
+		}
+		nts[i] = nt
+	}
+	return nts, nil
+}
+
+func (c *Client) newTask(p InsertParams) (taskstore.NewTask, error) {
+	if p.Args == nil {
+		return taskstore.NewTask{}, fmt.Errorf("%w: no task args (nil)", ErrInvalidArgument)
+	}
+	kind, err := safeKind(p.Args)
+	if err != nil {
+		return taskstore.NewTask{}, err
+	}
+	kw := c.funcs[kind]
+	if kw == nil && len(c.kinds) > 0 && !c.cfg.AllowUnknownKinds {
+		return taskstore.NewTask{}, fmt.Errorf("%w: %q (this client runs %v; set Config.AllowUnknownKinds to insert tasks for other programs)", ErrUnknownKind, kind, c.kinds)
+	}
+	data, err := json.Marshal(p.Args)
+	if err != nil {
+		return taskstore.NewTask{}, fmt.Errorf("%w: encode the args of kind %q: %w", ErrInvalidArgument, kind, err)
+	}
+	if d := bytes.TrimSpace(data); len(d) == 0 || d[0] != '{' {
+		return taskstore.NewTask{}, fmt.Errorf("%w: the args of kind %q encode as %.40s, not a JSON object; use a struct (or a map)", ErrInvalidArgument, kind, data)
+	}
+	var o InsertOpts
+	if dp, ok := p.Args.(InsertOptsProvider); ok {
+		o = dp.InsertOpts()
+	}
+	if p.Opts != nil {
+		o = merged(o, *p.Opts)
+	}
+	if o.MaxAttempts == 0 && kw != nil {
+		o.MaxAttempts = kw.cfg.MaxAttempts
+	}
+	if o.Queue != "" {
+		if err := checkName("queue", o.Queue); err != nil {
+			return taskstore.NewTask{}, err
+		}
+	}
+	if o.UniqueKey != "" {
+		if err := checkName("unique key", o.UniqueKey); err != nil {
+			return taskstore.NewTask{}, err
+		}
+	}
+	if err := checkTTL("task TTL", o.TTL); err != nil {
+		return taskstore.NewTask{}, err
+	}
+	if o.MaxAttempts < 0 || o.MaxAttempts > 100 {
+		return taskstore.NewTask{}, fmt.Errorf("%w: MaxAttempts %d must be 1 to 100 (0: the default)", ErrInvalidArgument, o.MaxAttempts)
+	}
+	if !o.ScheduledAt.IsZero() && (o.ScheduledAt.Year() < 1 || o.ScheduledAt.Year() > 9999) {
+		return taskstore.NewTask{}, fmt.Errorf("%w: ScheduledAt %s is outside the years 1 to 9999", ErrInvalidArgument, o.ScheduledAt)
+	}
+	return taskstore.NewTask{
+		TaskData: data, Kind: kind, Queue: o.Queue, Priority: o.Priority, UniqueKey: o.UniqueKey,
+		TTL: o.TTL, ScheduledAt: o.ScheduledAt, MaxAttempts: int32(o.MaxAttempts),
+	}, nil
+}
+
+// merged is base with the non-zero fields of over.
+func merged(base, over InsertOpts) InsertOpts {
+	if over.Queue != "" {
+		base.Queue = over.Queue
+	}
+	if over.Priority != 0 {
+		base.Priority = over.Priority
+	}
+	if over.UniqueKey != "" {
+		base.UniqueKey = over.UniqueKey
+	}
+	if !over.ScheduledAt.IsZero() {
+		base.ScheduledAt = over.ScheduledAt
+	}
+	if over.MaxAttempts != 0 {
+		base.MaxAttempts = over.MaxAttempts
+	}
+	if over.TTL != 0 {
+		base.TTL = over.TTL
+	}
+	return base
+}
+
+// safeKind is args' Kind, checked as a name; a Kind that panics (a nil
+// pointer) is an error.
+func safeKind(args TaskArgs) (kind string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: %T's Kind panicked (%v)", ErrInvalidArgument, args, v)
+		}
+	}()
+	kind = args.Kind()
+	if err := checkName("kind", kind); err != nil {
+		return "", fmt.Errorf("%w (of %T)", err, args)
+	}
+	return kind, nil
+}
+
+// Get returns the task, task.ErrNotFound when there is none.
+func (c *Client) Get(ctx context.Context, id int64) (*task.Task, error) {
+	if id < 1 {
+		return nil, fmt.Errorf("%w: task id %d is not positive", ErrInvalidArgument, id)
+	}
+	var (
+		t   task.Task
+		err error
+	)
+	if c.store != nil {
+		t, err = c.store.Get(ctx, id)
+	} else {
+		t, err = restTasks{c: c.rest}.Get(ctx, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// Cancel cancels a pending or running task, with reason as its last error
+// ("" for a default). A running task's lease is revoked at once: its
+// worker's handler sees its context cancelled (task.ErrCancelled) within
+// moments when it listens (a client on a pool; a remote worker finds out at
+// its next heartbeat), and nothing its worker reports is accepted.
+// task.ErrNotCancellable when the task is done, dead or cancelled already;
+// task.ErrNotFound when there is none.
+func (c *Client) Cancel(ctx context.Context, id int64, reason string) (*task.Task, error) {
+	if id < 1 {
+		return nil, fmt.Errorf("%w: task id %d is not positive", ErrInvalidArgument, id)
+	}
+	if reason == "" {
+		reason = "cancelled"
+	}
+	var (
+		t   task.Task
+		err error
+	)
+	if c.store != nil {
+		t, err = c.store.Cancel(ctx, id, reason)
+	} else {
+		t, err = restTasks{c: c.rest}.cancel(ctx, id, reason)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// Retry puts a dead or cancelled task back in the queue, due now, with a
+// fresh budget of attempts (its earlier attempts stay in its history).
+// task.ErrNotRetryable when it is neither; task.ErrUniqueKeyTaken when
+// another task of its kind now holds its unique key; task.ErrNotFound.
+func (c *Client) Retry(ctx context.Context, id int64) (*task.Task, error) {
+	if id < 1 {
+		return nil, fmt.Errorf("%w: task id %d is not positive", ErrInvalidArgument, id)
+	}
+	var (
+		t   task.Task
+		err error
+	)
+	if c.store != nil {
+		t, err = c.store.Retry(ctx, id)
+	} else {
+		t, err = restTasks{c: c.rest}.retry(ctx, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &t, nil
+}

@@ -1,0 +1,218 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
+)
+
+// RemoteTasks is the queue as a RemotePool reaches it: a leasehold
+// service's REST API.
+type RemoteTasks interface {
+	Ops
+	// Claim claims for processor the next due task of queue and kinds,
+	// waiting up to wait for one to become claimable (the service wakes
+	// the wait by NOTIFY: no polling on either side). ok is false when
+	// none came in time.
+	Claim(ctx context.Context, processor, queue string, kinds []string, wait time.Duration) (t task.Task, ok bool, err error)
+}
+
+// RemotePool runs the task workers of one queue against a leasehold
+// service over HTTP, for a program without database credentials: the same
+// Handler as a Pool's, under the same leases. Idle workers long-poll the
+// service for tasks (at most Fetchers claims wait at once); each claimed
+// task runs under its lease, heartbeated every third of its TTL, and is
+// completed, failed, snoozed or cancelled through the API. A cancellation
+// reaches a remote worker at its next heartbeat (it has no LISTEN
+// session).
+type RemotePool struct {
+	Tasks    RemoteTasks
+	Instance string // processors are named as a Pool's
+	Queue    string // "": task.DefaultQueue
+	Kinds    []string
+	Handler  Handler
+	Workers  int
+	// TTL is the lease TTL assumed for a task whose claim said none (the
+	// service sets every claimed task's).
+	TTL time.Duration
+	// Fetchers bounds the claims waiting at once (default: Workers, at
+	// most 4). Each waits up to ClaimWait (default 30 s) per request.
+	Fetchers  int
+	ClaimWait time.Duration
+	// ShutdownGrace is how long running tasks may go on after Run's context
+	// ends before they are cancelled and handed back (default 10s;
+	// negative: no grace).
+	ShutdownGrace time.Duration
+	// Abort, when set, replaces ShutdownGrace: running tasks go on after
+	// Run's context ends until Abort is closed.
+	Abort   <-chan struct{}
+	Log     zerolog.Logger
+	OnEvent func(Event)
+
+	counters counters
+}
+
+// Counters returns the pool's running totals.
+func (p *RemotePool) Counters() Counters { return p.counters.snapshot() }
+
+// Run claims and runs tasks until ctx ends, then shuts down gracefully:
+// no more claims, running tasks get ShutdownGrace, the rest are handed
+// back. It returns when every goroutine it started has exited; the error
+// is only ever about the settings.
+func (p *RemotePool) Run(ctx context.Context) error {
+	switch {
+	case p.Tasks == nil:
+		return errors.New("remote worker pool: Tasks is nil")
+	case p.Instance == "":
+		return errors.New("remote worker pool: Instance is empty")
+	case len(p.Kinds) == 0:
+		return errors.New("remote worker pool: no Kinds: name the kinds Handler runs")
+	case p.Handler == nil:
+		return errors.New("remote worker pool: Handler is nil")
+	case p.Workers < 0:
+		return fmt.Errorf("remote worker pool: %d workers: want 0 or more", p.Workers)
+	case p.TTL < time.Second || p.TTL > time.Hour || p.TTL%time.Second != 0:
+		return fmt.Errorf("remote worker pool: task lease TTL %s must be a whole number of seconds from 1s to 1h", p.TTL)
+	}
+	if p.Workers == 0 {
+		<-ctx.Done()
+		return nil
+	}
+	queue := p.Queue
+	if queue == "" {
+		queue = task.DefaultQueue
+	}
+	prefix := p.Instance
+	if queue != task.DefaultQueue {
+		prefix += "/" + queue
+	}
+	fetchers := p.Fetchers
+	if fetchers <= 0 {
+		fetchers = min(p.Workers, 4)
+	}
+	wait := p.ClaimWait
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	grace := p.ShutdownGrace
+	if grace == 0 {
+		grace = DefaultShutdownGrace
+	}
+	log := p.Log.With().Str("component", "worker").Str("queue", queue).Logger()
+	r := &runner{
+		ops: p.Tasks, handler: p.Handler, ttl: p.TTL, log: log, counters: &p.counters, onEvent: p.OnEvent,
+		complete: func(ctx context.Context, c taskstore.Completion) (*claim, error) {
+			_, err := p.Tasks.Complete(ctx, c.ID, c.Processor, c.Fence, c.Output)
+			return nil, err
+		},
+	}
+
+	idle := make(chan *worker, p.Workers)
+	workers := make([]*worker, p.Workers)
+	for i := range workers {
+		workers[i] = &worker{name: fmt.Sprintf("%s/w%d", prefix, i+1), tasks: make(chan claim, 1)}
+		idle <- workers[i]
+	}
+	workCtx, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopWork(nil)
+	var running, fetching sync.WaitGroup
+	for _, w := range workers {
+		running.Go(func() {
+			for c := range w.tasks {
+				r.work(workCtx, w, c)
+				idle <- w
+			}
+		})
+	}
+	for range fetchers {
+		fetching.Go(func() { p.fetch(ctx, log, idle, queue, wait) })
+	}
+	log.Info().Int("workers", p.Workers).Strs("kinds", p.Kinds).Msg("remote worker pool started")
+	fetching.Wait()
+	for _, w := range workers {
+		close(w.tasks)
+	}
+	log.Info().Dur("grace", max(grace, 0)).Msg("remote worker pool stopping: running tasks get the grace period")
+	stopGrace := graceFor(grace, p.Abort, func() { stopWork(ErrShutdown) })
+	running.Wait()
+	stopGrace()
+	log.Info().Msg("remote worker pool stopped")
+	return nil
+}
+
+// fetch claims tasks for idle workers until ctx ends: one waiting claim at
+// a time, for the worker it took from idle, which gets the task or goes
+// back.
+func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *worker, queue string, wait time.Duration) {
+	failures := 0
+	for {
+		var w *worker
+		select {
+		case <-ctx.Done():
+			return
+		case w = <-idle:
+		}
+		sent := time.Now()
+		t, ok, err := p.Tasks.Claim(ctx, w.name, queue, p.Kinds, wait)
+		p.counters.claims.Add(1)
+		switch {
+		case ctx.Err() != nil:
+			idle <- w
+			return
+		case err != nil:
+			idle <- w
+			failures++
+			backoff := min(100*time.Millisecond<<min(failures-1, 6), 5*time.Second)
+			ev := log.Debug()
+			if failures == 1 {
+				ev = log.Warn()
+			}
+			ev.Err(err).Int("failures", failures).Dur("retry_in", backoff).Msg("claim failed; retrying with backoff")
+			timer := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+			continue
+		case !ok:
+			p.counters.empty.Add(1)
+			idle <- w
+		default:
+			if failures > 0 {
+				log.Info().Int("failures", failures).Msg("the service answers again; claiming tasks")
+			}
+			p.counters.claimed.Add(1)
+			// The lease counts from when the claim was sent, which for a
+			// claim that waited is long before the task was claimed: a
+			// heartbeat now starts its deadline afresh.
+			if ttl := t.TTL(); ttl > 0 && time.Since(sent) > ttl/10 {
+				hb := time.Now()
+				hctx, cancel := context.WithTimeout(ctx, ttl-ttl/10)
+				_, err := p.Tasks.Heartbeat(hctx, t.ID, w.name, t.Fence)
+				cancel()
+				if err != nil {
+					// Lost already, or the service is unreachable: the lease
+					// lapses and the task is claimed again.
+					log.Warn().Err(err).Int64("task", t.ID).Msg("the heartbeat after a long claim failed; leaving the task to its lease")
+					idle <- w
+					continue
+				}
+				sent = hb
+			}
+			w.tasks <- claim{task: t, sent: sent}
+			if p.OnEvent != nil {
+				p.OnEvent(Event{Kind: EventClaimed, TaskKind: t.Kind, Processor: w.name, TaskID: t.ID, Fence: t.Fence, Attempts: t.Attempts, Waited: waited(t)})
+			}
+		}
+		failures = 0
+	}
+}

@@ -1,0 +1,343 @@
+package leasehold
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/leasehold/leasehold/internal/keepalive"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/lease"
+)
+
+// leaseService is what Leases needs of a backend: the Store on the
+// client's pool, or the REST API.
+type leaseService interface {
+	leasing.Service
+	Get(ctx context.Context, id int64) (lease.Lease, error)
+	List(ctx context.Context, p lease.ListParams) ([]lease.Lease, error)
+	Events(ctx context.Context, p lease.EventsParams) ([]lease.Event, error)
+}
+
+// Leases takes, renews and releases leases: time-bounded exclusive
+// ownership of a named resource, each acquisition with a fencing token
+// greater than every one handed out before. Get it from Client.Leases: the
+// same methods and the same types serve a client on a PostgreSQL pool and
+// one on a leasehold service's REST API. It is safe for concurrent use.
+//
+// The errors callers test for are package lease's: a *lease.HeldError
+// (errors.Is lease.ErrHeld) when another holder holds the resource,
+// lease.ErrNotHeld when a renewal or release finds the holder no longer
+// holds it, lease.ErrNotFound for an unknown id; ErrInvalidArgument for a
+// bad name or TTL, before anything is sent. A remote client's other
+// failures are a *StatusError or a network error (IsTransient).
+type Leases struct {
+	svc leaseService
+	// ttl is the TTL of an acquisition that names none (zero: the
+	// service's default, for a remote client).
+	ttl time.Duration
+}
+
+// maxNameBytes bounds resource, holder, kind, queue and processor names, as
+// the REST API does.
+const maxNameBytes = 255
+
+// checkName refuses what the REST API refuses in a name: empty, over 255
+// bytes, invalid UTF-8, a control character.
+func checkName(field, v string) error {
+	switch {
+	case v == "":
+		return fmt.Errorf("%w: %s is empty", ErrInvalidArgument, field)
+	case len(v) > maxNameBytes:
+		return fmt.Errorf("%w: %s is %d bytes long; the limit is %d", ErrInvalidArgument, field, len(v), maxNameBytes)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidArgument, field)
+	case strings.ContainsFunc(v, unicode.IsControl):
+		return fmt.Errorf("%w: %s %q contains a control character", ErrInvalidArgument, field, v)
+	}
+	return nil
+}
+
+// checkTTL refuses a TTL the service would: not whole seconds, or outside
+// 1s..1h. Zero passes (the default).
+func checkTTL(field string, ttl time.Duration) error {
+	if ttl != 0 && (ttl < time.Second || ttl > time.Hour || ttl%time.Second != 0) {
+		return fmt.Errorf("%w: %s %s must be a whole number of seconds from 1s to 1h", ErrInvalidArgument, field, ttl)
+	}
+	return nil
+}
+
+// MaxWait is the longest one Acquire may wait for a held resource.
+const MaxWait = leasing.MaxWaitPerRequest
+
+// Acquire takes p.Resource for p.Holder with p.TTL (zero: the client's
+// default, Config.LeaseTTL, or the service's for a remote client).
+// Acquisition.New is true when the lease is new, with a new fence; false
+// when the holder already held it (an idempotent retry: the lease
+// unchanged). When another holder holds it the error is a *lease.HeldError
+// carrying that holder's lease. With p.Wait (at most MaxWait), a held
+// resource is waited for, woken by its release or expiry (NOTIFY, not
+// polling), and the answer comes as soon as the lease is taken or the wait
+// runs out.
+func (l *Leases) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acquisition, error) {
+	if err := firstErr(checkName("resource", p.Resource), checkName("holder", p.Holder), checkTTL("lease TTL", p.TTL)); err != nil {
+		return lease.Acquisition{}, err
+	}
+	if p.Wait < 0 || p.Wait > MaxWait {
+		return lease.Acquisition{}, fmt.Errorf("%w: lease wait %s must be between 0 and %s", ErrInvalidArgument, p.Wait, MaxWait)
+	}
+	if p.TTL == 0 {
+		p.TTL = l.ttl
+	}
+	return l.svc.Acquire(ctx, p)
+}
+
+// Renew extends the holder's active lease to now + TTL by the service's
+// clock; p.TTL, when not zero, replaces the lease's TTL, and p.Fence, when
+// not zero, must match. lease.ErrNotHeld when the holder holds no active
+// lease on the resource (with that fence).
+func (l *Leases) Renew(ctx context.Context, p lease.RenewParams) (lease.Lease, error) {
+	if err := firstErr(checkName("resource", p.Resource), checkName("holder", p.Holder), checkTTL("lease TTL", p.TTL)); err != nil {
+		return lease.Lease{}, err
+	}
+	return l.svc.Renew(ctx, p)
+}
+
+// Release ends the holder's active lease now and returns it released.
+// p.Fence and p.ID, when not zero, must match too. lease.ErrNotHeld when the
+// holder holds no active lease on the resource: a second release included.
+func (l *Leases) Release(ctx context.Context, p lease.ReleaseParams) (lease.Lease, error) {
+	if err := firstErr(checkName("resource", p.Resource), checkName("holder", p.Holder)); err != nil {
+		return lease.Lease{}, err
+	}
+	return l.svc.Release(ctx, p)
+}
+
+// Get returns the lease with the given id, lease.ErrNotFound when there is
+// none.
+func (l *Leases) Get(ctx context.Context, id int64) (lease.Lease, error) {
+	if id < 1 {
+		return lease.Lease{}, fmt.Errorf("%w: lease id %d is not positive", ErrInvalidArgument, id)
+	}
+	return l.svc.Get(ctx, id)
+}
+
+// List returns a page of leases in id order. For the next page, call
+// again with AfterID set to the last id.
+func (l *Leases) List(ctx context.Context, p lease.ListParams) ([]lease.Lease, error) {
+	switch p.Filter {
+	case "", lease.FilterAll, string(lease.StateActive), string(lease.StateExpired), string(lease.StateReleased), lease.FilterRenewed:
+	default:
+		return nil, fmt.Errorf("%w: lease filter %q; use all, active, expired, released or renewed", ErrInvalidArgument, p.Filter)
+	}
+	if p.Limit < 0 || p.Limit > 10000 || p.AfterID < 0 {
+		return nil, fmt.Errorf("%w: limit %d must be 0 (the default) to 10000, after_id %d not negative", ErrInvalidArgument, p.Limit, p.AfterID)
+	}
+	if p.Limit == 0 {
+		p.Limit = 1000
+	}
+	return l.svc.List(ctx, p)
+}
+
+// Events returns a page of the audit history in id order: of p.Resource, or
+// of every resource when it is empty.
+func (l *Leases) Events(ctx context.Context, p lease.EventsParams) ([]lease.Event, error) {
+	if p.Limit < 0 || p.Limit > 10000 || p.AfterID < 0 {
+		return nil, fmt.Errorf("%w: limit %d must be 0 (the default) to 10000, after_id %d not negative", ErrInvalidArgument, p.Limit, p.AfterID)
+	}
+	if p.Limit == 0 {
+		p.Limit = 1000
+	}
+	return l.svc.Events(ctx, p)
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseTimeout bounds the release a Holding sends on its own when the
+// context given to Hold ends.
+const releaseTimeout = 5 * time.Second
+
+// Hold acquires the lease on resource for holder with cfg.TTL and keeps it
+// alive in the background until Release is called, ctx ends, or the lease
+// is lost. It checks cfg (lease.KeepConfig.Validate) before anything is
+// sent, and does not wait for a resource another holder holds: that is a
+// *lease.HeldError, whose lease says until when it is held.
+//
+// The holding renews about every cfg.RenewInterval (default TTL/3, with
+// jitter) and retries a failed renewal every cfg.RetryInterval. It counts
+// the lease lost, and cancels its Context, as soon as a renewal is refused
+// (the cause wraps lease.ErrNotHeld) or its deadline passes without a
+// successful renewal (lease.ErrDeadline): the time the last successful
+// renewal (or the acquisition) was sent + TTL − cfg.Margin on this
+// process's monotonic clock, so the holding gives up before the service
+// can hand the lease to anyone else, however late the answers came.
+//
+// When ctx ends the holding stops renewing and releases the lease (bounded
+// by a few seconds); Release then reports how that went.
+//
+// When holder already holds the lease (a retry after an answer that got
+// lost), Hold takes it over, fence unchanged, and renews it at once so that
+// its deadline counts from a request it sent.
+func (l *Leases) Hold(ctx context.Context, resource, holder string, cfg lease.KeepConfig) (*Holding, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	sent := time.Now()
+	acq, err := l.Acquire(ctx, lease.AcquireParams{Resource: resource, Holder: holder, TTL: cfg.TTL})
+	if err != nil {
+		return nil, err
+	}
+	ls := acq.Lease
+	if !acq.New {
+		sent = time.Now()
+		ls, err = l.svc.Renew(ctx, lease.RenewParams{Resource: resource, Holder: holder, Fence: ls.Fence, TTL: cfg.TTL})
+		if err != nil {
+			return nil, fmt.Errorf("renew the lease %s already held by %s: %w", resource, holder, err)
+		}
+	}
+	return l.Keep(ctx, ls, sent, cfg)
+}
+
+// Keep is Hold of a lease the caller has just acquired or renewed itself:
+// ls as that answer gave it, and sent when its request was sent, from which
+// the holding's first deadline counts (so an acquisition that waited for
+// the lease should be renewed first: its request was sent before the
+// wait). cfg's TTL must be the lease's.
+func (l *Leases) Keep(ctx context.Context, ls lease.Lease, sent time.Time, cfg lease.KeepConfig) (*Holding, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	hctx, cancel := context.WithCancelCause(ctx)
+	h := &Holding{leases: l, ctx: hctx, cancel: cancel, done: make(chan struct{}), lease: ls}
+	go h.run(ctx, cfg, sent)
+	return h, nil
+}
+
+// Holding is a lease kept alive in the background, made by Leases.Hold.
+// Pass Lease().Fence to whatever the lease protects, and stop using it when
+// Context() is done. Its methods are safe for concurrent use.
+//
+// Its one goroutine exits when Release is called, the context given to Hold
+// ends (after releasing the lease), or the lease is lost; Release waits for
+// it.
+type Holding struct {
+	leases *Leases
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{} // closed when the goroutine exited
+
+	mu       sync.Mutex
+	lease    lease.Lease
+	stopping bool  // Release was called, or the goroutine releases on its own
+	autoDone bool  // the goroutine released and Release has not reported it yet
+	autoErr  error // how the goroutine's release went
+}
+
+// Lease returns the lease as last acquired, renewed or released.
+func (h *Holding) Lease() lease.Lease {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lease
+}
+
+// Context returns a context that is cancelled as soon as the lease can no
+// longer be counted on: it was lost, Release was called, or the context
+// given to Hold ended. context.Cause (or Err) says which.
+func (h *Holding) Context() context.Context { return h.ctx }
+
+// Err returns nil while the lease is held; then why it is not: an error
+// wrapping lease.ErrNotHeld (a renewal was refused) or lease.ErrDeadline
+// (no renewal succeeded in time), lease.ErrReleased (Release was called),
+// or the cause of the context given to Hold ending.
+func (h *Holding) Err() error { return context.Cause(h.ctx) }
+
+// Release stops renewing, waits for the background goroutine to exit, and
+// releases the lease. It returns lease.ErrNotHeld when the lease was no
+// longer held (lost, or released before: a second Release included), and
+// an error that IsTransient when the service could not be reached, in
+// which case calling it again tries again. When the holding already
+// released the lease because the context given to Hold ended, the first
+// Release returns how that went.
+func (h *Holding) Release(ctx context.Context) error {
+	h.mu.Lock()
+	h.stopping = true
+	h.mu.Unlock()
+	h.cancel(lease.ErrReleased)
+	select {
+	case <-h.done:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	h.mu.Lock()
+	if h.autoDone {
+		h.autoDone = false
+		err := h.autoErr
+		h.mu.Unlock()
+		return err
+	}
+	l := h.lease
+	h.mu.Unlock()
+	return h.release(ctx, l)
+}
+
+func (h *Holding) release(ctx context.Context, l lease.Lease) error {
+	released, err := h.leases.svc.Release(ctx, lease.ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.lease = released
+	h.mu.Unlock()
+	return nil
+}
+
+// run renews the lease until the holding's context ends or the lease is
+// lost; parent is the context given to Hold.
+func (h *Holding) run(parent context.Context, cfg lease.KeepConfig, sent time.Time) {
+	defer close(h.done)
+	l := h.Lease()
+	loop := keepalive.Loop{
+		Config: cfg,
+		Renew: func(rctx context.Context) error {
+			renewed, err := h.leases.svc.Renew(rctx, lease.RenewParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence, TTL: cfg.TTL})
+			if err != nil {
+				return err
+			}
+			h.mu.Lock()
+			h.lease = renewed
+			h.mu.Unlock()
+			return nil
+		},
+		Refused: keepalive.Refusal(lease.ErrNotHeld),
+		Lost:    h.cancel,
+	}
+	if _, reason := loop.Run(h.ctx, sent); reason != nil {
+		return
+	}
+	// The holding's context ended: Release was called, or parent ended
+	// and nobody will call Release in time to free the resource.
+	h.mu.Lock()
+	auto := !h.stopping
+	h.stopping = true
+	h.mu.Unlock()
+	if !auto {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), min(releaseTimeout, cfg.TTL))
+	err := h.release(rctx, l)
+	cancel()
+	h.mu.Lock()
+	h.autoDone, h.autoErr = true, err
+	h.mu.Unlock()
+}

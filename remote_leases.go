@@ -1,0 +1,175 @@
+package leasehold
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/leasehold/leasehold/lease"
+)
+
+// restLeases is the lease service over the REST API (contract §3).
+type restLeases struct{ c *rest }
+
+// Bounds of the backoff between the requests of a waiting Acquire after a
+// transient failure.
+const (
+	minWaitRetry = 100 * time.Millisecond
+	maxWaitRetry = 5 * time.Second
+)
+
+// Acquire sends acquisitions, the service holding each up to p.Wait (at
+// most MaxWait, in whole seconds) while another holder holds the resource;
+// failures that IsTransient (a replica restarting, the network) are retried
+// with backoff until p.Wait runs out.
+func (r restLeases) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acquisition, error) {
+	if p.Wait <= 0 {
+		return r.acquire(ctx, p, 0)
+	}
+	deadline := time.Now().Add(p.Wait)
+	backoff := minWaitRetry
+	for {
+		// Whole seconds on the wire: round up, so as not to give up early.
+		wait := min((time.Until(deadline)+time.Second-1)/time.Second*time.Second, MaxWait)
+		acq, err := r.acquire(ctx, p, max(wait, time.Second))
+		transient := IsTransient(err) && ctx.Err() == nil
+		if err == nil || !(transient || errors.Is(err, lease.ErrHeld)) || !time.Now().Before(deadline) {
+			return acq, err
+		}
+		if !transient {
+			backoff = minWaitRetry
+			continue
+		}
+		timer := time.NewTimer(min(backoff, time.Until(deadline)))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return lease.Acquisition{}, context.Cause(ctx)
+		case <-timer.C:
+		}
+		backoff = min(2*backoff, maxWaitRetry)
+	}
+}
+
+func (r restLeases) acquire(ctx context.Context, p lease.AcquireParams, wait time.Duration) (lease.Acquisition, error) {
+	body := struct {
+		Resource    string `json:"resource"`
+		Holder      string `json:"holder"`
+		TTLSeconds  int64  `json:"ttl_seconds,omitempty"`
+		WaitSeconds int64  `json:"wait_seconds,omitempty"`
+	}{p.Resource, p.Holder, int64(p.TTL / time.Second), int64(wait / time.Second)}
+	var l lease.Lease
+	status, err := r.c.waiting(wait).do(ctx, http.MethodPost, "/api/leases", nil, body, &l, leaseRefusals(http.StatusConflict))
+	if err != nil {
+		return lease.Acquisition{}, err
+	}
+	return lease.Acquisition{Lease: l, New: status == http.StatusCreated}, nil
+}
+
+func (r restLeases) Renew(ctx context.Context, p lease.RenewParams) (lease.Lease, error) {
+	body := struct {
+		Resource   string `json:"resource"`
+		Holder     string `json:"holder"`
+		TTLSeconds int64  `json:"ttl_seconds,omitempty"`
+		Fence      int64  `json:"fence,omitempty"`
+	}{p.Resource, p.Holder, int64(p.TTL / time.Second), p.Fence}
+	var l lease.Lease
+	_, err := r.c.do(ctx, http.MethodPut, "/api/leases/renew", nil, body, &l, leaseRefusals(http.StatusNotFound))
+	return l, err
+}
+
+func (r restLeases) Release(ctx context.Context, p lease.ReleaseParams) (lease.Lease, error) {
+	path := "/api/leases/release"
+	if p.ID != 0 {
+		path = "/api/leases/" + strconv.FormatInt(p.ID, 10)
+	}
+	body := struct {
+		Resource string `json:"resource"`
+		Holder   string `json:"holder"`
+		Fence    int64  `json:"fence,omitempty"`
+	}{p.Resource, p.Holder, p.Fence}
+	var l lease.Lease
+	_, err := r.c.do(ctx, http.MethodDelete, path, nil, body, &l, leaseRefusals(http.StatusNotFound))
+	return l, err
+}
+
+func (r restLeases) Get(ctx context.Context, id int64) (lease.Lease, error) {
+	var l lease.Lease
+	_, err := r.c.do(ctx, http.MethodGet, "/api/leases/"+strconv.FormatInt(id, 10), nil, nil, &l, func(status int, _ errorBody) error {
+		if status == http.StatusNotFound {
+			return lease.ErrNotFound
+		}
+		return nil
+	})
+	return l, err
+}
+
+func (r restLeases) List(ctx context.Context, p lease.ListParams) ([]lease.Lease, error) {
+	path := "/api/leases"
+	if p.Filter != "" && p.Filter != lease.FilterAll {
+		path += "/" + p.Filter
+	}
+	q := url.Values{}
+	if p.Prefix != "" {
+		q.Set("prefix", p.Prefix)
+	}
+	if p.AfterID != 0 {
+		q.Set("after_id", strconv.FormatInt(p.AfterID, 10))
+	}
+	if p.Limit != 0 {
+		q.Set("limit", strconv.FormatInt(int64(p.Limit), 10))
+	}
+	if path == "/api/leases" {
+		var all struct {
+			Leases []lease.Lease `json:"leases"`
+		}
+		_, err := r.c.do(ctx, http.MethodGet, path, q, nil, &all, nil)
+		return all.Leases, err
+	}
+	var leases []lease.Lease
+	_, err := r.c.do(ctx, http.MethodGet, path, q, nil, &leases, nil)
+	return leases, err
+}
+
+func (r restLeases) Events(ctx context.Context, p lease.EventsParams) ([]lease.Event, error) {
+	q := url.Values{}
+	if p.Resource != "" {
+		q.Set("resource", p.Resource)
+	}
+	if p.AfterID != 0 {
+		q.Set("after", strconv.FormatInt(p.AfterID, 10))
+	}
+	if p.Limit != 0 {
+		q.Set("limit", strconv.FormatInt(int64(p.Limit), 10))
+	}
+	var events []lease.Event
+	_, err := r.c.do(ctx, http.MethodGet, "/api/leases/events", q, nil, &events, nil)
+	return events, err
+}
+
+// leaseRefusals maps the refusals of the lease routes: 409 with the
+// holder's lease to *lease.HeldError, 404 to lease.ErrNotHeld, for the
+// statuses given.
+func leaseRefusals(statuses ...int) refusal {
+	return func(status int, body errorBody) error {
+		for _, s := range statuses {
+			if s != status {
+				continue
+			}
+			switch status {
+			case http.StatusConflict:
+				var l lease.Lease
+				if len(body.Lease) > 0 && json.Unmarshal(body.Lease, &l) == nil {
+					return &lease.HeldError{Lease: l}
+				}
+			case http.StatusNotFound:
+				return lease.ErrNotHeld
+			}
+		}
+		return nil
+	}
+}

@@ -1,0 +1,224 @@
+package leasehold
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/apitime"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
+)
+
+// restTasks is the task queue over the REST API (contract §3 and §6): what
+// a remote client inserts and controls, and what its workers write under
+// their tasks' leases (worker.RemoteTasks).
+type restTasks struct{ c *rest }
+
+func taskPath(id int64, op string) string {
+	p := "/api/tasks/" + strconv.FormatInt(id, 10)
+	if op != "" {
+		p += "/" + op
+	}
+	return p
+}
+
+// leaseOpRefusals maps the refusals of the routes a task's holder calls:
+// 409 is task.ErrLeaseLost, 404 task.ErrNotFound.
+func leaseOpRefusals(status int, _ errorBody) error {
+	switch status {
+	case http.StatusConflict:
+		return task.ErrLeaseLost
+	case http.StatusNotFound:
+		return task.ErrNotFound
+	}
+	return nil
+}
+
+type newTaskBody struct {
+	TaskData    json.RawMessage `json:"task_data"`
+	Kind        string          `json:"kind"`
+	Queue       string          `json:"queue,omitempty"`
+	Priority    int16           `json:"priority,omitempty"`
+	UniqueKey   string          `json:"unique_key,omitempty"`
+	TTLSeconds  int64           `json:"ttl_seconds,omitempty"`
+	ScheduledAt string          `json:"scheduled_at,omitempty"`
+	MaxAttempts int32           `json:"max_attempts,omitempty"`
+}
+
+func bodyOf(nt taskstore.NewTask) newTaskBody {
+	b := newTaskBody{
+		TaskData: nt.TaskData, Kind: nt.Kind, Queue: nt.Queue, Priority: nt.Priority, UniqueKey: nt.UniqueKey,
+		TTLSeconds: int64(nt.TTL / time.Second), MaxAttempts: nt.MaxAttempts,
+	}
+	if !nt.ScheduledAt.IsZero() {
+		b.ScheduledAt = apitime.Format(nt.ScheduledAt)
+	}
+	return b
+}
+
+// insert posts the tasks: those without a unique key in one batch, each
+// with one in a request of its own, whose status (201 or 200) says whether
+// it was inserted (a batch's says only whether any was).
+func (r restTasks) insert(ctx context.Context, nts []taskstore.NewTask) ([]taskstore.Inserted, error) {
+	out := make([]taskstore.Inserted, len(nts))
+	var plain []int
+	for i, nt := range nts {
+		if nt.UniqueKey == "" {
+			plain = append(plain, i)
+			continue
+		}
+		var t task.Task
+		status, err := r.c.do(ctx, http.MethodPost, "/api/tasks", nil, bodyOf(nt), &t, nil)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = taskstore.Inserted{Task: t, Duplicate: status == http.StatusOK}
+	}
+	if len(plain) == 0 {
+		return out, nil
+	}
+	bodies := make([]newTaskBody, len(plain))
+	for j, i := range plain {
+		bodies[j] = bodyOf(nts[i])
+	}
+	var ts []task.Task
+	if _, err := r.c.do(ctx, http.MethodPost, "/api/tasks", nil, bodies, &ts, nil); err != nil {
+		return nil, err
+	}
+	for j, i := range plain {
+		out[i] = taskstore.Inserted{Task: ts[j]}
+	}
+	return out, nil
+}
+
+func (r restTasks) Get(ctx context.Context, id int64) (task.Task, error) {
+	var t task.Task
+	_, err := r.c.do(ctx, http.MethodGet, taskPath(id, ""), nil, nil, &t, func(status int, _ errorBody) error {
+		if status == http.StatusNotFound {
+			return task.ErrNotFound
+		}
+		return nil
+	})
+	return t, err
+}
+
+func (r restTasks) cancel(ctx context.Context, id int64, reason string) (task.Task, error) {
+	var t task.Task
+	_, err := r.c.do(ctx, http.MethodPost, taskPath(id, "cancel"), nil, map[string]string{"reason": reason}, &t,
+		func(status int, _ errorBody) error {
+			switch status {
+			case http.StatusConflict:
+				return task.ErrNotCancellable
+			case http.StatusNotFound:
+				return task.ErrNotFound
+			}
+			return nil
+		})
+	return t, err
+}
+
+func (r restTasks) retry(ctx context.Context, id int64) (task.Task, error) {
+	var t task.Task
+	_, err := r.c.do(ctx, http.MethodPost, taskPath(id, "retry"), nil, struct{}{}, &t,
+		func(status int, body errorBody) error {
+			switch {
+			case status == http.StatusConflict && strings.Contains(body.Error, "unique key"):
+				return task.ErrUniqueKeyTaken
+			case status == http.StatusConflict:
+				return task.ErrNotRetryable
+			case status == http.StatusNotFound:
+				return task.ErrNotFound
+			}
+			return nil
+		})
+	return t, err
+}
+
+// Claim long-polls POST /api/tasks/next.
+func (r restTasks) Claim(ctx context.Context, processor, queue string, kinds []string, wait time.Duration) (task.Task, bool, error) {
+	body := struct {
+		Processor   string   `json:"processor"`
+		Kinds       []string `json:"kinds"`
+		Queues      []string `json:"queues"`
+		WaitSeconds int64    `json:"wait_seconds,omitempty"`
+	}{processor, kinds, []string{queue}, int64(wait / time.Second)}
+	var t task.Task
+	status, err := r.c.waiting(wait).do(ctx, http.MethodPost, "/api/tasks/next", nil, body, &t, nil)
+	if err != nil || status == http.StatusNoContent {
+		return task.Task{}, false, err
+	}
+	return t, true, nil
+}
+
+type holderBody struct {
+	Processor string `json:"processor"`
+	Fence     int64  `json:"fence,omitempty"`
+}
+
+func (r restTasks) Heartbeat(ctx context.Context, id int64, processor string, fence int64) (task.Task, error) {
+	var t task.Task
+	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "heartbeat"), nil, holderBody{processor, fence}, &t, leaseOpRefusals)
+	return t, err
+}
+
+func (r restTasks) Complete(ctx context.Context, id int64, processor string, fence int64, output json.RawMessage) (task.Task, error) {
+	if len(output) == 0 {
+		output = json.RawMessage("null")
+	}
+	body := struct {
+		holderBody
+		TaskOutput json.RawMessage `json:"task_output"`
+	}{holderBody{processor, fence}, output}
+	var t task.Task
+	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "complete"), nil, body, &t, leaseOpRefusals)
+	return t, err
+}
+
+func (r restTasks) Fail(ctx context.Context, id int64, processor string, fence int64, reason string, retryIn time.Duration) (task.Task, error) {
+	body := struct {
+		holderBody
+		Error          string   `json:"error"`
+		RetryInSeconds *float64 `json:"retry_in_seconds,omitempty"`
+	}{holderBody: holderBody{processor, fence}, Error: reason}
+	if retryIn >= 0 {
+		secs := retryIn.Seconds()
+		body.RetryInSeconds = &secs
+	}
+	var t task.Task
+	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "fail"), nil, body, &t, leaseOpRefusals)
+	return t, err
+}
+
+func (r restTasks) Requeue(ctx context.Context, id int64, processor string, fence int64, reason string) (task.Task, error) {
+	body := struct {
+		holderBody
+		Reason string `json:"reason,omitempty"`
+	}{holderBody{processor, fence}, reason}
+	var t task.Task
+	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "requeue"), nil, body, &t, leaseOpRefusals)
+	return t, err
+}
+
+func (r restTasks) Snooze(ctx context.Context, id int64, processor string, fence int64, delay time.Duration) (task.Task, error) {
+	body := struct {
+		holderBody
+		DelaySeconds float64 `json:"delay_seconds"`
+	}{holderBody{processor, fence}, max(delay, 0).Seconds()}
+	var t task.Task
+	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "snooze"), nil, body, &t, leaseOpRefusals)
+	return t, err
+}
+
+func (r restTasks) CancelHeld(ctx context.Context, id int64, processor string, fence int64, reason string) (task.Task, error) {
+	body := struct {
+		holderBody
+		Reason string `json:"reason"`
+	}{holderBody{processor, fence}, reason}
+	var t task.Task
+	_, err := r.c.do(ctx, http.MethodPost, taskPath(id, "cancel"), nil, body, &t, leaseOpRefusals)
+	return t, err
+}
