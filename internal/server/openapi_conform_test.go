@@ -373,7 +373,15 @@ func conformTasks(c *conformance, b bundle) {
 	send(snooze, path(report, "snooze"), hb(report, `, "delay_seconds": 0`), http.StatusAccepted)
 	send(snooze, path(report, "snooze"), hb(report, `, "delay_seconds": 0`), http.StatusConflict)
 	send(snooze, "/api/tasks/999999999/snooze", hb(report, `, "delay_seconds": 0`), http.StatusNotFound)
+	const requeue = "PUT /api/tasks/{id}/requeue"
 	report = fields(t, send(claim, "/api/tasks/next", `{"processor": "p4", "kinds": ["report"]}`, http.StatusOK))
+	bad(requeue, path(report, "requeue"), `{"processor": "p4", "reason": null}`)
+	send(requeue, path(report, "requeue"), hb(report, `, "reason": "shutting down"`), http.StatusAccepted)
+	send(requeue, path(report, "requeue"), hb(report, ""), http.StatusConflict)
+	send(requeue, "/api/tasks/999999999/requeue", hb(report, ""), http.StatusNotFound)
+	report = fields(t, send(claim, "/api/tasks/next", `{"processor": "p4", "kinds": ["report"]}`, http.StatusOK))
+	send(cancel, path(report, "cancel"), `{"processor": "someone-else", "reason": "mine"}`, http.StatusConflict)
+	bad(cancel, path(report, "cancel"), `{"fence": 3}`)
 	send(retry, path(report, "retry"), `{}`, http.StatusConflict) // running
 	bad(cancel, path(report, "cancel"), `{"reason": null}`)
 	send(cancel, path(report, "cancel"), `{"reason": "no longer wanted"}`, http.StatusAccepted)
