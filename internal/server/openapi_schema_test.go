@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/big"
 	"regexp"
 	"slices"
@@ -167,6 +168,7 @@ func (s schemaValidator) checkObject(sc map[string]any, v any, at string, depth 
 var knownKeywords = []string{
 	"$ref", "type", "enum", "const", "properties", "required", "additionalProperties", "items",
 	"minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum", "format", "oneOf",
+	"dependentRequired",
 }
 
 // checkType checks v against a type name or an array of them.
@@ -309,6 +311,18 @@ func (s schemaValidator) checkProperties(sc map[string]any, o map[string]any, at
 		for _, name := range req {
 			if _, ok := o[name.(string)]; !ok {
 				return fmt.Errorf("%s: the required property %q is missing", at, name)
+			}
+		}
+	}
+	if deps, ok := sc["dependentRequired"].(map[string]any); ok {
+		for _, name := range slices.Sorted(maps.Keys(deps)) {
+			if _, present := o[name]; !present {
+				continue
+			}
+			for _, need := range deps[name].([]any) {
+				if _, ok := o[need.(string)]; !ok {
+					return fmt.Errorf("%s: the property %q needs %q, which is missing", at, name, need)
+				}
 			}
 		}
 	}
