@@ -16,6 +16,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/lease"
@@ -87,12 +88,17 @@ type Client struct {
 	funcs map[string]*kindWorker
 	log   zerolog.Logger
 
-	// On a pool: pool and store. Remote: rest.
-	pool  *pgxpool.Pool
-	store *taskstore.Store
-	rest  *rest
+	// On a pool: pool and the stores. Remote: rest.
+	pool       *pgxpool.Pool
+	store      *taskstore.Store
+	leaseStore *leasing.Store
+	rest       *rest
 
 	leases *Leases
+
+	// safetyPoll is the workers' last-resort poll (worker.Pool's SafetyPoll:
+	// zero for its default); tests turn it off to prove nobody needs it.
+	safetyPoll time.Duration
 
 	// lifecycle is held by Start throughout and by Stop while it ends the
 	// workers: they never run at once.
@@ -124,7 +130,8 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	}
 	c.pool = pool
 	c.store = taskstore.NewStore(pool)
-	c.leases = &Leases{svc: storeLeases{store: leasing.NewStore(pool), c: c}, ttl: c.cfg.LeaseTTL}
+	c.leaseStore = leasing.NewStore(pool)
+	c.leases = &Leases{svc: storeLeases{store: c.leaseStore, c: c}, ttl: c.cfg.LeaseTTL}
 	return c, nil
 }
 
@@ -239,6 +246,12 @@ func (c *Client) listen() (*notify.Listener, func()) {
 // lease, and recording what became of it. It returns at once; the workers
 // run until Stop. A client without Workers has nothing to start, and
 // Start returns nil.
+//
+// A client on a pool also campaigns to be the reaper (the lease
+// "leasehold:reaper", shared with every leasehold process on the
+// database): the one elected puts a task whose worker died back in the
+// queue, and announces an expired lease, within a second of its expiry.
+// (Retention, the pruning of old tasks, stays the service's.)
 func (c *Client) Start(ctx context.Context) error {
 	c.lifecycle.Lock()
 	defer c.lifecycle.Unlock()
@@ -266,13 +279,26 @@ func (c *Client) Start(ctx context.Context) error {
 		names = append(names, name)
 	}
 	sort.Strings(names)
+	if c.pool != nil {
+		l, done := c.listen()
+		r := &reaper.Reaper{
+			Store: c.leaseStore, Tasks: c.store, Listener: l, Instance: c.cfg.ID,
+			Keep: lease.KeepConfig{TTL: reaperTTL}, Log: c.log,
+		}
+		c.running.Go(func() {
+			defer done()
+			if err := r.Run(runCtx); err != nil {
+				c.log.Error().Err(err).Msg("reaper stopped")
+			}
+		})
+	}
 	for _, name := range names {
 		q := c.cfg.Queues[name]
 		if c.pool != nil {
 			l, done := c.listen()
 			p := &worker.Pool{
 				Tasks: c.store, Listener: l, Instance: c.cfg.ID, Queue: name, Kinds: c.kinds, Handler: handler,
-				Workers: q.MaxWorkers, TTL: c.cfg.TaskTTL, Abort: c.abort, Log: c.log,
+				Workers: q.MaxWorkers, TTL: c.cfg.TaskTTL, Abort: c.abort, Log: c.log, SafetyPoll: c.safetyPoll,
 			}
 			c.running.Go(func() {
 				defer done()
@@ -294,6 +320,9 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	return nil
 }
+
+// reaperTTL is the TTL of the reaper lease, as the service's.
+const reaperTTL = 5 * time.Second
 
 // Stop stops the client gracefully: its workers claim nothing more, the
 // tasks they run may finish until ctx ends (or Config.ShutdownGrace passes,

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -183,4 +184,57 @@ func create(t testing.TB, tmpl string) DB {
 		}
 	})
 	return DB{Name: name, URL: dbURL, Pool: pool}
+}
+
+// Open is New for code that has no testing.TB: a TestMain, or the
+// databases of runnable examples. The database is dropped by the function
+// it returns.
+func Open(ctx context.Context) (DB, func(), error) {
+	r := &recorder{}
+	var db DB
+	func() {
+		defer func() {
+			if v := recover(); v != nil && v != errRecorded {
+				panic(v)
+			}
+		}()
+		db = create(r, template(r))
+	}()
+	if r.err != nil {
+		return DB{}, func() {}, r.err
+	}
+	return db, r.cleanup, nil
+}
+
+// errRecorded is what recorder.Fatalf panics with, to stop the caller as
+// testing.TB's Fatalf would.
+var errRecorded = errors.New("pgtest: failed")
+
+// recorder is a testing.TB outside a test: Fatalf records the error and
+// stops the caller; cleanups run when cleanup is called.
+type recorder struct {
+	testing.TB // nil: only the methods below are called
+	err        error
+	cleanups   []func()
+}
+
+func (r *recorder) Helper() {}
+
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.err = fmt.Errorf(format, args...)
+	panic(errRecorded)
+}
+
+func (r *recorder) Errorf(format string, args ...any) {
+	if r.err == nil {
+		r.err = fmt.Errorf(format, args...)
+	}
+}
+
+func (r *recorder) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+
+func (r *recorder) cleanup() {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
 }

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -207,12 +209,25 @@ func (m *Metrics) WatchClients(clients func() int) {
 // maxGaugeCount means "at least that many".
 const maxGaugeCount = 100_000
 
+// maxKindSeries bounds the (queue, kind) series of the pending-by-kind
+// gauges in one scrape: their label values come from the data, and a
+// Prometheus series costs memory for as long as it is retained. Past it,
+// the (queue, kind)s that waited least share the series
+// queue="other",kind="other" (foldKinds).
+const maxKindSeries = 100
+
+// otherLabel is the queue and the kind of the series that sums the
+// (queue, kind)s past maxKindSeries.
+const otherLabel = "other"
+
 // WatchDatabase exports the state gauges read from the database at scrape
-// time (leases and tasks by state, the oldest due task, the oldest
-// unannounced expiry, the tables' estimated sizes) and leasehold_db_up.
-// Each scrape runs one cheap statement (queries/metrics.sql) bounded by
-// timeout: when the database does not answer in time the scrape still
-// answers, with leasehold_db_up 0 and without the state gauges.
+// time (leases and tasks by state, the oldest due task, the pending tasks
+// and oldest wait of each (queue, kind), the oldest unannounced expiry,
+// the tables' estimated sizes) and leasehold_db_up. Each scrape runs two
+// cheap statements (queries/metrics.sql and the pending summary of
+// queries/task.sql), both bounded by one timeout: when the database does
+// not answer in time the scrape still answers, with leasehold_db_up 0 and
+// without the state gauges.
 func (m *Metrics) WatchDatabase(conn db.DBTX, timeout time.Duration) {
 	m.reg.MustRegister(newDBCollector(db.New(conn), timeout))
 }
@@ -354,6 +369,7 @@ type dbCollector struct {
 	timeout time.Duration
 
 	up, leases, oldestExpiry, tasks, oldestDue, rows *prometheus.Desc
+	pendingByKind, oldestWait                        *prometheus.Desc
 }
 
 func newDBCollector(q *db.Queries, timeout time.Duration) *dbCollector {
@@ -370,6 +386,12 @@ func newDBCollector(q *db.Queries, timeout time.Duration) *dbCollector {
 			"Tasks by state (pending, running, dead), counted up to 100000.", []string{"state"}, nil),
 		oldestDue: prometheus.NewDesc("leasehold_task_oldest_due_seconds",
 			"How long the oldest due pending task has been due (0 when none), by the database clock.", nil, nil),
+		pendingByKind: prometheus.NewDesc("leasehold_tasks_pending_by_kind",
+			"Pending tasks by queue and kind, counted up to 100000; at most 100 series, the (queue, kind)s that waited least summed into queue=\"other\",kind=\"other\".",
+			[]string{"queue", "kind"}, nil),
+		oldestWait: prometheus.NewDesc("leasehold_task_oldest_wait_seconds",
+			"How long the longest-waiting due pending task of a queue and kind has waited (0 when none is due), by the database clock; the same series as leasehold_tasks_pending_by_kind.",
+			[]string{"queue", "kind"}, nil),
 		rows: prometheus.NewDesc("leasehold_table_rows_estimate",
 			"The planner's estimate of a table's rows (pg_class.reltuples, refreshed by VACUUM and ANALYZE; absent before the first).",
 			[]string{"table"}, nil),
@@ -378,7 +400,7 @@ func newDBCollector(q *db.Queries, timeout time.Duration) *dbCollector {
 
 // Describe implements prometheus.Collector.
 func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.leases, c.oldestExpiry, c.tasks, c.oldestDue, c.rows} {
+	for _, d := range []*prometheus.Desc{c.up, c.leases, c.oldestExpiry, c.tasks, c.oldestDue, c.pendingByKind, c.oldestWait, c.rows} {
 		ch <- d
 	}
 }
@@ -389,6 +411,10 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	g, err := c.q.MetricsGauges(ctx, maxGaugeCount)
+	var byKind []db.TaskPendingSummaryRow
+	if err == nil {
+		byKind, err = c.q.TaskPendingSummary(ctx, maxGaugeCount)
+	}
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
@@ -404,6 +430,10 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.tasks, float64(g.TasksRunning), task.StateRunning)
 	gauge(c.tasks, float64(g.TasksDead), task.StateDead)
 	gauge(c.oldestDue, g.OldestDueTaskSeconds)
+	for _, k := range foldKinds(byKind, maxKindSeries) {
+		gauge(c.pendingByKind, float64(k.Pending), k.Queue, k.Kind)
+		gauge(c.oldestWait, k.OldestWaitSeconds, k.Queue, k.Kind)
+	}
 	for table, n := range map[string]float64{
 		"leases": g.LeasesRowsEstimate, "lease_events": g.LeaseEventsRowsEstimate, "tasks": g.TasksRowsEstimate,
 	} {
@@ -411,4 +441,37 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.rows, n, table)
 		}
 	}
+}
+
+// foldKinds bounds the pending summary to at most limit rows (limit ≥ 2).
+// When there are more, the limit−1 (queue, kind)s whose oldest due task
+// waited longest keep their own rows (ties: the most pending tasks, then
+// queue and kind by name, so that the choice is the same on every replica
+// and every scrape of the same data), and the rest are folded into one row
+// of queue and kind otherLabel: their counts summed (up to maxGaugeCount,
+// like every count), their longest wait. A (queue, kind) that is really
+// named ("other", "other") is folded into it too, so no series is reported
+// twice. The longest waits keep their names because they are what the
+// alerts look for; the row folded in still carries the longest of the
+// rest, so an alert on max() misses nothing.
+func foldKinds(rows []db.TaskPendingSummaryRow, limit int) []db.TaskPendingSummaryRow {
+	if len(rows) <= limit {
+		return rows
+	}
+	rows = slices.Clone(rows)
+	slices.SortFunc(rows, func(a, b db.TaskPendingSummaryRow) int {
+		return cmp.Or(cmp.Compare(b.OldestWaitSeconds, a.OldestWaitSeconds), cmp.Compare(b.Pending, a.Pending),
+			cmp.Compare(a.Queue, b.Queue), cmp.Compare(a.Kind, b.Kind))
+	})
+	kept := make([]db.TaskPendingSummaryRow, 0, limit)
+	other := db.TaskPendingSummaryRow{Queue: otherLabel, Kind: otherLabel}
+	for i, r := range rows {
+		if i < limit-1 && (r.Queue != otherLabel || r.Kind != otherLabel) {
+			kept = append(kept, r)
+			continue
+		}
+		other.Pending = min(other.Pending+r.Pending, maxGaugeCount)
+		other.OldestWaitSeconds = max(other.OldestWaitSeconds, r.OldestWaitSeconds)
+	}
+	return append(kept, other)
 }

@@ -241,6 +241,156 @@ func TestMetricsAfterActivity(t *testing.T) {
 	}
 }
 
+// databaseMetrics serves only the database gauges of a fresh database.
+func databaseMetrics(t *testing.T) bundle {
+	t.Helper()
+	db := pgtest.New(t)
+	m := server.NewMetrics(func() bool { return true }, func() int64 { return 0 })
+	m.WatchDatabase(db.Pool, metricsGiveUp)
+	srv := httptest.NewServer(m.Handler())
+	t.Cleanup(srv.Close)
+	return bundle{db: db, srv: srv}
+}
+
+// insertTasks inserts tasks, failing the test when it cannot.
+func insertTasks(t *testing.T, db pgtest.DB, tasks ...taskstore.NewTask) {
+	t.Helper()
+	if _, err := taskstore.TasksOf(taskstore.NewStore(db.Pool).Insert(t.Context(), tasks)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// byKind names the series of a pending-by-kind gauge as a scrape prints it.
+func byKind(name, queue, kind string) string {
+	return fmt.Sprintf(`%s{kind=%q,queue=%q}`, name, kind, queue)
+}
+
+// TestMetricsPendingByKind scrapes pending tasks of two kinds in two
+// queues: each (queue, kind) has its count and the wait of its
+// longest-waiting due task, 0 when none is due; tasks that are not pending
+// count nowhere.
+func TestMetricsPendingByKind(t *testing.T) {
+	t.Parallel()
+	b := databaseMetrics(t)
+	data := json.RawMessage(`{}`)
+	// Fixed instants in the past, so that each wait is known to lie between
+	// two readings of the clock the database shares with this test.
+	sleepDue := time.Now().Add(-10 * time.Minute).Truncate(time.Millisecond)
+	renderDue := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	later := time.Now().Add(time.Hour)
+	insertTasks(t, b.db,
+		taskstore.NewTask{TaskData: data, ScheduledAt: sleepDue},
+		taskstore.NewTask{TaskData: data, ScheduledAt: sleepDue.Add(time.Minute)},
+		taskstore.NewTask{TaskData: data, Queue: "reports", Kind: "render", ScheduledAt: renderDue},
+		taskstore.NewTask{TaskData: data, Queue: "reports", Kind: "render", ScheduledAt: later},
+		taskstore.NewTask{TaskData: data, Queue: "reports", Kind: "sleep", ScheduledAt: later},
+		taskstore.NewTask{TaskData: data, Queue: "reports", Kind: "sleep", ScheduledAt: later},
+		taskstore.NewTask{TaskData: data, Queue: "reports", Kind: "sleep", ScheduledAt: later},
+	)
+	// One more in its own (queue, kind), claimed: it is running, not pending.
+	claimed := taskstore.NewTask{TaskData: data, Queue: "reports", Kind: "mail"}
+	insertTasks(t, b.db, claimed)
+	if got, err := taskstore.NewStore(b.db.Pool).Claim(t.Context(), taskstore.ClaimParams{
+		Processors: []string{"p"}, TTL: time.Minute, Kinds: []string{"mail"},
+	}); err != nil || len(got) != 1 {
+		t.Fatalf("claiming the mail task: %d claimed, %v", len(got), err)
+	}
+
+	sleepLo, renderLo := time.Since(sleepDue).Seconds(), time.Since(renderDue).Seconds()
+	s := b.scrape(t)
+	sleepHi, renderHi := time.Since(sleepDue).Seconds(), time.Since(renderDue).Seconds()
+
+	const pending, wait = "leasehold_tasks_pending_by_kind", "leasehold_task_oldest_wait_seconds"
+	for series, want := range map[string]float64{
+		byKind(pending, "default", "sleep"):  2,
+		byKind(pending, "reports", "render"): 2,
+		byKind(pending, "reports", "sleep"):  3,
+		byKind(wait, "reports", "sleep"):     0, // none is due
+	} {
+		if got := s.value(t, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	// A millisecond of slack each way: the database keeps microseconds.
+	for series, bounds := range map[string][2]float64{
+		byKind(wait, "default", "sleep"):  {sleepLo, sleepHi},
+		byKind(wait, "reports", "render"): {renderLo, renderHi},
+	} {
+		if got := s.value(t, series); got < bounds[0]-0.001 || got > bounds[1]+0.001 {
+			t.Errorf("%s = %v, want the wait of its oldest due task, between %v and %v", series, got, bounds[0], bounds[1])
+		}
+	}
+	for _, name := range []string{pending, wait} {
+		if got := seriesOf(s, name); len(got) != 3 {
+			t.Errorf("%s has the series %v, want the 3 (queue, kind)s with pending tasks", name, got)
+		}
+	}
+	if got := s.types[pending] + " " + s.types[wait]; got != "gauge gauge" {
+		t.Errorf("types of %s and %s: %s, want gauge gauge", pending, wait, got)
+	}
+	// The kind-blind gauge is the longest of the waits (read by another
+	// statement, at another instant).
+	if got := s.value(t, "leasehold_task_oldest_due_seconds"); got < renderLo-0.001 || got > renderHi+0.001 {
+		t.Errorf("leasehold_task_oldest_due_seconds = %v, want the longest wait, between %v and %v", got, renderLo, renderHi)
+	}
+}
+
+// TestMetricsPendingByKindBounded scrapes more (queue, kind)s than the
+// gauges have series for: the 99 that waited longest keep their own, and
+// the rest, a real ("other", "other") among them, are summed into
+// queue="other",kind="other" with the longest of their waits.
+func TestMetricsPendingByKindBounded(t *testing.T) {
+	t.Parallel()
+	b := databaseMetrics(t)
+	const kinds = 105
+	start := time.Now().Add(-24 * time.Hour)
+	tasks := make([]taskstore.NewTask, 0, kinds+1)
+	for i := range kinds {
+		// Kind i has waited i minutes less than kind 0.
+		tasks = append(tasks, taskstore.NewTask{TaskData: json.RawMessage(`{}`), Queue: "many",
+			Kind: fmt.Sprintf("kind-%03d", i), ScheduledAt: start.Add(time.Duration(i) * time.Minute)})
+	}
+	tasks = append(tasks, taskstore.NewTask{TaskData: json.RawMessage(`{}`), Queue: "other", Kind: "other", ScheduledAt: time.Now().Add(time.Hour)})
+	insertTasks(t, b.db, tasks...)
+
+	s := b.scrape(t)
+	const pending, wait = "leasehold_tasks_pending_by_kind", "leasehold_task_oldest_wait_seconds"
+	for _, name := range []string{pending, wait} {
+		if got := seriesOf(s, name); len(got) != 100 {
+			t.Errorf("%s has %d series, want 100 (99 (queue, kind)s and other)", name, len(got))
+		}
+	}
+	for i := range 99 {
+		if got := s.value(t, byKind(pending, "many", fmt.Sprintf("kind-%03d", i))); got != 1 {
+			t.Errorf("kind-%03d: %v pending, want 1", i, got)
+		}
+	}
+	if _, ok := s.samples[byKind(pending, "many", "kind-099")]; ok {
+		t.Errorf("kind-099 has its own series; want it summed into other, with the 100th longest wait:\n%s", grep(s.text, pending))
+	}
+	if got := s.value(t, byKind(pending, otherLabel, otherLabel)); got != kinds-99+1 {
+		t.Errorf("other: %v pending, want %d (kind-099 to kind-104, and other's own)", got, kinds-99+1)
+	}
+	// All the waits are read at the same database instant.
+	if got, want := s.value(t, byKind(wait, otherLabel, otherLabel)), s.value(t, byKind(wait, "many", "kind-000"))-99*60; got < want-0.001 || got > want+0.001 {
+		t.Errorf("other: oldest wait %v s, want kind-099's, %v s", got, want)
+	}
+}
+
+// otherLabel is the queue and kind of the series past the bound.
+const otherLabel = "other"
+
+// seriesOf returns the series of one metric in a scrape.
+func seriesOf(s scrape, name string) []string {
+	var out []string
+	for series := range s.samples {
+		if strings.HasPrefix(series, name+"{") || series == name {
+			out = append(out, series)
+		}
+	}
+	return out
+}
+
 // wsMessage is the part of a /ws message these tests read.
 type wsMessage struct {
 	Type  string `json:"type"`
@@ -454,7 +604,8 @@ func TestMetricsDatabaseUnreachable(t *testing.T) {
 			if got := s.value(t, "leasehold_db_up"); got != 0 {
 				t.Errorf("leasehold_db_up = %v with the database %s, want 0", got, name)
 			}
-			for _, gauge := range []string{"leasehold_leases", "leasehold_tasks", "leasehold_task_oldest_due_seconds"} {
+			for _, gauge := range []string{"leasehold_leases", "leasehold_tasks", "leasehold_task_oldest_due_seconds",
+				"leasehold_tasks_pending_by_kind", "leasehold_task_oldest_wait_seconds"} {
 				if _, ok := s.types[gauge]; ok {
 					t.Errorf("%s exported although the database did not answer:\n%s", gauge, grep(s.text, gauge))
 				}
