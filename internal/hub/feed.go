@@ -5,12 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/apitime"
 	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
 
@@ -46,6 +48,13 @@ const (
 	maxMissedEvents = 1000
 	runningTasks    = 100
 	deadTasks       = 20
+	// pendingKinds bounds the rows of pending_by_kind: past it, the
+	// (queue, kind)s whose oldest due task waited least are left out.
+	pendingKinds = 100
+	// maxPendingCount bounds each pending_by_kind count, so that reading
+	// them stays cheap whatever the backlog: a count equal to it means "at
+	// least that many".
+	maxPendingCount = 100_000
 )
 
 // The messages of the /ws protocol.
@@ -68,8 +77,19 @@ type (
 	}
 	tasksBody struct {
 		task.Stats
-		RunningTasks []task.Task `json:"running_tasks"`
-		DeadTasks    []task.Task `json:"dead_tasks"`
+		RunningTasks  []task.Task   `json:"running_tasks"`
+		DeadTasks     []task.Task   `json:"dead_tasks"`
+		PendingByKind []pendingKind `json:"pending_by_kind"`
+	}
+	// pendingKind is the pending tasks of one (queue, kind): what shows a
+	// kind that no live worker handles, its wait growing.
+	pendingKind struct {
+		Queue string `json:"queue"`
+		Kind  string `json:"kind"`
+		Count int64  `json:"count"`
+		// OldestWaitSeconds is how long the longest-waiting due task has
+		// waited, by the database clock, to the millisecond; 0 when none is due.
+		OldestWaitSeconds float64 `json:"oldest_wait_seconds"`
 	}
 	tasksMsg struct {
 		Type string `json:"type"`
@@ -121,6 +141,7 @@ type feed struct {
 	tasksSent  time.Time     // when the next tasks message may go is tasksEvery after this
 	tasksRetry time.Duration // after a failed read, how much longer to wait; doubles up to maxTasksRetry
 	stats      task.Stats
+	pending    []pendingKind // read with stats, at its cadence
 	statsAt    time.Time
 	statsOwed  bool // the last tasks message reused stale counts
 }
@@ -325,8 +346,8 @@ func (f *feed) observeLag(changes []leasing.Change, received []time.Time, evs []
 	}
 }
 
-// flushTasks sends one tasks message. The counts are taken at most once
-// per statsEvery; a message that had to reuse older counts leaves the next
+// flushTasks sends one tasks message. The counts (the pending tasks by
+// kind among them) are taken at most once per statsEvery; a message that had to reuse older counts leaves the next
 // one due, so the last word always carries fresh counts.
 func (f *feed) flushTasks(ctx context.Context) {
 	if !f.tasksDirty {
@@ -370,11 +391,15 @@ func (f *feed) tasksBody(ctx context.Context, fresh bool) (tasksBody, error) {
 		if err != nil {
 			return b, err
 		}
-		f.stats, f.statsAt = s, time.Now()
+		p, err := f.h.d.Tasks.PendingByKind(ctx, maxPendingCount)
+		if err != nil {
+			return b, err
+		}
+		f.stats, f.pending, f.statsAt = s, pendingRows(p), time.Now()
 	} else {
 		f.statsOwed = true
 	}
-	b.Stats = f.stats
+	b.Stats, b.PendingByKind = f.stats, f.pending
 	running, err := f.h.d.Tasks.Running(ctx, runningTasks)
 	if err != nil {
 		return b, err
@@ -385,6 +410,23 @@ func (f *feed) tasksBody(ctx context.Context, fresh bool) (tasksBody, error) {
 	}
 	b.RunningTasks, b.DeadTasks = nonNil(running), nonNil(dead)
 	return b, nil
+}
+
+// pendingRows orders the pending tasks by kind for the page, longest wait
+// first (then the most pending, then queue and kind by name), and keeps
+// the first pendingKinds: a kind nobody works rises to the top, and stays
+// there as its wait grows.
+func pendingRows(ps []taskstore.Pending) []pendingKind {
+	rows := make([]pendingKind, len(ps))
+	for i, p := range ps {
+		rows[i] = pendingKind{Queue: p.Queue, Kind: p.Kind, Count: p.Count,
+			OldestWaitSeconds: math.Round(p.OldestWait.Seconds()*1000) / 1000}
+	}
+	slices.SortFunc(rows, func(a, b pendingKind) int {
+		return cmp.Or(cmp.Compare(b.OldestWaitSeconds, a.OldestWaitSeconds), cmp.Compare(b.Count, a.Count),
+			cmp.Compare(a.Queue, b.Queue), cmp.Compare(a.Kind, b.Kind))
+	})
+	return rows[:min(len(rows), pendingKinds)]
 }
 
 func (f *feed) generatorBody(ctx context.Context) (generatorBody, error) {

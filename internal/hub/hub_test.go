@@ -165,8 +165,16 @@ type message struct {
 
 type tasksBody struct {
 	task.Stats
-	RunningTasks []json.RawMessage `json:"running_tasks"`
-	DeadTasks    []json.RawMessage `json:"dead_tasks"`
+	RunningTasks  []json.RawMessage `json:"running_tasks"`
+	DeadTasks     []json.RawMessage `json:"dead_tasks"`
+	PendingByKind []pendingKind     `json:"pending_by_kind"`
+}
+
+type pendingKind struct {
+	Queue             string  `json:"queue"`
+	Kind              string  `json:"kind"`
+	Count             int64   `json:"count"`
+	OldestWaitSeconds float64 `json:"oldest_wait_seconds"`
 }
 
 // next reads one message; the deadline only turns a hang into a failure.
@@ -243,7 +251,7 @@ func TestSnapshotThenLeaseEvents(t *testing.T) {
 	}
 	var tasksShape map[string]json.RawMessage
 	_ = json.Unmarshal(shape["tasks"], &tasksShape)
-	for _, k := range []string{"pending", "running", "done", "dead", "done_last_minute", "running_tasks", "dead_tasks"} {
+	for _, k := range []string{"pending", "running", "done", "dead", "done_last_minute", "running_tasks", "dead_tasks", "pending_by_kind"} {
 		if _, ok := tasksShape[k]; !ok {
 			t.Errorf("snapshot tasks has no %q: %s", k, shape["tasks"])
 		}
@@ -359,6 +367,57 @@ func TestTaskBurstIsCoalesced(t *testing.T) {
 		t.Errorf("%d tasks frames for %d inserts, want far fewer (under 100)", frames, n)
 	}
 	t.Logf("%d inserts, %d tasks frames", n, frames)
+}
+
+// TestPendingByKind: the snapshot and the tasks messages carry the pending
+// tasks of each (queue, kind), longest wait first, a kind nobody works
+// among them.
+func TestPendingByKind(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	tasks := taskstore.NewStore(db.Pool)
+	insert := func(ts ...taskstore.NewTask) {
+		t.Helper()
+		if _, err := taskstore.TasksOf(tasks.Insert(t.Context(), ts)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data := json.RawMessage(`{}`)
+	// Fixed instants in the past: each wait lies between two readings of
+	// the clock the database shares with this test.
+	renderDue := time.Now().Add(-10 * time.Minute)
+	insert(taskstore.NewTask{TaskData: data, Queue: "reports", Kind: "render", ScheduledAt: renderDue},
+		taskstore.NewTask{TaskData: data, Queue: "reports", Kind: "render", ScheduledAt: renderDue.Add(time.Minute)},
+		taskstore.NewTask{TaskData: data, ScheduledAt: time.Now().Add(time.Hour)})
+	r := startReplica(t, db, "replica-a", options{})
+	lo := time.Since(renderDue).Seconds()
+	conn, snap := connect(t, r)
+	hi := time.Since(renderDue).Seconds()
+
+	got := snap.Tasks.PendingByKind
+	if len(got) != 2 {
+		t.Fatalf("snapshot pending_by_kind %+v, want reports/render and default/sleep", got)
+	}
+	if g := got[0]; g.Queue != "reports" || g.Kind != "render" || g.Count != 2 ||
+		g.OldestWaitSeconds < lo-0.002 || g.OldestWaitSeconds > hi+0.002 {
+		t.Errorf("first row %+v, want reports/render, 2 pending, waiting between %.3f and %.3f s", g, lo, hi)
+	}
+	if g := got[1]; g.Queue != task.DefaultQueue || g.Kind != task.DefaultKind || g.Count != 1 || g.OldestWaitSeconds != 0 {
+		t.Errorf("second row %+v, want default/sleep, 1 pending, none due (0 s)", g)
+	}
+
+	// A kind that waited longer comes first once a tasks message shows it.
+	insert(taskstore.NewTask{TaskData: data, Queue: "reports", Kind: "mail", ScheduledAt: time.Now().Add(-time.Hour)})
+	m := waitFor(t, conn, "a tasks message with the mail task", func(m message) bool {
+		return m.Type == "tasks" && len(m.PendingByKind) == 3
+	})
+	var order []string
+	for _, p := range m.PendingByKind {
+		order = append(order, p.Queue+"/"+p.Kind)
+	}
+	if want := "reports/mail reports/render default/sleep"; strings.Join(order, " ") != want {
+		t.Errorf("pending_by_kind in the order %v, want %s (longest wait first)", order, want)
+	}
 }
 
 func TestSlowClientIsDropped(t *testing.T) {

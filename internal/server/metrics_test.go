@@ -504,8 +504,10 @@ func TestMetricsCatalogue(t *testing.T) {
 	documented := catalogue(t, "../../docs/metrics.md")
 	r := newReplicaMetrics(t)
 	// The HTTP metrics have a series once a request was served, the
-	// tables' estimated sizes once they were analyzed.
+	// pending-by-kind gauges once a task is pending, the tables' estimated
+	// sizes once they were analyzed.
 	r.do(t, "GET", "/healthz", "").want(t, "GET /healthz", http.StatusOK)
+	insertTasks(t, r.db, taskstore.NewTask{TaskData: json.RawMessage(`{}`), ScheduledAt: time.Now().Add(time.Hour)})
 	if _, err := r.db.Pool.Exec(t.Context(), "ANALYZE leases, lease_events, tasks"); err != nil {
 		t.Fatal(err)
 	}
