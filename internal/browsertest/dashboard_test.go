@@ -47,6 +47,18 @@ func TestDashboard(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#connection.connected`)),
 		waitTrue(`document.getElementById("connection").textContent === "connected"`))
 
+	// A task of a kind no worker of the replica runs waits: the panel shows
+	// its queue and kind, highlighted once it has waited over a minute (it
+	// was due five minutes ago).
+	r.mustCall(t, "POST", "/api/tasks", map[string]any{"task_data": map[string]any{"report": "q3"},
+		"kind": "report.render", "queue": "reports",
+		"scheduled_at": time.Now().Add(-5 * time.Minute).UTC().Format(time.RFC3339Nano)}, http.StatusCreated)
+	const unworked = `#pending-kinds tr[data-queue="reports"][data-kind="report.render"]`
+	step(ctx, t, "the unworked kind in the pending-by-kind panel, highlighted",
+		chromedp.WaitVisible(chromedp.CSS(unworked+`.long`)),
+		waitTrue(`document.querySelector('`+unworked+` td:nth-child(3)').textContent === "1"`),
+		waitTrue(`document.getElementById("pending-note").textContent !== ""`))
+
 	// A lease acquired through the API appears; released, it changes state.
 	r.mustCall(t, "POST", "/api/leases", map[string]any{"resource": "report:nightly", "holder": "alice", "ttl_seconds": 60}, http.StatusCreated)
 	step(ctx, t, "the acquired lease's row",
@@ -72,6 +84,9 @@ func TestDashboard(t *testing.T) {
 	r.mustCall(t, "POST", "/api/generator/start", nil, http.StatusAccepted)
 	step(ctx, t, "the generator shown as started",
 		waitTrue(`document.getElementById("generator-status").textContent === "STARTED"`))
+	step(ctx, t, `a running task of kind "sleep" in queue "default"`,
+		waitTrue(`[...document.querySelectorAll("#running tr")].some(tr =>
+			tr.querySelector(".task-kind")?.textContent === "sleep" && tr.querySelector(".task-queue")?.textContent === "default")`))
 
 	measureCommitToDOM(ctx, t, r, 50)
 

@@ -194,8 +194,10 @@ func Open(ctx context.Context) (DB, func(), error) {
 	var db DB
 	func() {
 		defer func() {
-			if v := recover(); v != nil && v != errRecorded {
-				panic(v)
+			if v := recover(); v != nil {
+				if err, ok := v.(error); !ok || !errors.Is(err, errRecorded) {
+					panic(v)
+				}
 			}
 		}()
 		db = create(r, template(r))

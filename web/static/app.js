@@ -321,6 +321,15 @@ function setTasks(t) {
   while (state.samples.length > 2 && state.samples[1].t < cutoff) state.samples.shift();
   renderRunning();
   renderDead();
+  renderPending();
+}
+
+// The kind and queue of a task, as two cells.
+function kindCells(task) {
+  return [
+    el("td", { class: "ellipsis tag task-kind", title: task.kind ?? "", text: task.kind ?? "–" }),
+    el("td", { class: "ellipsis tag task-queue", title: task.queue ?? "", text: task.queue ?? "–" }),
+  ];
 }
 
 function renderRunning() {
@@ -328,6 +337,7 @@ function renderRunning() {
   const t = now();
   $("running").replaceChildren(...running.map((task) => el("tr", {},
     el("td", { class: "num", text: task.id }),
+    ...kindCells(task),
     el("td", { class: "ellipsis", title: task.processor ?? "", text: task.processor ?? "–" }),
     el("td", { class: "num", text: `${task.attempts}/${task.max_attempts}` }),
     el("td", { class: "num", "data-since": task.last_heartbeat_at ?? task.started_at ?? "", text: age(t - ms(task.last_heartbeat_at ?? task.started_at)) }))));
@@ -338,9 +348,54 @@ function renderDead() {
   const dead = state.tasks?.dead_tasks ?? [];
   $("dead").replaceChildren(...dead.map((task) => el("tr", {},
     el("td", { class: "num", text: task.id }),
+    ...kindCells(task),
     el("td", { class: "num", text: task.attempts }),
     el("td", { class: "wrap", text: task.last_error ?? "–" }))));
   $("dead-empty").hidden = dead.length > 0;
+}
+
+// ---- Pending by kind -------------------------------------------------------
+// The replicas' own workers run only the kind "sleep"; every other kind
+// waits for a program that brings its handler. A due task left waiting
+// longer than longWaitMs is highlighted: no live worker takes its kind, or
+// all of them are busy.
+const longWaitMs = 60 * 1000;
+// The server counts each (queue, kind) up to this many (internal/hub).
+const maxPendingCount = 100000;
+
+function renderPending() {
+  const rows = state.tasks?.pending_by_kind ?? [];
+  const t = now();
+  $("pending-kinds").replaceChildren(...rows.map((p) => {
+    const wait = el("td", { class: "num wait" });
+    // No message comes while nothing changes, yet the wait goes on
+    // growing: keep when it began (database clock) and count from there.
+    if (p.oldest_wait_seconds > 0) wait.dataset.since = String(t - p.oldest_wait_seconds * 1000);
+    return el("tr", { "data-queue": p.queue, "data-kind": p.kind },
+      el("td", { class: "ellipsis tag", title: p.queue, text: p.queue }),
+      el("td", { class: "ellipsis tag", title: p.kind, text: p.kind }),
+      el("td", { class: "num", text: p.count >= maxPendingCount ? numFmt.format(maxPendingCount) + "+" : numFmt.format(p.count) }),
+      wait);
+  }));
+  $("pending-kinds-empty").hidden = rows.length > 0;
+  drawPendingWaits(t);
+}
+
+function drawPendingWaits(t) {
+  let long = 0;
+  for (const tr of $("pending-kinds").rows) {
+    const td = tr.querySelector("td.wait");
+    const since = Number(td.dataset.since || 0);
+    const waited = since ? t - since : 0;
+    td.textContent = since ? age(waited) : "not due";
+    const isLong = waited > longWaitMs;
+    tr.classList.toggle("long", isLong);
+    tr.title = isLong ? `${tr.dataset.kind} in ${tr.dataset.queue} has waited over a minute: is a worker for this kind running?` : "";
+    if (isLong) long++;
+  }
+  const note = $("pending-note");
+  note.textContent = long ? `${long} waiting over a minute` : "";
+  note.classList.toggle("long", long > 0);
 }
 
 // bucketed turns the samples into points every step ms over the window:
@@ -591,6 +646,7 @@ function frame() {
 function tick() {
   const t = now();
   for (const td of $("running").querySelectorAll("td[data-since]")) td.textContent = age(t - ms(td.dataset.since));
+  drawPendingWaits(t);
   for (const td of $("instances").querySelectorAll("td[data-seen]")) {
     const seen = t - ms(td.dataset.seen);
     td.textContent = age(seen) + " ago";
