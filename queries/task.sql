@@ -404,9 +404,19 @@ claimed AS (
               t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at
 )
 -- The ids ride on the first row only: repeated on every row, the replica
--- decoded the same array once per claimed task.
+-- decoded the same array once per claimed task. The claimed columns come
+-- back never NULL (id 0 in the row of nothing claimed): a NULL-able column
+-- costs the replica an allocation per column and row to decode.
 SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM claimed AS f)
              THEN done.ids END)::bigint[] AS completed_ids,
-       claimed.*
+       coalesce(claimed.id, 0)::bigint AS id, coalesce(claimed.kind, '')::text AS kind,
+       coalesce(claimed.queue, '')::text AS queue, coalesce(claimed.priority, 0)::smallint AS priority,
+       claimed.task_data, coalesce(claimed.scheduled_at, 'epoch')::timestamptz AS scheduled_at,
+       coalesce(claimed.processor, '')::text AS processor, coalesce(claimed.fence, 0)::bigint AS fence,
+       coalesce(claimed.ttl_seconds, 0)::integer AS ttl_seconds, coalesce(claimed.attempts, 0)::integer AS attempts,
+       coalesce(claimed.max_attempts, 0)::integer AS max_attempts,
+       coalesce(claimed.must_heartbeat_before, 'epoch')::timestamptz AS must_heartbeat_before,
+       coalesce(claimed.started_at, 'epoch')::timestamptz AS started_at,
+       coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true;

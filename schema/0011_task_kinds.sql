@@ -38,15 +38,14 @@ CREATE UNIQUE INDEX tasks_unique_key_idx ON tasks (kind, unique_key)
 -- The lists' filters (?state=&kind=&queue=, paged by id): an equality on
 -- all three is a range of this index in id order; a list that names fewer
 -- reads each (state, kind, queue) it may match the same way and merges them
--- (tasks_filtered). It also serves what tasks_running_idx did, the running
--- tasks (its state = 'running' range), which it replaces: a claim writes
--- one entry to it, as it did to that index, and a completion one more. That
--- one entry is what the filters cost; a full index on columns a claim never
--- changes would cost as much, since a claim and a completion are not HOT
--- updates (they change state, which partial indexes name) and so write an
--- entry to every index whose predicate holds.
-DROP INDEX tasks_running_idx;
-CREATE INDEX tasks_filter_idx ON tasks (state, kind, queue, id);
+-- (tasks_filtered). Running tasks are left out: they are few (one per busy
+-- worker), tasks_running_idx finds them, and a claim, which makes a task
+-- running, then writes no entry here. A completion writes one (the done
+-- task's); an insert one more (the pending task's). That is what the
+-- filters cost: a claim and a completion are not HOT updates (they change
+-- state, which partial indexes name), so each writes an entry to every
+-- index whose predicate the new row meets, whatever columns it changed.
+CREATE INDEX tasks_filter_idx ON tasks (state, kind, queue, id) WHERE state <> 'running';
 
 -- The cancelled tasks, newest first, for the dashboard (as tasks_dead_idx).
 CREATE INDEX tasks_cancelled_idx ON tasks (processed_at DESC, id DESC) WHERE state = 'cancelled';
@@ -111,15 +110,13 @@ BEGIN
     watched := current_setting('transaction_isolation') <> 'read committed'
                OR NOT pg_try_advisory_xact_lock_shared(7810756277295999348)
                OR EXISTS (SELECT 1 FROM task_waiters WHERE all_changes);
-    -- The look for a running task that expires sooner walks the running
-    -- range of tasks_filter_idx backwards, newest ids of each (kind,
-    -- queue) first, as it walked tasks_running_idx (schema/0009).
+    -- The look for a running task that expires sooner: see schema/0009.
     IF claimed_by IS NOT NULL AND (watched OR (
             SELECT r.id FROM tasks AS r
             WHERE r.state = 'running'
               AND r.must_heartbeat_before > now()
               AND r.must_heartbeat_before < claimed_by
-            ORDER BY r.state DESC, r.kind DESC, r.queue DESC, r.id DESC
+            ORDER BY r.id DESC
             LIMIT 1) IS NULL) THEN
         PERFORM pg_notify('leasehold_task', 'claimed:' || floor(extract(epoch FROM claimed_by) * 1000)::bigint);
     END IF;
@@ -503,7 +500,9 @@ $$;
 -- kind, queue) the filters may match, that range of tasks_filter_idx from
 -- after_id on, at most row_limit entries each, and merges them: the
 -- combinations are found by a loose scan of the index (one probe each), so
--- a list stays index-bound however many tasks the table holds.
+-- a list stays index-bound however many tasks the table holds. Running
+-- tasks, which that index leaves out, come from tasks_running_idx, their
+-- kind and queue read from the rows (one per busy worker).
 CREATE FUNCTION tasks_filtered(want_states text[], want_kinds text[], want_queues text[],
                                started boolean, after_id bigint, row_limit integer)
 RETURNS SETOF tasks
@@ -514,13 +513,14 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE
-    cs  text[] := '{}';
-    ck  text[] := '{}';
-    cq  text[] := '{}';
-    st  text;
-    k   text;
-    sk  text[];
-    skq text[];
+    cs      text[] := '{}';
+    ck      text[] := '{}';
+    cq      text[] := '{}';
+    st      text;
+    k       text;
+    sk      text[];
+    skq     text[];
+    running boolean;
 BEGIN
     IF want_states IS NULL AND want_kinds IS NULL AND want_queues IS NULL THEN
         RETURN QUERY
@@ -533,14 +533,17 @@ BEGIN
     IF want_states IS NULL THEN
         want_states := ARRAY['cancelled', 'dead', 'done', 'pending', 'running'];
     END IF;
+    running := 'running' = ANY (want_states);
     FOREACH st IN ARRAY want_states LOOP
+        CONTINUE WHEN st = 'running';
         sk := want_kinds;
         IF sk IS NULL THEN
             sk := ARRAY(
                 WITH RECURSIVE d (v) AS (
-                    (SELECT t.kind FROM tasks AS t WHERE t.state = st ORDER BY t.kind LIMIT 1)
+                    (SELECT t.kind FROM tasks AS t WHERE t.state <> 'running' AND t.state = st ORDER BY t.kind LIMIT 1)
                     UNION ALL
-                    SELECT (SELECT t.kind FROM tasks AS t WHERE t.state = st AND t.kind > d.v ORDER BY t.kind LIMIT 1)
+                    SELECT (SELECT t.kind FROM tasks AS t
+                            WHERE t.state <> 'running' AND t.state = st AND t.kind > d.v ORDER BY t.kind LIMIT 1)
                     FROM d WHERE d.v IS NOT NULL
                 )
                 SELECT d.v FROM d WHERE d.v IS NOT NULL);
@@ -550,10 +553,12 @@ BEGIN
             IF skq IS NULL THEN
                 skq := ARRAY(
                     WITH RECURSIVE d (v) AS (
-                        (SELECT t.queue FROM tasks AS t WHERE t.state = st AND t.kind = k ORDER BY t.queue LIMIT 1)
+                        (SELECT t.queue FROM tasks AS t
+                         WHERE t.state <> 'running' AND t.state = st AND t.kind = k ORDER BY t.queue LIMIT 1)
                         UNION ALL
                         SELECT (SELECT t.queue FROM tasks AS t
-                                WHERE t.state = st AND t.kind = k AND t.queue > d.v ORDER BY t.queue LIMIT 1)
+                                WHERE t.state <> 'running' AND t.state = st AND t.kind = k AND t.queue > d.v
+                                ORDER BY t.queue LIMIT 1)
                         FROM d WHERE d.v IS NOT NULL
                     )
                     SELECT d.v FROM d WHERE d.v IS NOT NULL);
@@ -563,14 +568,25 @@ BEGIN
             cq := cq || skq;
         END LOOP;
     END LOOP;
+    -- The state <> 'running' beside each equality lets the planner use the
+    -- partial index with the state a parameter.
     RETURN QUERY
-    SELECT x.* FROM unnest(cs, ck, cq) AS c (s, k, q)
-    CROSS JOIN LATERAL (
-        SELECT t.* FROM tasks AS t
-        WHERE t.state = c.s AND t.kind = c.k AND t.queue = c.q AND t.id > after_id
-          AND (NOT started OR t.started_at IS NOT NULL)
-        ORDER BY t.id
-        LIMIT row_limit
+    SELECT x.* FROM (
+        SELECT y.* FROM unnest(cs, ck, cq) AS c (s, k, q)
+        CROSS JOIN LATERAL (
+            SELECT t.* FROM tasks AS t
+            WHERE t.state <> 'running' AND t.state = c.s AND t.kind = c.k AND t.queue = c.q AND t.id > after_id
+              AND (NOT started OR t.started_at IS NOT NULL)
+            ORDER BY t.id
+            LIMIT row_limit
+        ) AS y
+        UNION ALL
+        (SELECT r.* FROM tasks AS r
+         WHERE running AND r.state = 'running' AND r.id > after_id
+           AND (want_kinds IS NULL OR r.kind = ANY (want_kinds))
+           AND (want_queues IS NULL OR r.queue = ANY (want_queues))
+         ORDER BY r.id
+         LIMIT row_limit)
     ) AS x
     ORDER BY x.id
     LIMIT row_limit;
@@ -786,7 +802,6 @@ $$;
 
 DROP INDEX tasks_cancelled_idx;
 DROP INDEX tasks_filter_idx;
-CREATE INDEX tasks_running_idx ON tasks (id) WHERE state = 'running';
 DROP INDEX tasks_unique_key_idx;
 DROP INDEX tasks_claim_idx;
 CREATE INDEX tasks_pending_idx ON tasks (scheduled_at, id) WHERE state = 'pending';

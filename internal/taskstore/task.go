@@ -356,22 +356,24 @@ func (s *Store) CompleteAndClaim(ctx context.Context, cs []Completion, claim Cla
 		return nil, nil, fmt.Errorf("complete %d tasks and claim for %d workers: no result", len(cs), len(claim.Processors))
 	}
 	var (
-		claimed []task.Task
+		claimed = make([]task.Task, 0, len(rows))
 		done    []int64
 	)
 	for _, r := range rows {
 		if r.CompletedIds != nil {
 			done = r.CompletedIds // on one row only
 		}
-		if r.ID == nil {
+		if r.ID == 0 {
 			continue // nothing claimed
 		}
+		// The two times the task points to, in one allocation.
+		at := &struct{ started, expires time.Time }{r.StartedAt, r.MustHeartbeatBefore}
 		claimed = append(claimed, task.Task{
-			ID: *r.ID, Kind: *r.Kind, Queue: *r.Queue, Priority: *r.Priority, TaskData: r.TaskData,
-			State: task.StateRunning, ScheduledAt: *r.ScheduledAt, Processor: deref(r.Processor),
-			Fence: deref(r.Fence), TTLSeconds: deref(r.TTLSeconds), Attempts: *r.Attempts, MaxAttempts: *r.MaxAttempts,
-			LastHeartbeatAt: r.StartedAt, MustHeartbeatBefore: r.MustHeartbeatBefore, StartedAt: r.StartedAt,
-			CreatedAt: *r.CreatedAt,
+			ID: r.ID, Kind: r.Kind, Queue: r.Queue, Priority: r.Priority, TaskData: r.TaskData,
+			State: task.StateRunning, ScheduledAt: r.ScheduledAt, Processor: r.Processor,
+			Fence: r.Fence, TTLSeconds: r.TTLSeconds, Attempts: r.Attempts, MaxAttempts: r.MaxAttempts,
+			LastHeartbeatAt: &at.started, MustHeartbeatBefore: &at.expires, StartedAt: &at.started,
+			CreatedAt: r.CreatedAt,
 		})
 	}
 	return idSet(done), claimed, nil

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/taskstore"
@@ -58,14 +59,17 @@ func (c *completer) complete(ctx context.Context, comp taskstore.Completion) (*c
 	if !ok {
 		deadline = time.Now().Add(time.Minute)
 	}
-	req := completeReq{c: comp, deadline: deadline, reply: make(chan completeReply, 1)}
+	reply := replies.Get().(chan completeReply)
+	req := completeReq{c: comp, deadline: deadline, reply: reply}
 	select {
 	case c.reqs <- req:
 	case <-ctx.Done():
+		replies.Put(reply)
 		return nil, context.Cause(ctx)
 	}
 	select {
 	case r := <-req.reply:
+		replies.Put(reply) // empty again
 		return r.next, r.err
 	case <-ctx.Done():
 		// The batch may still commit; the caller's retry finds out. A task
@@ -74,10 +78,15 @@ func (c *completer) complete(ctx context.Context, comp taskstore.Completion) (*c
 	}
 }
 
+// replies are the requests' reply channels (capacity 1), reused once
+// answered and read: a completion costs no channel of its own.
+var replies = sync.Pool{New: func() any { return make(chan completeReply, 1) }}
+
 // run records batches until ctx ends; the pool ends it after its workers.
 func (c *completer) run(ctx context.Context) {
+	var batch []completeReq // reused: record is done with it when it returns
 	for {
-		var batch []completeReq
+		batch = batch[:0]
 		select {
 		case <-ctx.Done():
 			return
@@ -142,8 +151,10 @@ func (c *completer) record(batch []completeReq) {
 			// dispatcher takes over, and looks at everything.
 			p.fed.Store(false)
 		}
-		for _, t := range claimed {
-			next[t.Processor] = &claim{task: t, sent: sent, wake: WakeChained}
+		claims := make([]claim, len(claimed)) // one allocation for the batch
+		for i, t := range claimed {
+			claims[i] = claim{task: t, sent: sent, wake: WakeChained}
+			next[t.Processor] = &claims[i]
 		}
 	}
 	for _, r := range batch {

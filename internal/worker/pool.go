@@ -225,7 +225,8 @@ func (p *Pool) Run(ctx context.Context) error {
 	completing.Go(func() { p.completer.run(completerCtx) })
 	for _, w := range p.workers {
 		workers.Go(func() {
-			for c := range w.tasks {
+			for first := range w.tasks {
+				c := &first
 				for {
 					outcome, next := p.runner.work(workCtx, w, c)
 					if next == nil {
@@ -239,7 +240,7 @@ func (p *Pool) Run(ctx context.Context) error {
 						break
 					}
 					p.claimed(next.task, next.wake)
-					c = *next
+					c = next
 				}
 			}
 		})

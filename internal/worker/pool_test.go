@@ -363,7 +363,9 @@ func TestExpiredTaskLeaseWakesIdlePool(t *testing.T) {
 	p.events.waitFor(t, "p's round after the insert", from, func(ev worker.Event) bool {
 		return ev.Kind == worker.EventAsleep && ev.Wake&worker.WakeInsert != 0
 	})
-	if _, err := e.db.Pool.Exec(e.ctx, `UPDATE tasks SET scheduled_at = now() WHERE id = $1`, id); err != nil {
+	// (A millisecond early: a row made due exactly now() is announced as
+	// requeued, a retry's way.)
+	if _, err := e.db.Pool.Exec(e.ctx, `UPDATE tasks SET scheduled_at = now() - interval '1 millisecond' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
 	dead, err := e.tasks.Claim(e.ctx, taskstore.ClaimParams{Processors: []string{"dead/w1"}, TTL: time.Second, WithLapsed: true})

@@ -126,7 +126,7 @@ func (p *RemotePool) Run(ctx context.Context) error {
 	for _, w := range workers {
 		running.Go(func() {
 			for c := range w.tasks {
-				r.work(workCtx, w, c)
+				r.work(workCtx, w, &c)
 				idle <- w
 			}
 		})

@@ -80,6 +80,9 @@ func Sleep(crashRate float64, crash func()) (Handler, error) {
 
 // sleep waits d in small steps, returning ctx's error as soon as it ends.
 func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err() // no timer for no sleep
+	}
 	end := time.Now().Add(d)
 	timer := time.NewTimer(0)
 	defer timer.Stop()

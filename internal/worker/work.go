@@ -66,9 +66,9 @@ func (r *runner) taskTTL(t task.Task) time.Duration {
 // when the lease was lost, leaves it alone. workCtx ends when the shutdown
 // grace is over. It returns what became of the task and, when the
 // completion's statement claimed one, the worker's next task.
-func (r *runner) work(workCtx context.Context, w *worker, c claim) (EventKind, *claim) {
-	t := c.task
-	ttl := r.taskTTL(t)
+func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, *claim) {
+	t := &c.task // not a copy: the closures below share it
+	ttl := r.taskTTL(*t)
 	keep := lease.KeepConfig{TTL: ttl}.WithDefaults()
 	// The task's logger, made when something is worth saying: most tasks
 	// of a busy queue say nothing.
@@ -84,30 +84,34 @@ func (r *runner) work(workCtx context.Context, w *worker, c claim) (EventKind, *
 	defer cancelTask(nil)
 	w.running.Store(&runningTask{id: t.ID, cancel: cancelTask})
 	defer w.running.Store(nil)
-	hbCtx, stopHeartbeats := context.WithCancel(taskCtx)
 	// The lease's local deadline when the heartbeats stopped; the claim's
 	// when none was due.
 	deadline := c.sent.Add(keep.TTL - keep.Margin)
-	// The heartbeat goroutine starts when the first heartbeat is nearly
-	// due (the earliest its jitter allows): most tasks of a busy queue are
-	// over by then, and cost no goroutine and no timers of their own.
+	// The heartbeat goroutine, and its context, start when the first
+	// heartbeat is nearly due (the earliest its jitter allows): most tasks
+	// of a busy queue are over by then, and cost neither.
 	var (
-		hb      sync.WaitGroup
-		hbMu    sync.Mutex
-		stopped bool
+		hb             sync.WaitGroup
+		hbMu           sync.Mutex
+		stopped        bool
+		stopHeartbeats context.CancelFunc
 	)
 	first := time.AfterFunc(time.Until(c.sent.Add(keep.RenewInterval-keep.RenewInterval/10)), func() {
 		hbMu.Lock()
 		defer hbMu.Unlock()
 		if !stopped {
-			hb.Go(func() { deadline = r.heartbeat(hbCtx, log, t, w.name, keep, c.sent, cancelTask) })
+			var hbCtx context.Context
+			hbCtx, stopHeartbeats = context.WithCancel(taskCtx)
+			hb.Go(func() { deadline = r.heartbeat(hbCtx, log, *t, w.name, keep, c.sent, cancelTask) })
 		}
 	})
-	output, runErr := r.run(taskCtx, t)
-	stopHeartbeats()
+	output, runErr := r.run(taskCtx, *t)
 	first.Stop()
 	hbMu.Lock()
 	stopped = true
+	if stopHeartbeats != nil {
+		stopHeartbeats()
+	}
 	hbMu.Unlock()
 	hb.Wait()
 	cause := context.Cause(taskCtx)
