@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,7 +21,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs := flag.NewFlagSet("leasehold bench", flag.ContinueOnError)
 	var (
 		dbURL     = fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL; scenarios create databases beside its (env DATABASE_URL; default: the local PostgreSQL)")
-		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated")
+		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog)")
 		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
 		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
 		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts")
@@ -31,6 +32,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		fanout    = fs.Int("fanout", 200, "websocket clients of fanout")
 		asJSON    = fs.Bool("json", false, "print JSON instead of a table")
 		processes = fs.Bool("processes", false, "drain also with each replica a process of this binary")
+		backlog   = fs.String("backlog", "", "run the backlog scenario too, draining these pending counts, comma-separated (e.g. 10000,100000,500000)")
+		blWorkers = fs.Int("backlog-workers", 100, "workers of backlog's one replica")
 	)
 	if err := parse(fs, args, stderr); err != nil {
 		return err
@@ -42,6 +45,19 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 			cfg.Scenarios = append(cfg.Scenarios, s)
 		}
 	}
+	if *backlog != "" {
+		for _, s := range strings.Split(*backlog, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil {
+				return usagef("--backlog %q must be whole numbers separated by commas, e.g. 10000,100000,500000", *backlog)
+			}
+			cfg.Backlog = append(cfg.Backlog, n)
+		}
+		if !slices.Contains(cfg.Scenarios, "backlog") {
+			cfg.Scenarios = append(cfg.Scenarios, "backlog")
+		}
+	}
+	cfg.BacklogWorkers = *blWorkers
 	for _, s := range strings.Split(*clients, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil {
@@ -49,8 +65,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		cfg.Clients = append(cfg.Clients, n)
 	}
-	if *duration <= 0 || *tasks <= 0 || *replicas <= 0 || *workers <= 0 || *samples <= 0 || *rate <= 0 || *fanout <= 0 {
-		return usagef("--duration, --tasks, --replicas, --workers, --samples, --steady-rate and --fanout must be above 0")
+	if *duration <= 0 || *tasks <= 0 || *replicas <= 0 || *workers <= 0 || *samples <= 0 || *rate <= 0 || *fanout <= 0 || *blWorkers <= 0 {
+		return usagef("--duration, --tasks, --replicas, --workers, --samples, --steady-rate, --fanout and --backlog-workers must be above 0")
 	}
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}

@@ -29,8 +29,11 @@ import (
 	"github.com/leasehold/leasehold/schema"
 )
 
-// Scenarios are the scenario names in the order Run runs them.
+// Scenarios are the scenario names in the order Run runs them, by default.
 var Scenarios = []string{"baseline", "leases", "drain", "steady", "latency", "notify-cost", "fanout"}
+
+// Optional are the scenarios that run only when named: long ones.
+var Optional = []string{"backlog"}
 
 // Config is what to measure and how hard.
 type Config struct {
@@ -46,6 +49,10 @@ type Config struct {
 	Samples     int           // tasks latency inserts one at a time
 	SteadyRate  int           // tasks per second steady inserts
 	Fanout      int           // websocket clients of fanout
+	// Backlog are the pending counts backlog drains (nil: DefaultBacklog), each with one
+	// replica of BacklogWorkers workers (0: 100).
+	Backlog        []int
+	BacklogWorkers int
 	// Executable, when set, is a leasehold binary: drain then also runs its replicas as
 	// processes of it (`serve --roles worker`), as production does.
 	Executable string
@@ -82,6 +89,12 @@ func (c Config) withDefaults() Config {
 	if c.Fanout == 0 {
 		c.Fanout = 200
 	}
+	if len(c.Backlog) == 0 {
+		c.Backlog = DefaultBacklog
+	}
+	if c.BacklogWorkers == 0 {
+		c.BacklogWorkers = 100
+	}
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
@@ -92,8 +105,13 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	for _, s := range c.Scenarios {
-		if !slices.Contains(Scenarios, s) {
-			errs = append(errs, fmt.Errorf("unknown scenario %q; choose from %s", s, strings.Join(Scenarios, ", ")))
+		if !slices.Contains(Scenarios, s) && !slices.Contains(Optional, s) {
+			errs = append(errs, fmt.Errorf("unknown scenario %q; choose from %s", s, strings.Join(append(slices.Clone(Scenarios), Optional...), ", ")))
+		}
+	}
+	for _, n := range c.Backlog {
+		if n < 1 || n > 10_000_000 {
+			errs = append(errs, fmt.Errorf("backlog %d must be between 1 and 10000000", n))
 		}
 	}
 	for _, n := range c.Clients {
@@ -101,7 +119,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("clients %d must be between 1 and 256", n))
 		}
 	}
-	if c.Duration < 0 || c.Tasks < 0 || c.Replicas < 0 || c.Workers < 0 || c.Samples < 0 || c.SteadyRate < 0 || c.Fanout < 0 {
+	if c.Duration < 0 || c.Tasks < 0 || c.Replicas < 0 || c.Workers < 0 || c.Samples < 0 || c.SteadyRate < 0 || c.Fanout < 0 || c.BacklogWorkers < 0 {
 		errs = append(errs, errors.New("durations and counts must not be negative"))
 	}
 	return errors.Join(errs...)
@@ -150,7 +168,7 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		return nil, err
 	}
 	rep.Machine = m
-	for _, name := range Scenarios {
+	for _, name := range append(slices.Clone(Scenarios), Optional...) {
 		if !slices.Contains(c.Scenarios, name) {
 			continue
 		}
@@ -177,6 +195,7 @@ var scenarios = map[string]func(ctx context.Context, c Config, earlier []Result)
 	"latency":     runLatency,
 	"notify-cost": runNotifyCost,
 	"fanout":      runFanout,
+	"backlog":     runBacklog,
 }
 
 func machine(ctx context.Context, dbURL string) (Machine, error) {

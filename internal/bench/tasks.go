@@ -116,8 +116,13 @@ func runDrain(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 		Scenario: "drain", Case: fmt.Sprintf("%d tasks, %d replicas × %d workers, in-process", c.Tasks, c.Replicas, c.Workers),
 		Value: float64(c.Tasks) / elapsed.Seconds(), Unit: "tasks/s",
 	}}
+	r.Stop()
+	lib, err := drainLibrary(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	results = append(results, lib)
 	if c.Executable != "" {
-		r.Stop()
 		res, err := drainProcesses(ctx, c)
 		if err != nil {
 			return nil, err
@@ -321,14 +326,27 @@ func runLatency(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 			return nil, err
 		}
 	}
-	slices.Sort(lat)
-	setup := fmt.Sprintf("insert commit → claimed, %d tasks one at a time, %d × %d idle workers", c.Samples, c.Replicas, c.Workers)
+	r.Stop()
+	lib, err := latencyLibrary(ctx, c)
+	if err != nil {
+		return nil, err
+	}
 	var out []Result
-	for _, p := range []struct {
-		name string
-		at   float64
-	}{{"p50", 50}, {"p95", 95}, {"p99", 99}, {"max", 100}} {
-		out = append(out, Result{Scenario: "latency", Case: p.name + ", " + setup, Value: ms(percentile(lat, p.at)), Unit: "ms"})
+	for _, m := range []struct {
+		setup string
+		lat   []time.Duration
+	}{
+		{fmt.Sprintf("insert commit → claimed, %d tasks one at a time, %d × %d idle workers", c.Samples, c.Replicas, c.Workers), lat},
+		{fmt.Sprintf("Insert's commit → handler running, through the library, %d tasks one at a time, %d clients × %d idle workers",
+			c.Samples, c.Replicas, c.Workers), lib},
+	} {
+		slices.Sort(m.lat)
+		for _, p := range []struct {
+			name string
+			at   float64
+		}{{"p50", 50}, {"p95", 95}, {"p99", 99}, {"max", 100}} {
+			out = append(out, Result{Scenario: "latency", Case: p.name + ", " + m.setup, Value: ms(percentile(m.lat, p.at)), Unit: "ms"})
+		}
 	}
 	return out, nil
 }

@@ -1,0 +1,149 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasehold/leasehold"
+	"github.com/leasehold/leasehold/internal/taskstore"
+)
+
+// noop is the library drain's task: its handler does nothing.
+type noop struct{}
+
+// Kind names the kind.
+func (noop) Kind() string { return "bench_noop" }
+
+// drainLibrary is drain through the public Go API: Replicas clients on the scenario's pool,
+// each with a queue of Workers, run a no-op handler registered with AddWorker for Tasks
+// tasks inserted with InsertMany. The time runs from the first Start to the return of
+// the last Stop, which waits for the completions of the last tasks to commit.
+func drainLibrary(ctx context.Context, c Config) (Result, error) {
+	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8))
+	if err != nil {
+		return Result{}, err
+	}
+	defer d.Close()
+	var handled atomic.Int64
+	all := make(chan struct{})
+	workers := leasehold.NewWorkers()
+	err = leasehold.AddWorker(workers, leasehold.WorkFunc[noop](func(context.Context, *leasehold.Task[noop]) error {
+		if handled.Add(1) == int64(c.Tasks) {
+			close(all)
+		}
+		return nil
+	}), leasehold.KindConfig{})
+	if err != nil {
+		return Result{}, err
+	}
+	clients := make([]*leasehold.Client, c.Replicas)
+	for i := range clients {
+		clients[i], err = leasehold.NewClient(d.Pool, leasehold.Config{
+			ID: fmt.Sprintf("bench-lib-%d", i+1), Workers: workers, TaskTTL: 30 * time.Second,
+			Queues: map[string]leasehold.QueueConfig{"default": {MaxWorkers: c.Workers}},
+		})
+		if err != nil {
+			return Result{}, err
+		}
+	}
+	params := make([]leasehold.InsertParams, 1000)
+	for i := range params {
+		params[i] = leasehold.InsertParams{Args: noop{}}
+	}
+	for n := c.Tasks; n > 0; n -= len(params) {
+		if _, err := clients[0].InsertMany(ctx, params[:min(n, len(params))]); err != nil {
+			return Result{}, err
+		}
+	}
+	start := time.Now()
+	for _, cl := range clients {
+		if err := cl.Start(ctx); err != nil {
+			return Result{}, err
+		}
+	}
+	stopAll := func() error {
+		var errs []error
+		for _, cl := range clients {
+			errs = append(errs, cl.Stop(ctx))
+		}
+		return errors.Join(errs...)
+	}
+	select {
+	case <-all:
+	case <-ctx.Done():
+		_ = stopAll()
+		return Result{}, ctx.Err()
+	}
+	if err := stopAll(); err != nil {
+		return Result{}, err
+	}
+	elapsed := time.Since(start)
+	stats, err := taskstore.NewStore(d.Pool).Stats(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	if stats.Done != int64(c.Tasks) {
+		return Result{}, fmt.Errorf("after the library's drain %d tasks are done, want %d (%+v)", stats.Done, c.Tasks, stats)
+	}
+	return Result{
+		Scenario: "drain", Case: fmt.Sprintf("%d tasks, %d clients × %d workers, through the library", c.Tasks, c.Replicas, c.Workers),
+		Value: float64(c.Tasks) / elapsed.Seconds(), Unit: "tasks/s",
+		Note: "leasehold.NewClient per replica, a no-op WorkFunc; Start to the last Stop",
+	}, nil
+}
+
+// latencyLibrary is latency through the public Go API: Replicas clients of Workers idle
+// workers each; Samples tasks inserted one at a time with Insert, from the insert's commit
+// (the midpoint of its round trip) to the start of the no-op handler's run.
+func latencyLibrary(ctx context.Context, c Config) ([]time.Duration, error) {
+	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8))
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	started := make(chan int64, 16)
+	workers := leasehold.NewWorkers()
+	err = leasehold.AddWorker(workers, leasehold.WorkFunc[noop](func(_ context.Context, t *leasehold.Task[noop]) error {
+		started <- t.ID
+		return nil
+	}), leasehold.KindConfig{})
+	if err != nil {
+		return nil, err
+	}
+	var clients []*leasehold.Client
+	defer func() {
+		for _, cl := range clients {
+			_ = cl.Stop(context.WithoutCancel(ctx)) // the figures are taken
+		}
+	}()
+	for i := range c.Replicas {
+		cl, err := leasehold.NewClient(d.Pool, leasehold.Config{
+			ID: fmt.Sprintf("bench-lib-%d", i+1), Workers: workers,
+			Queues: map[string]leasehold.QueueConfig{"default": {MaxWorkers: c.Workers}},
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := cl.Start(ctx); err != nil {
+			return nil, err
+		}
+		clients = append(clients, cl)
+	}
+	lat := make([]time.Duration, 0, c.Samples)
+	for range c.Samples {
+		sent := time.Now()
+		res, err := clients[0].Insert(ctx, noop{}, nil)
+		if err != nil {
+			return nil, err
+		}
+		from := sent.Add(time.Since(sent) / 2)
+		if err := await(ctx, started, res.Task.ID); err != nil {
+			return nil, err
+		}
+		lat = append(lat, time.Since(from))
+	}
+	return lat, nil
+}
