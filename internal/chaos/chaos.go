@@ -39,6 +39,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/checker"
+	"github.com/leasehold/leasehold/internal/frontdoor"
 	"github.com/leasehold/leasehold/internal/localpg"
 	"github.com/leasehold/leasehold/internal/supervise"
 	"github.com/leasehold/leasehold/schema"
@@ -224,11 +225,19 @@ type soak struct {
 	pool     *pgxpool.Pool // the soak's own connections, for measurements and the end
 	sup      *supervise.Supervisor
 	replicas []*replica
+	apps     []*replica // the applications on the library (app.go), faulted alike
 	client   *http.Client
+	// doorURL is the front door over the replicas' REST API, for the remote
+	// application: a replica's port changes with each restart.
+	doorURL  string
+	backends []*frontdoor.Backend
 
 	mu      sync.Mutex // guards what follows, written by the faults and the load
 	report  Report
 	created []int64 // ids of the tasks the soak created, answered 201
+	// appCreated are those of the applications' kinds; appStats, what became of them.
+	appCreated []int64
+	appStats   AppStats
 	grants  []grant // the lease clients' acquisitions
 }
 
@@ -275,6 +284,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if _, err := schema.Migrate(ctx, pool); err != nil {
 		return nil, fmt.Errorf("chaos: migrate: %w", err)
 	}
+	if _, err := pool.Exec(ctx, ordersTable); err != nil {
+		return nil, fmt.Errorf("chaos: the embedded application's table: %w", err)
+	}
 	s.log.Info().Str("url", redact(cluster.URL())).Uint64("seed", opts.Seed).
 		Msgf("chaos: fresh database on PostgreSQL cluster %q; seed %d", opts.Cluster, opts.Seed)
 	return s.run(ctx)
@@ -297,7 +309,20 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 		r := &replica{name: "replica-" + string(rune('a'+i)), exited: make(chan struct{})}
 		close(r.exited) // not started yet
 		s.replicas = append(s.replicas, r)
-		children[i] = s.child(r)
+		b := frontdoor.NewBackend(r.name, "")
+		s.backends = append(s.backends, b)
+		children[i] = s.child(r, b)
+	}
+	door, err := s.startFrontDoor()
+	if err != nil {
+		return nil, err
+	}
+	defer door.Close()
+	for _, name := range []string{AppEmbedded, AppRemote} {
+		r := &replica{name: name, exited: make(chan struct{})}
+		close(r.exited)
+		s.apps = append(s.apps, r)
+		children = append(children, s.appChild(r))
 	}
 	supCtx, stopReplicas := context.WithCancel(context.WithoutCancel(ctx))
 	supDone := make(chan error, 1)
@@ -323,6 +348,8 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	var wg sync.WaitGroup
 	wg.Go(func() { s.injectFaults(ctx, phase.Done()) })
 	wg.Go(func() { s.createTasks(phase) })
+	wg.Go(func() { s.createAppTasks(phase) })
+	wg.Go(func() { s.controlTasks(phase) })
 	for i := range leaseClients {
 		wg.Go(func() { s.leaseClient(phase, i) })
 	}
@@ -353,6 +380,9 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 
 	if err := s.countTasks(endCtx); err != nil {
 		s.problem("count the tasks: %v", err)
+	}
+	if err := s.checkApps(endCtx); err != nil {
+		s.problem("check the applications' tasks: %v", err)
 	}
 	s.checkGrants()
 	checkCtx, cancel := context.WithTimeout(endCtx, checkTimeout)
@@ -434,19 +464,21 @@ func (s *soak) drain(ctx context.Context) bool {
 func (s *soak) countTasks(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var done, dead, unfinished, generated int
+	var done, dead, cancelled, unfinished, generated int
 	err := s.pool.QueryRow(ctx, `
 		SELECT count(*) FILTER (WHERE state = 'done'),
 		       count(*) FILTER (WHERE state = 'dead'),
+		       count(*) FILTER (WHERE state = 'cancelled'),
 		       count(*) FILTER (WHERE state IN ('pending', 'running')),
 		       count(*) FILTER (WHERE generator_fence IS NOT NULL)
-		FROM tasks`).Scan(&done, &dead, &unfinished, &generated)
+		FROM tasks`).Scan(&done, &dead, &cancelled, &unfinished, &generated)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.report.TasksDone, s.report.TasksDead, s.report.TasksUnfinished, s.report.TasksGenerated = done, dead, unfinished, generated
+	s.report.TasksCancelled = cancelled
 	s.report.TasksCreated = len(s.created)
 	return nil
 }

@@ -85,7 +85,7 @@ func (s *soak) inject(ctx context.Context, rng *rand.Rand, kind Kind) (Fault, bo
 // pickVictim returns a running replica at random; with busy, one running tasks if any is.
 func (s *soak) pickVictim(ctx context.Context, rng *rand.Rand, busy bool) *replica {
 	var running []*replica
-	for _, r := range s.replicas {
+	for _, r := range s.members() {
 		if r.running() != "" {
 			running = append(running, r)
 		}

@@ -12,11 +12,13 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/frontdoor"
 	"github.com/leasehold/leasehold/internal/supervise"
 )
 
@@ -65,7 +67,7 @@ func (r *replica) lastExit() error {
 
 // child is r for the supervisor: "leasehold serve" on a free port of 127.0.0.1 (a new one at
 // each start) with the simulated faults on, the soak's TTL and the database by environment.
-func (s *soak) child(r *replica) supervise.Child {
+func (s *soak) child(r *replica, b *frontdoor.Backend) supervise.Child {
 	var addr string // of the start under way; Command, Started and Exited run one at a time
 	return supervise.Child{
 		Name: r.name,
@@ -99,6 +101,47 @@ func (s *soak) child(r *replica) supervise.Child {
 			defer r.mu.Unlock()
 			r.addr, r.started = addr, time.Now()
 			r.exited = make(chan struct{})
+			b.SetAddr(addr)
+		},
+		Exited: func(err error) {
+			b.SetAddr("")
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.addr, r.exitErr = "", err
+			close(r.exited)
+		},
+	}
+}
+
+// appChild is an application of the soak (app.go) for the supervisor: "leasehold
+// chaos-app", on the database (embedded) or on the front door (remote).
+func (s *soak) appChild(r *replica) supervise.Child {
+	var addr string
+	return supervise.Child{
+		Name: r.name,
+		Command: func() (*exec.Cmd, error) {
+			port, err := freePort()
+			if err != nil {
+				return nil, err
+			}
+			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			args := []string{"chaos-app", "--name", r.name, "--addr", addr,
+				"--task-ttl", s.opts.LeaseTTL.String(), "--shutdown-grace", shutdownGrace.String()}
+			env := environWithout(os.Environ(), "DATABASE_URL", "LEASEHOLD_")
+			if r.name == AppEmbedded {
+				env = append(env, "DATABASE_URL="+s.cluster.URL())
+			} else {
+				args = append(args, "--url", s.doorURL)
+			}
+			cmd := exec.Command(s.opts.Binary, args...)
+			cmd.Env = env
+			return cmd, nil
+		},
+		Started: func(int) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.addr, r.started = addr, time.Now()
+			r.exited = make(chan struct{})
 		},
 		Exited: func(err error) {
 			r.mu.Lock()
@@ -108,6 +151,21 @@ func (s *soak) child(r *replica) supervise.Child {
 		},
 	}
 }
+
+// startFrontDoor serves the front door over the replicas on a port of 127.0.0.1.
+func (s *soak) startFrontDoor() (*http.Server, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("chaos: the front door: %w", err)
+	}
+	s.doorURL = "http://" + ln.Addr().String()
+	srv := &http.Server{Handler: frontdoor.New(s.backends, s.log), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return srv, nil
+}
+
+// members are the supervised processes: the replicas, then the applications.
+func (s *soak) members() []*replica { return append(slices.Clone(s.replicas), s.apps...) }
 
 // environWithout returns env without the variables whose names start with one of prefixes.
 func environWithout(env []string, prefixes ...string) []string {
@@ -144,14 +202,14 @@ func (s *soak) waitReady(ctx context.Context) error {
 	defer tick.Stop()
 	ready := map[string]bool{}
 	for {
-		for _, r := range s.replicas {
+		for _, r := range s.members() {
 			if addr := r.running(); addr != "" && !ready[r.name] {
 				status, err := s.call(ctx, addr, http.MethodGet, "/readyz", nil, nil)
 				ready[r.name] = err == nil && status == http.StatusOK
 			}
 		}
-		if len(ready) == len(s.replicas) && !containsFalse(ready) {
-			s.log.Info().Int("replicas", len(s.replicas)).Msg("chaos: every replica is ready")
+		if len(ready) == len(s.members()) && !containsFalse(ready) {
+			s.log.Info().Int("replicas", len(s.replicas)).Int("applications", len(s.apps)).Msg("chaos: every replica and application is ready")
 			return nil
 		}
 		select {

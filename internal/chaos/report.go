@@ -62,9 +62,13 @@ type Report struct {
 	TasksGenerated  int // by the generator
 	TasksDone       int
 	TasksDead       int
+	TasksCancelled  int  // by the soak's operator (controlTasks)
 	TasksUnfinished int  // still pending or running at the end
 	Drained         bool // every task finished before the replicas were stopped
 	LeaseGrants     int  // acquisitions (201) by the soak's lease clients
+
+	// Apps is what became of the tasks of the applications on the library.
+	Apps AppStats
 
 	// Reclaim is the longest wait from a kill -9 to a task the victim was running being
 	// claimed again; Release, from a SIGTERM to the last of the victim's leases being free.
@@ -139,6 +143,14 @@ func (r *Report) summary() [][2]string {
 		{"PostgreSQL down", fmt.Sprintf("%v in %d restart(s)", round(r.DBDown), r.DBRestarts)},
 		{"tasks done", fmt.Sprint(r.TasksDone)},
 		{"tasks dead", fmt.Sprint(r.TasksDead)},
+		{"tasks cancelled (by the soak's operator)", fmt.Sprint(r.TasksCancelled)},
+		{"applications on the library", fmt.Sprintf("%s (embedded on a pool) and %s (remote, over REST), %d workers each",
+			AppEmbedded, AppRemote, appWorkers)},
+		{"their tasks done", fmt.Sprintf("%s %d, %s %d; by %s %d, by %s %d; %d after a snooze, %d after a failed attempt",
+			KindDigest, r.Apps.Done[KindDigest], KindFlaky, r.Apps.Done[KindFlaky],
+			AppEmbedded, r.Apps.DoneBy[AppEmbedded], AppRemote, r.Apps.DoneBy[AppRemote], r.Apps.Snoozed, r.Apps.Failed)},
+		{"their tasks cancelled / retried / dead", fmt.Sprintf("%d / %d / %d", r.Apps.Cancelled, r.Apps.Retried, r.Apps.Dead)},
+		{"orders inserted with their task in one transaction", fmt.Sprint(r.Apps.Orders)},
 		{"tasks generated", fmt.Sprint(r.TasksGenerated)},
 		{"tasks created over the API (201)", fmt.Sprint(r.TasksCreated)},
 		{"queue drained", drained},

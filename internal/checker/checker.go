@@ -37,9 +37,9 @@
 //     release, a renewal after the expiry was announced), or a task attempt
 //     of no known outcome.
 //   - RuleTaskUnfinished, RuleTaskLost, RuleTaskCompletion,
-//     RuleTaskReclaimed: every task ends done or dead, none is lost, a
-//     completion ends the task's live lease, and a finished task is never
-//     leased again (§5.3).
+//     RuleTaskReclaimed: every task ends done, dead or cancelled (by
+//     someone who asked), none is lost, a completion ends the task's live
+//     lease, and a finished task is never leased again (§5.3).
 //   - RuleGeneratorFence: every generated task was inserted inside the
 //     generator interval of its fence (§5.4).
 //   - RuleExpiryLate, RuleExpiryEarly: while a reaper ran, an expiry is

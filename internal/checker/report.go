@@ -38,10 +38,12 @@ type Report struct {
 	Expiries          int
 	ExpiriesJudged    int
 	ExpiriesNotJudged int
-	// TasksDone, TasksDead and TasksOther count the tasks by state.
-	TasksDone  int
-	TasksDead  int
-	TasksOther int
+	// TasksDone, TasksDead, TasksCancelled and TasksOther count the tasks
+	// by state.
+	TasksDone      int
+	TasksDead      int
+	TasksCancelled int
+	TasksOther     int
 	// Generated are the tasks inserted by the generator.
 	Generated  int
 	Violations []Violation
@@ -61,7 +63,8 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(bw, "lease events %d, resources %d, acquisitions %d (task attempts %d)\n",
 		r.Events, r.Resources, r.Acquisitions, r.TaskAttempts)
 	fmt.Fprintf(bw, "expiries %d: judged %d, not judged %d\n", r.Expiries, r.ExpiriesJudged, r.ExpiriesNotJudged)
-	fmt.Fprintf(bw, "tasks: done %d, dead %d, other %d; generated %d\n", r.TasksDone, r.TasksDead, r.TasksOther, r.Generated)
+	fmt.Fprintf(bw, "tasks: done %d, dead %d, cancelled %d, other %d; generated %d\n",
+		r.TasksDone, r.TasksDead, r.TasksCancelled, r.TasksOther, r.Generated)
 	if r.OK() {
 		fmt.Fprintln(bw, "no violations")
 		return bw.Flush()

@@ -49,7 +49,7 @@ const (
 	// earlier_attempts with no known outcome. Such a record is not applied
 	// to any interval (the attempt's fence still counts for RuleFenceReused).
 	RuleOrphanEvent = "orphan-event"
-	// RuleTaskUnfinished: a task is neither done nor dead, and
+	// RuleTaskUnfinished: a task is neither done, dead nor cancelled, and
 	// Options.AllowUnfinished is false.
 	RuleTaskUnfinished = "task-unfinished"
 	// RuleTaskLost: an id of Options.ExpectedTasks has no task.
@@ -413,6 +413,9 @@ func (v *verifier) task(t Task) {
 	case task.StateDead:
 		v.rep.TasksDead++
 		v.checkReclaimed(t, ivs)
+	case task.StateCancelled:
+		v.rep.TasksCancelled++
+		v.checkReclaimed(t, ivs)
 	default:
 		v.rep.TasksOther++
 		if !v.opts.AllowUnfinished {
@@ -448,7 +451,9 @@ func (v *verifier) taskIntervals(t Task) []interval {
 			a := t.Attempts[i]
 			iv = interval{resource: resource, holder: a.Processor, fence: a.Fence, attempt: i + 1, start: a.StartedAt, expires: a.ExpiresAt}
 			switch a.Outcome {
-			case task.OutcomeFailed, task.OutcomeRequeued:
+			case task.OutcomeFailed, task.OutcomeRequeued, task.OutcomeSnoozed, task.OutcomeCancelled:
+				// Ended by its holder (failed, handed back, snoozed) or revoked
+				// by a cancellation: released then.
 				iv.released = a.EndedAt
 			case task.OutcomeExpired:
 				iv.announced = a.EndedAt
@@ -487,7 +492,11 @@ func (v *verifier) taskIntervals(t Task) []interval {
 
 // knownOutcome reports whether outcome is one an attempt may end with.
 func knownOutcome(outcome string) bool {
-	return outcome == task.OutcomeFailed || outcome == task.OutcomeRequeued || outcome == task.OutcomeExpired
+	switch outcome {
+	case task.OutcomeFailed, task.OutcomeRequeued, task.OutcomeExpired, task.OutcomeSnoozed, task.OutcomeCancelled:
+		return true
+	}
+	return false
 }
 
 // hasCurrent reports whether t's columns hold an attempt of their own: t

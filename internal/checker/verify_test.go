@@ -135,7 +135,18 @@ func clean() (*history, checker.Options) {
 		CreatedAt: ms(2000), ProcessedAt: ms(2200),
 		Attempts: []task.Attempt{attempt("w2", 100, 2100, 32100, 2200, task.OutcomeFailed)}})
 
-	return h, checker.Options{ExpectedTasks: []int64{1, 2, 3}}
+	// Task 6: snoozed by its handler, then run again and completed.
+	h.tasks = append(h.tasks, checker.Task{ID: 6, State: task.StateDone,
+		Processor: "w1", Fence: 140, StartedAt: ms(3300), ExpiresAt: ms(33300),
+		CreatedAt: ms(2900), ProcessedAt: ms(3400),
+		Attempts: []task.Attempt{attempt("w1", 130, 3000, 33000, 3100, task.OutcomeSnoozed)}})
+	// Task 7: cancelled while w2 ran it, which revoked its lease.
+	h.tasks = append(h.tasks, checker.Task{ID: 7, State: task.StateCancelled,
+		Processor: "w2", Fence: 150, StartedAt: ms(3500),
+		CreatedAt: ms(3450), ProcessedAt: ms(3600),
+		Attempts: []task.Attempt{attempt("w2", 150, 3500, 33500, 3600, task.OutcomeCancelled)}})
+
+	return h, checker.Options{ExpectedTasks: []int64{1, 2, 3, 6, 7}}
 }
 
 // running is a hand-made task running under w3's lease [started, expires).
@@ -160,8 +171,8 @@ func TestVerifyClean(t *testing.T) {
 		t.Fatalf("violations in a clean history: %v", rep.Violations)
 	}
 	want := checker.Report{
-		ReadAt: ms(20000), Events: len(h.events), Resources: 6, Acquisitions: 11, TaskAttempts: 5,
-		Expiries: 3, ExpiriesJudged: 3, TasksDone: 2, TasksDead: 1, Generated: 1,
+		ReadAt: ms(20000), Events: len(h.events), Resources: 8, Acquisitions: 14, TaskAttempts: 8,
+		Expiries: 3, ExpiriesJudged: 3, TasksDone: 3, TasksDead: 1, TasksCancelled: 1, Generated: 1,
 	}
 	if !reflect.DeepEqual(*rep, want) {
 		t.Errorf("report = %+v, want %+v", *rep, want)
@@ -266,8 +277,8 @@ func TestVerifyViolations(t *testing.T) {
 		},
 		want: []string{checker.RuleTaskCompletion},
 		check: func(t *testing.T, rep *checker.Report) {
-			if rep.TaskAttempts != 4 {
-				t.Errorf("TaskAttempts = %d, want 4", rep.TaskAttempts)
+			if rep.TaskAttempts != 7 {
+				t.Errorf("TaskAttempts = %d, want 7", rep.TaskAttempts)
 			}
 		},
 	}, {
@@ -303,6 +314,13 @@ func TestVerifyViolations(t *testing.T) {
 		},
 		want: []string{checker.RuleTaskReclaimed},
 	}, {
+		name: "a cancelled task leased again",
+		mutate: func(t *testing.T, h *history, _ *checker.Options) {
+			tk := h.task(t, 7) // cancelled at 3600 with fence 150
+			tk.Attempts = append(tk.Attempts, attempt("w3", 160, 3700, 33700, 3800, task.OutcomeFailed))
+		},
+		want: []string{checker.RuleTaskReclaimed},
+	}, {
 		name: "a lost expected task",
 		mutate: func(t *testing.T, _ *history, opts *checker.Options) {
 			opts.ExpectedTasks = append(opts.ExpectedTasks, 4)
@@ -324,8 +342,8 @@ func TestVerifyViolations(t *testing.T) {
 			opts.AllowUnfinished = true
 		},
 		check: func(t *testing.T, rep *checker.Report) {
-			if rep.TasksOther != 2 || rep.TaskAttempts != 7 {
-				t.Errorf("TasksOther = %d, TaskAttempts = %d; want 2 and 7", rep.TasksOther, rep.TaskAttempts)
+			if rep.TasksOther != 2 || rep.TaskAttempts != 10 {
+				t.Errorf("TasksOther = %d, TaskAttempts = %d; want 2 and 10", rep.TasksOther, rep.TaskAttempts)
 			}
 		},
 	}, {
@@ -479,7 +497,7 @@ func TestWriteText(t *testing.T) {
 	if err := checker.Verify(h.History(), opts).WriteText(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"acquisitions 11 (task attempts 5)", "expiries 3: judged 3, not judged 0", "done 2, dead 1", "no violations"} {
+	for _, want := range []string{"acquisitions 14 (task attempts 8)", "expiries 3: judged 3, not judged 0", "done 3, dead 1, cancelled 1", "no violations"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("clean report lacks %q:\n%s", want, b.String())
 		}
