@@ -5,6 +5,7 @@ package examples_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -230,5 +231,45 @@ func TestSignup(t *testing.T) {
 	}
 	if len(runBy) < 2 {
 		t.Errorf("nightly runs under %d fences; want the leader's and its successor's", len(runBy))
+	}
+}
+
+// TestHello runs the README's "Use it from Go", checking first that the
+// README shows hello's code as it is.
+func TestHello(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile(filepath.Join("hello", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(src), "// README begins\n")
+	excerpt, _, ok2 := strings.Cut(rest, "// README ends\n")
+	if !ok || !ok2 {
+		t.Fatal("hello/main.go has lost its README markers")
+	}
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if block := "```go\n" + strings.TrimSpace(excerpt) + "\n```\n"; !strings.Contains(string(readme), block) {
+		t.Errorf("README.md does not show examples/hello/main.go between its README markers as it is; copy it over:\n%s", block)
+	}
+
+	bin := build(t, "hello")
+	db := pgtest.New(t)
+	ctx, cancel := context.WithTimeout(t.Context(), giveUp)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+db.URL)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("hello: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(string(out), "hello, world (attempt 1, fence ") {
+		t.Errorf("hello printed %q", out)
+	}
+	var state string
+	if err := db.Pool.QueryRow(t.Context(), `SELECT state FROM tasks WHERE kind = 'hello'`).Scan(&state); err != nil || state != "done" {
+		t.Errorf("the hello task is %q (%v), want done", state, err)
 	}
 }

@@ -16,7 +16,7 @@ import (
 // batches of 100 (one insert, one claim and one CompleteMany statement per batch),
 // as a replica with 100 idle workers does; for benchstat:
 //
-//	go test -run '^$' -bench ClaimCompleteBatch -count 6 ./internal/task/
+//	go test -run '^$' -bench ClaimCompleteBatch -count 6 ./internal/taskstore/
 func BenchmarkClaimCompleteBatch(b *testing.B) {
 	const batch = 100
 	ctx := context.Background()
