@@ -54,7 +54,6 @@ CREATE INDEX tasks_cancelled_idx ON tasks (processed_at DESC, id DESC) WHERE sta
 -- with ("error": the failure's, the cancellation's reason, or null), and
 -- the outcomes are: "expired", "failed", "requeued" (handed back),
 -- "snoozed" (the handler asked to run again later) and "cancelled".
-DROP FUNCTION task_attempt(tasks, text);
 CREATE FUNCTION task_attempt(t tasks, outcome text, error text) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_array(jsonb_build_object(
@@ -65,6 +64,13 @@ LANGUAGE sql STABLE AS $$
         'ended_at', now(),
         'outcome', outcome,
         'error', error))
+$$;
+
+-- The two-argument form stays for the replicas of the previous release,
+-- which run beside the new ones during a rolling upgrade (docs/operations.md).
+CREATE OR REPLACE FUNCTION task_attempt(t tasks, outcome text) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT task_attempt(t, outcome, NULL)
 $$;
 
 -- tasks_changed as in schema/0009, and besides:
@@ -406,7 +412,31 @@ BEGIN
 END;
 $$;
 
-DROP FUNCTION tasks_due(integer);
+-- tasks_due is the claim of the previous release's replicas (schema/0010),
+-- which run beside the new ones during a rolling upgrade: they run only the
+-- demo's kind, so it now gives them only that kind's due tasks of the
+-- default queue at priority 0 (one branch of tasks_claim_idx, in order),
+-- never a task of a kind they cannot run.
+CREATE OR REPLACE FUNCTION tasks_due(max_tasks integer)
+RETURNS TABLE (id bigint, scheduled_at timestamptz)
+LANGUAGE plpgsql VOLATILE
+ROWS 10
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET enable_sort = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT c.id, c.scheduled_at FROM tasks AS c
+    WHERE c.state = 'pending' AND c.queue = 'default' AND c.kind = 'sleep' AND c.priority = 0
+      AND c.scheduled_at <= now()
+    ORDER BY c.scheduled_at, c.id
+    LIMIT max_tasks
+    FOR UPDATE SKIP LOCKED;
+END;
+$$;
 
 -- Retention prunes cancelled tasks as it prunes done and dead ones
 -- (prune_tasks as in schema/0007 otherwise).
@@ -768,7 +798,7 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION tasks_due(max_tasks integer)
+CREATE OR REPLACE FUNCTION tasks_due(max_tasks integer)
 RETURNS TABLE (id bigint, scheduled_at timestamptz)
 LANGUAGE plpgsql VOLATILE
 ROWS 10
@@ -788,8 +818,7 @@ BEGIN
 END;
 $$;
 
-DROP FUNCTION task_attempt(tasks, text, text);
-CREATE FUNCTION task_attempt(t tasks, outcome text) RETURNS jsonb
+CREATE OR REPLACE FUNCTION task_attempt(t tasks, outcome text) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_array(jsonb_build_object(
         'processor', t.processor,
@@ -799,6 +828,7 @@ LANGUAGE sql STABLE AS $$
         'ended_at', now(),
         'outcome', outcome))
 $$;
+DROP FUNCTION task_attempt(tasks, text, text);
 
 DROP INDEX tasks_cancelled_idx;
 DROP INDEX tasks_filter_idx;

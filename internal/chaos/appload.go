@@ -138,14 +138,14 @@ func (s *soak) checkApps(ctx context.Context) error {
 	}
 	for rows.Next() {
 		var (
-			id                      int64
-			kind, state, processor  string
-			data, output, attempts  []byte
-			history                 []struct{ Outcome string }
-			digestArgs              DigestArgs
-			flakyArgs               FlakyArgs
-			digestOut               struct{ Digest string }
-			flakyOut                struct {
+			id                     int64
+			kind, state, processor string
+			data, output, attempts []byte
+			history                []struct{ Outcome string }
+			digestArgs             DigestArgs
+			flakyArgs              FlakyArgs
+			digestOut              struct{ Digest string }
+			flakyOut               struct {
 				SleptMS int `json:"slept_ms"`
 				Attempt int `json:"attempt"`
 			}

@@ -238,7 +238,7 @@ type soak struct {
 	// appCreated are those of the applications' kinds; appStats, what became of them.
 	appCreated []int64
 	appStats   AppStats
-	grants  []grant // the lease clients' acquisitions
+	grants     []grant // the lease clients' acquisitions
 }
 
 // Run runs a soak and returns its report. It returns an error, and no report, only when the
