@@ -239,22 +239,9 @@ func safeKind(args TaskArgs) (kind string, err error) {
 
 // Get returns the task, task.ErrNotFound when there is none.
 func (c *Client) Get(ctx context.Context, id int64) (*task.Task, error) {
-	if id < 1 {
-		return nil, fmt.Errorf("%w: task id %d is not positive", ErrInvalidArgument, id)
-	}
-	var (
-		t   task.Task
-		err error
-	)
-	if c.store != nil {
-		t, err = c.store.Get(ctx, id)
-	} else {
-		t, err = restTasks{c: c.rest}.Get(ctx, id)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &t, nil
+	return c.onTask(id,
+		func(s *taskstore.Store) (task.Task, error) { return s.Get(ctx, id) },
+		func(r restTasks) (task.Task, error) { return r.Get(ctx, id) })
 }
 
 // Cancel cancels a pending or running task, with reason as its last error
@@ -265,25 +252,12 @@ func (c *Client) Get(ctx context.Context, id int64) (*task.Task, error) {
 // task.ErrNotCancellable when the task is done, dead or cancelled already;
 // task.ErrNotFound when there is none.
 func (c *Client) Cancel(ctx context.Context, id int64, reason string) (*task.Task, error) {
-	if id < 1 {
-		return nil, fmt.Errorf("%w: task id %d is not positive", ErrInvalidArgument, id)
-	}
 	if reason == "" {
 		reason = "cancelled"
 	}
-	var (
-		t   task.Task
-		err error
-	)
-	if c.store != nil {
-		t, err = c.store.Cancel(ctx, id, reason)
-	} else {
-		t, err = restTasks{c: c.rest}.cancel(ctx, id, reason)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &t, nil
+	return c.onTask(id,
+		func(s *taskstore.Store) (task.Task, error) { return s.Cancel(ctx, id, reason) },
+		func(r restTasks) (task.Task, error) { return r.cancel(ctx, id, reason) })
 }
 
 // Retry puts a dead or cancelled task back in the queue, due now, with a
@@ -291,6 +265,14 @@ func (c *Client) Cancel(ctx context.Context, id int64, reason string) (*task.Tas
 // task.ErrNotRetryable when it is neither; task.ErrUniqueKeyTaken when
 // another task of its kind now holds its unique key; task.ErrNotFound.
 func (c *Client) Retry(ctx context.Context, id int64) (*task.Task, error) {
+	return c.onTask(id,
+		func(s *taskstore.Store) (task.Task, error) { return s.Retry(ctx, id) },
+		func(r restTasks) (task.Task, error) { return r.retry(ctx, id) })
+}
+
+// onTask makes a call about task id: on the store when the client has a
+// pool, over REST otherwise.
+func (c *Client) onTask(id int64, onStore func(*taskstore.Store) (task.Task, error), onREST func(restTasks) (task.Task, error)) (*task.Task, error) {
 	if id < 1 {
 		return nil, fmt.Errorf("%w: task id %d is not positive", ErrInvalidArgument, id)
 	}
@@ -299,9 +281,9 @@ func (c *Client) Retry(ctx context.Context, id int64) (*task.Task, error) {
 		err error
 	)
 	if c.store != nil {
-		t, err = c.store.Retry(ctx, id)
+		t, err = onStore(c.store)
 	} else {
-		t, err = restTasks{c: c.rest}.retry(ctx, id)
+		t, err = onREST(restTasks{c: c.rest})
 	}
 	if err != nil {
 		return nil, err

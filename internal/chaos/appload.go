@@ -35,19 +35,7 @@ func (s *soak) createAppTasks(ctx context.Context) {
 		Kind     string `json:"kind"`
 		TaskData any    `json:"task_data"`
 	}
-	var created []struct {
-		ID int64 `json:"id"`
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(200*time.Millisecond + jitter(rng, 400*time.Millisecond)):
-		}
-		addr := s.anyReplica(rng.IntN(len(s.replicas)))
-		if addr == "" {
-			continue
-		}
+	s.postTasks(ctx, rng, 200*time.Millisecond, func() any {
 		batch := make([]body, 1+rng.IntN(maxBatch))
 		for i := range batch {
 			if rng.IntN(2) == 0 {
@@ -57,18 +45,8 @@ func (s *soak) createAppTasks(ctx context.Context) {
 				batch[i] = body{Kind: KindFlaky, TaskData: FlakyArgs{SleepMS: rng.IntN(800), FailFirst: rng.IntN(3) == 0}}
 			}
 		}
-		created = created[:0]
-		status, err := s.call(ctx, addr, http.MethodPost, "/api/tasks", batch, &created)
-		if err != nil || status != http.StatusCreated {
-			continue
-		}
-		s.mu.Lock()
-		for _, t := range created {
-			s.created = append(s.created, t.ID)
-			s.appCreated = append(s.appCreated, t.ID)
-		}
-		s.mu.Unlock()
-	}
+		return batch
+	}, &s.appCreated)
 }
 
 // controlTasks is an operator at work: now and then it cancels one of the applications'

@@ -34,6 +34,19 @@ func (s *soak) createTasks(ctx context.Context) {
 			Sleep float64 `json:"sleep_duration_seconds"`
 		} `json:"task_data"`
 	}
+	s.postTasks(ctx, rng, 250*time.Millisecond, func() any {
+		batch := make([]taskBody, 1+rng.IntN(maxBatch))
+		for i := range batch {
+			batch[i].TaskData.Sleep = float64(rng.Int64N(int64(maxTaskSleep/time.Millisecond))) / 1000
+		}
+		return batch
+	}, nil)
+}
+
+// postTasks posts a batch of tasks from next to a random replica every every to 3×every
+// until ctx ends, and adds the ids of those answered 201 to s.created (and to also, when
+// not nil), under s.mu.
+func (s *soak) postTasks(ctx context.Context, rng *rand.Rand, every time.Duration, next func() any, also *[]int64) {
 	var created []struct {
 		ID int64 `json:"id"`
 	}
@@ -41,24 +54,23 @@ func (s *soak) createTasks(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(250*time.Millisecond + jitter(rng, 500*time.Millisecond)):
+		case <-time.After(every + jitter(rng, 2*every)):
 		}
 		addr := s.anyReplica(rng.IntN(len(s.replicas)))
 		if addr == "" {
 			continue
 		}
-		batch := make([]taskBody, 1+rng.IntN(maxBatch))
-		for i := range batch {
-			batch[i].TaskData.Sleep = float64(rng.Int64N(int64(maxTaskSleep/time.Millisecond))) / 1000
-		}
 		created = created[:0]
-		status, err := s.call(ctx, addr, http.MethodPost, "/api/tasks", batch, &created)
+		status, err := s.call(ctx, addr, http.MethodPost, "/api/tasks", next(), &created)
 		if err != nil || status != http.StatusCreated {
 			continue
 		}
 		s.mu.Lock()
 		for _, t := range created {
 			s.created = append(s.created, t.ID)
+			if also != nil {
+				*also = append(*also, t.ID)
+			}
 		}
 		s.mu.Unlock()
 	}

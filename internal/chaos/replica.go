@@ -97,20 +97,30 @@ func (s *soak) child(r *replica, b *frontdoor.Backend) supervise.Child {
 			return cmd, nil
 		},
 		Started: func(int) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.addr, r.started = addr, time.Now()
-			r.exited = make(chan struct{})
+			r.start(addr)
 			b.SetAddr(addr)
 		},
 		Exited: func(err error) {
 			b.SetAddr("")
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.addr, r.exitErr = "", err
-			close(r.exited)
+			r.exit(err)
 		},
 	}
+}
+
+// start records that a process of r started, listening on addr.
+func (r *replica) start(addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.addr, r.started = addr, time.Now()
+	r.exited = make(chan struct{})
+}
+
+// exit records that r's process exited with err.
+func (r *replica) exit(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.addr, r.exitErr = "", err
+	close(r.exited)
 }
 
 // appChild is an application of the soak (app.go) for the supervisor: "leasehold
@@ -137,18 +147,8 @@ func (s *soak) appChild(r *replica) supervise.Child {
 			cmd.Env = env
 			return cmd, nil
 		},
-		Started: func(int) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.addr, r.started = addr, time.Now()
-			r.exited = make(chan struct{})
-		},
-		Exited: func(err error) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.addr, r.exitErr = "", err
-			close(r.exited)
-		},
+		Started: func(int) { r.start(addr) },
+		Exited:  r.exit,
 	}
 }
 
