@@ -164,9 +164,8 @@ CREATE FUNCTION task_branches(want_queues text[], want_kinds text[],
 RETURNS TABLE (queue text, kind text, priority smallint, after_at timestamptz, after_id bigint)
 LANGUAGE plpgsql STABLE
 ROWS 4
-SET enable_bitmapscan = off
-SET enable_seqscan = off
-SET jit = off
+-- No SET clauses: its callers (tasks_claimable, tasks_next_due) have them,
+-- and a function's own cost a claim a save and a restore of each setting.
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -175,6 +174,7 @@ DECLARE
     cur_q       text;
     cur_k       text;
     i           integer;
+    j           integer;
     cursor_p    integer;
     known_p     smallint;
     known_at    timestamptz;
@@ -210,9 +210,19 @@ BEGIN
             SELECT wqs.q, ks.v FROM ks WHERE ks.v IS NOT NULL
         ) AS p (q, k);
     ELSE
-        SELECT array_agg(p.q ORDER BY p.q, p.k), array_agg(p.k ORDER BY p.q, p.k)
-        INTO pair_queues, pair_kinds
-        FROM (SELECT DISTINCT wq, wk FROM unnest(want_queues) AS wq CROSS JOIN unnest(want_kinds) AS wk) AS p (q, k);
+        -- Every pair once, in plain PL/pgSQL: a statement here would cost
+        -- each claim more than the probes below (a claim of an idle
+        -- worker waits for it).
+        pair_queues := '{}';
+        pair_kinds := '{}';
+        FOR i IN 1 .. cardinality(want_queues) LOOP
+            CONTINUE WHEN array_position(want_queues, want_queues[i]) < i;
+            FOR j IN 1 .. cardinality(want_kinds) LOOP
+                CONTINUE WHEN array_position(want_kinds, want_kinds[j]) < j;
+                pair_queues := pair_queues || want_queues[i];
+                pair_kinds := pair_kinds || want_kinds[j];
+            END LOOP;
+        END LOOP;
     END IF;
 
     FOR i IN 1 .. coalesce(cardinality(pair_queues), 0) LOOP
@@ -220,15 +230,17 @@ BEGIN
         cur_k := pair_kinds[i];
         cursor_p := -32769; -- below every smallint
         LOOP
-            -- The next priority this claimer has a hint for, above the cursor.
-            SELECT h.p, h.at, h.id INTO known_p, known_at, known_id
-            FROM unnest(hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids) AS h (q, k, p, at, id)
-            WHERE h.q = cur_q AND h.k = cur_k AND h.p > cursor_p
-            ORDER BY h.p
-            LIMIT 1;
-            IF NOT FOUND THEN
-                known_p := NULL;
-            END IF;
+            -- The next priority this claimer has a hint for, above the cursor
+            -- (a loop, not a statement, for the same reason as above).
+            known_p := NULL;
+            FOR j IN 1 .. coalesce(cardinality(hint_queues), 0) LOOP
+                IF hint_queues[j] = cur_q AND hint_kinds[j] = cur_k AND hint_priorities[j] > cursor_p
+                   AND (known_p IS NULL OR hint_priorities[j] < known_p) THEN
+                    known_p := hint_priorities[j];
+                    known_at := hint_at[j];
+                    known_id := hint_ids[j];
+                END IF;
+            END LOOP;
             -- A branch below it (or above the cursor, when there is none):
             -- bounded by known_p, the probe stops there.
             SELECT t.priority INTO found_p FROM tasks AS t
