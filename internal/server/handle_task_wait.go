@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,169 +14,352 @@ import (
 	"github.com/leasehold/leasehold/task"
 )
 
-// claimWaiters is the replica's one registration as a waiter for inserted
-// tasks (schema/0008) on behalf of the claims that wait (wait_seconds):
-// inserts notify only while someone waits, so the first waiting claim
-// registers it and the last one to stop waiting unregisters it.
+// claimWaiters is the replica's dispatcher of the claims that wait
+// (POST /api/tasks/next with wait_seconds). A waiting request joins a group,
+// one per (kinds, queues) asked for, and one goroutine claims for all the
+// waiters of a group at once: one statement for every waiter, whatever
+// their number, each task handed to the waiter it was claimed for. It runs
+// while claims wait (and a moment after the last), woken by a new waiter,
+// by the NOTIFY of an insert or of a task put back, by a reconnect of the
+// listener, and when a task scheduled for later falls due; so hundreds of
+// idle waiters cost no statement, and an insert costs one claim per group,
+// not one per waiter. Its registration as a waiter for inserted tasks
+// (schema/0008) is what makes inserts notify while claims wait.
 type claimWaiters struct {
-	waiter *notify.Waiter
-	mu     sync.Mutex // held across Register and Unregister: one owner at a time
-	n      int        // claims waiting
+	waiter *notify.Waiter // nil without a listener
+
+	mu      sync.Mutex
+	groups  map[string]*waitGroup
+	n       int           // requests waiting
+	running bool          // the dispatcher runs
+	wake    chan struct{} // capacity 1: something changed
 }
+
+// waitGroup are the waiting claims of one (kinds, queues), in arrival order.
+type waitGroup struct {
+	kinds, queues []string
+	waiting       []*waitingClaim
+}
+
+// waitingClaim is one waiting request. reply gets its answer once, under
+// claimWaiters.mu, which also guards answered.
+type waitingClaim struct {
+	processor string
+	group     *waitGroup
+	reply     chan waitReply // capacity 1
+	answered  bool           // a reply was sent, or the request left
+}
+
+type waitReply struct {
+	task task.Task
+	err  error
+}
+
+// Tunables of the dispatcher.
+const (
+	// waitLinger is how long the dispatcher stays (registered, listening)
+	// after the last waiter left: a client that asks again at once, as
+	// workers do, costs no new registration.
+	waitLinger = 2 * time.Second
+	// waitStatement bounds each statement of the dispatcher.
+	waitStatement = 5 * time.Second
+)
 
 func newClaimWaiters(l *notify.Listener, instance string) *claimWaiters {
-	if l == nil {
-		return nil
+	c := &claimWaiters{groups: map[string]*waitGroup{}, wake: make(chan struct{}, 1)}
+	if l != nil {
+		c.waiter = l.Waiter(instance + "/api-claims")
 	}
-	return &claimWaiters{waiter: l.Waiter(instance + "/api-claims")}
+	return c
 }
 
-// join counts one more waiting claim and makes sure the registration holds
-// for the LISTEN session that is up: once it returns nil, a claim sees
-// every task whose insert did not notify.
-func (c *claimWaiters) join(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.n++
-	return c.waiter.Register(ctx)
+// groupKey names the group of a claim: its kinds and queues, as sets.
+func groupKey(kinds, queues []string) string {
+	k, q := slices.Clone(kinds), slices.Clone(queues)
+	slices.Sort(k)
+	slices.Sort(q)
+	return strings.Join(slices.Compact(k), "\x00") + "\x01" + strings.Join(slices.Compact(q), "\x00")
 }
 
-// registered re-registers after the listener reconnected (Register returns
-// at once while the registration holds).
-func (c *claimWaiters) registered(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.waiter.Register(ctx)
-}
-
-// leave counts one waiting claim less, unregistering after the last.
-func (c *claimWaiters) leave() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.n--
-	if c.n == 0 {
-		c.waiter.UnregisterWithin(context.Background(), time.Second)
-	}
-}
-
-// claimWaiting claims p for a request with wait_seconds: while nothing it
-// may take is due it waits, up to wait, woken by the NOTIFY of an insert or
-// of a task put back (and by a reconnect of the listener, after which it
-// registers again and looks), and claims again. Many waiting claims on
-// many replicas each get a different task (SKIP LOCKED); those that get
-// none wait on. The wait ends early, with nothing claimed, when the client
-// goes away (and a task claimed just then is handed back) or the replica
-// shuts down (503: another replica will answer).
-//
-// Scheduled tasks (a retry's backoff, scheduled_at in the future) are
+// claimWaiting claims p (one processor) for a request with wait_seconds:
+// it joins the dispatcher's group of its kinds and queues and waits, up to
+// wait, for the task claimed for it. When the wait runs out it answers
+// nothing (204). The wait ends early, with nothing claimed, when the client
+// goes away (a task claimed for it just then is handed back) or the replica
+// shuts down (errStopping: 503, for the client to ask another replica; the
+// front door or a Service sends it to one). Tasks scheduled for later are
 // waited for until they fall due, by the database clock.
 func claimWaiting(w http.ResponseWriter, r *http.Request, d Deps, p taskstore.ClaimParams, wait time.Duration) ([]task.Task, error) {
-	ctx, budget, stop := unbounded(r)
+	ctx, _, stop := unbounded(r)
 	defer stop()
 	deadline := time.Now().Add(wait)
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(deadline.Add(answerMargin))
 	_ = rc.SetWriteDeadline(deadline.Add(answerMargin))
+	select {
+	case <-d.Stopping:
+		return nil, errStopping
+	default:
+	}
 
-	bounded := func() (context.Context, context.CancelFunc) {
-		if budget > 0 {
-			return context.WithTimeout(ctx, budget)
-		}
-		return ctx, func() {}
-	}
-	// Subscribed before the registration and the first claim, so that
-	// nothing inserted after that claim goes unnoticed.
-	var sub *notify.Subscription
-	// proven: the registration holds and every insert that may have missed
-	// it has committed, so a claim from now on misses nothing that does not
-	// notify. Until then the waits are short, and registering is tried again.
-	proven := false
-	if d.Listener != nil {
-		sub = d.Listener.Subscribe(notify.ChannelTask, 16)
-		defer sub.Close()
-		rctx, cancel := bounded()
-		err := d.claimWaiters.join(rctx)
-		cancel()
-		defer d.claimWaiters.leave()
-		if err != nil && !errors.Is(err, notify.ErrNotListening) && !errors.Is(err, notify.ErrInsertsInFlight) {
-			return nil, err
-		}
-		proven = err == nil
-	}
-	for {
-		if sub != nil && !proven {
-			rctx, cancel := bounded()
-			proven = d.claimWaiters.registered(rctx) == nil
-			cancel()
-		}
-		cctx, cancel := bounded()
-		tasks, err := d.Tasks.Claim(cctx, p)
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		if len(tasks) > 0 {
-			if ctx.Err() != nil {
-				handBackAbandoned(d, tasks) // claimed as the client went away
-				return nil, ctx.Err()
-			}
-			return tasks, nil
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
+	c := d.claimWaiters
+	wc := c.join(d, p)
+	d.Log.Debug().Str("processor", p.Processors[0]).Strs("kinds", p.Kinds).Strs("queues", p.Queues).Dur("wait", wait).
+		Msg("claim waits for a task")
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case rep := <-wc.reply:
+		return answer(rep)
+	case <-timer.C:
+		if c.leave(wc) {
 			return nil, nil
 		}
-		// A task scheduled for later falls due by the database clock.
-		nctx, cancel := bounded()
-		asked := time.Now()
-		due, dbNow, err := d.Tasks.NextDue(nctx, p.Queues, p.Kinds)
-		cancel()
-		if err != nil {
-			return nil, err
+		return answer(<-wc.reply) // claimed for it as the wait ran out: take it
+	case <-ctx.Done():
+		if !c.leave(wc) {
+			if rep := <-wc.reply; rep.err == nil {
+				handBackAbandoned(d, []task.Task{rep.task}) // claimed as the client went away
+			}
 		}
-		untilDue := time.Until(due.Add(-dbNow.Sub(asked))) + 5*time.Millisecond
-		wait := min(left, max(untilDue, 10*time.Millisecond))
-		if !proven {
-			wait = min(wait, notify.BarrierWait)
-		}
-		resynced, err := waitForTasks(ctx, d, sub, wait)
-		if err != nil {
-			return nil, err
-		}
-		if resynced {
-			proven = false // registered again before the next claim
-		}
+		d.Log.Debug().Str("processor", wc.processor).Msg("claim stopped waiting: the client went away")
+		return nil, ctx.Err()
 	}
 }
 
-// waitForTasks waits up to d for a sign that a task may be claimable: an
-// insert or a task put back notified, or a resync of the listener (resynced:
-// the registration must be renewed). It returns ctx's error when ctx ends
-// first, errStopping when the replica shuts down first.
-func waitForTasks(ctx context.Context, d Deps, sub *notify.Subscription, wait time.Duration) (resynced bool, err error) {
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
+func answer(rep waitReply) ([]task.Task, error) {
+	if rep.err != nil {
+		return nil, rep.err
+	}
+	return []task.Task{rep.task}, nil
+}
+
+// join adds a waiting claim for p's processor, starting the dispatcher when
+// it is not running, and wakes it to claim for the newcomer.
+func (c *claimWaiters) join(d Deps, p taskstore.ClaimParams) *waitingClaim {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := groupKey(p.Kinds, p.Queues)
+	g := c.groups[key]
+	if g == nil {
+		g = &waitGroup{kinds: p.Kinds, queues: p.Queues}
+		c.groups[key] = g
+	}
+	wc := &waitingClaim{processor: p.Processors[0], group: g, reply: make(chan waitReply, 1)}
+	g.waiting = append(g.waiting, wc)
+	c.n++
+	if !c.running {
+		c.running = true
+		go c.run(d, p.TTL)
+	}
+	c.poke()
+	return wc
+}
+
+// leave takes a waiting claim out; false when it was answered already (its
+// reply is, or is about to be, in its channel).
+func (c *claimWaiters) leave(wc *waitingClaim) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if wc.answered {
+		return false
+	}
+	c.remove(wc)
+	if c.n == 0 {
+		c.poke() // the dispatcher may linger, then stop
+	}
+	return true
+}
+
+// remove takes wc out of its group; the caller holds mu.
+func (c *claimWaiters) remove(wc *waitingClaim) {
+	wc.answered = true
+	g := wc.group
+	g.waiting = slices.DeleteFunc(g.waiting, func(x *waitingClaim) bool { return x == wc })
+	c.n--
+}
+
+// poke wakes the dispatcher; the caller holds mu.
+func (c *claimWaiters) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// claimRound is what the dispatcher claims for one group in a round.
+type claimRound struct {
+	group      *waitGroup
+	processors []string
+}
+
+// run is the dispatcher: it claims for every group with waiters whenever
+// something may have made a task claimable, until no claim has waited for
+// waitLinger or the replica shuts down.
+func (c *claimWaiters) run(d Deps, ttl time.Duration) {
+	var sub *notify.Subscription
+	if d.Listener != nil {
+		// Subscribed before the registration and the first claim, so that
+		// nothing inserted after that claim goes unnoticed.
+		sub = d.Listener.Subscribe(notify.ChannelTask, 16)
+		defer sub.Close()
+	}
 	var changes <-chan notify.Notification
 	var resync <-chan struct{}
 	if sub != nil {
 		changes, resync = sub.C(), sub.Resync()
 	}
+	// proven: registered, and every insert that may have missed the
+	// registration has committed, so a claim from now on misses nothing that
+	// does not notify. Until then the dispatcher looks again soon.
+	proven := false
+	registered := false
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var idleSince time.Time
 	for {
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-d.Stopping:
-			return false, errStopping
-		case <-timer.C:
-			return false, nil
-		case <-resync:
-			return true, nil
-		case n := <-changes:
-			if n.Payload == notify.TasksInserted || n.Payload == notify.TasksRequeued {
-				return false, nil
+		c.mu.Lock()
+		if c.n == 0 {
+			if idleSince.IsZero() {
+				idleSince = time.Now()
+			}
+			if time.Since(idleSince) >= waitLinger {
+				// Unregistered before the dispatcher counts as stopped, so
+				// that a successor's registration is never undone by it.
+				c.mu.Unlock()
+				if registered {
+					c.waiter.UnregisterWithin(context.Background(), time.Second)
+					registered, proven = false, false
+				}
+				c.mu.Lock()
+				if c.n == 0 {
+					c.running = false
+					c.mu.Unlock()
+					return
+				}
+				idleSince = time.Time{} // a claim came meanwhile: on, registering again
+			}
+		} else {
+			idleSince = time.Time{}
+		}
+		var rounds []claimRound
+		for key, g := range c.groups {
+			if len(g.waiting) == 0 {
+				delete(c.groups, key)
+				continue
+			}
+			r := claimRound{group: g}
+			for _, wc := range g.waiting {
+				r.processors = append(r.processors, wc.processor)
+			}
+			rounds = append(rounds, r)
+		}
+		c.mu.Unlock()
+
+		next := time.Hour
+		if len(rounds) > 0 {
+			if c.waiter != nil && !proven {
+				ctx, cancel := context.WithTimeout(context.Background(), waitStatement)
+				err := c.waiter.Register(ctx)
+				cancel()
+				registered = true
+				proven = err == nil
+			}
+			for _, r := range rounds {
+				next = min(next, c.claimFor(d, ttl, r))
+			}
+			if c.waiter != nil && !proven {
+				next = min(next, notify.BarrierWait)
+			}
+		} else if !idleSince.IsZero() {
+			next = waitLinger - time.Since(idleSince)
+		}
+		timer.Reset(max(next, time.Millisecond))
+		for woken := false; !woken; {
+			select {
+			case <-d.Stopping:
+				c.stop()
+				if registered {
+					c.waiter.UnregisterWithin(context.Background(), time.Second)
+				}
+				return
+			case <-c.wake:
+				woken = true
+			case <-timer.C:
+				woken = true
+			case <-resync:
+				proven, woken = false, true
+			case n := <-changes:
+				woken = n.Payload == notify.TasksInserted || n.Payload == notify.TasksRequeued
+			}
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
 			}
 		}
 	}
+}
+
+// claimFor claims for the waiters of one round, answers those it claimed a
+// task for, and returns how soon the group's next task falls due (an hour
+// when none is pending, or when all were served).
+func (c *claimWaiters) claimFor(d Deps, ttl time.Duration, r claimRound) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), waitStatement)
+	defer cancel()
+	tasks, err := d.Tasks.Claim(ctx, taskstore.ClaimParams{
+		Processors: r.processors, TTL: ttl, Kinds: r.group.kinds, Queues: r.group.queues,
+	})
+	c.mu.Lock()
+	var orphans []task.Task
+	if err != nil {
+		// The database is unavailable: every waiter of the group hears so
+		// (503), rather than wait for nothing.
+		for _, wc := range slices.Clone(r.group.waiting) {
+			c.remove(wc)
+			wc.reply <- waitReply{err: err}
+		}
+	}
+	for _, t := range tasks {
+		i := slices.IndexFunc(r.group.waiting, func(wc *waitingClaim) bool { return wc.processor == t.Processor })
+		if i < 0 {
+			orphans = append(orphans, t) // its requester left while the claim ran
+			continue
+		}
+		wc := r.group.waiting[i]
+		c.remove(wc)
+		wc.reply <- waitReply{task: t}
+	}
+	left := len(r.group.waiting)
+	c.mu.Unlock()
+	if len(orphans) > 0 {
+		handBackAbandoned(d, orphans)
+	}
+	if err != nil || left == 0 {
+		return time.Hour
+	}
+	asked := time.Now()
+	due, dbNow, err := d.Tasks.NextDue(ctx, r.group.queues, r.group.kinds)
+	if err != nil {
+		return time.Second // a look again soon
+	}
+	// By the database clock, and a little after, so that it is due.
+	return time.Until(due.Add(-dbNow.Sub(asked))) + 5*time.Millisecond
+}
+
+// stop answers every waiting claim errStopping: the replica shuts down.
+func (c *claimWaiters) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key, g := range c.groups {
+		for _, wc := range slices.Clone(g.waiting) {
+			c.remove(wc)
+			wc.reply <- waitReply{err: errStopping}
+		}
+		delete(c.groups, key)
+	}
+	c.running = false
 }
 
 // handBackAbandoned requeues tasks claimed for a client that went away
@@ -183,7 +368,8 @@ func handBackAbandoned(d Deps, tasks []task.Task) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, t := range tasks {
-		if _, err := d.Tasks.Requeue(ctx, t.ID, t.Processor, t.Fence, "the client that claimed it went away"); err != nil {
+		if _, err := d.Tasks.Requeue(ctx, t.ID, t.Processor, t.Fence, "the client that claimed it went away"); err != nil &&
+			!errors.Is(err, task.ErrLeaseLost) {
 			d.Log.Warn().Err(err).Int64("task", t.ID).Msg("could not hand back a task claimed for a client that went away; it will be claimed again when its lease lapses")
 		}
 	}

@@ -25,13 +25,24 @@ type waitBundle struct {
 	bundle
 	logs     *syncBuffer
 	stopping chan struct{}
+	// stop closes stopping, as serve does when it begins to shut down;
+	// the test's cleanup calls it too, which ends the server's claim
+	// dispatcher.
+	stop func()
 }
 
 func newWaitBundle(t *testing.T) waitBundle {
 	t.Helper()
-	db := pgtest.New(t)
+	return newWaitReplica(t, pgtest.New(t), "test")
+}
+
+// newWaitReplica is a waitBundle on db named id (as serve's --instance-id
+// names a replica): several of them on one database are replicas of one
+// cluster.
+func newWaitReplica(t *testing.T, db pgtest.DB, id string) waitBundle {
+	t.Helper()
 	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, db.URL) },
-		zerolog.Nop(), notify.ChannelLease)
+		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = listener.Run(ctx) })
@@ -48,8 +59,10 @@ func newWaitBundle(t *testing.T) waitBundle {
 	}
 
 	b := waitBundle{logs: &syncBuffer{}, stopping: make(chan struct{})}
+	b.stop = sync.OnceFunc(func() { close(b.stopping) })
 	d := testDeps(db, withLog(zerolog.New(b.logs).Level(zerolog.DebugLevel)))
 	d.Listener, d.Stopping = listener, b.stopping
+	d.Instance.ID = id
 	// Bounded as serve bounds every API request: the wait must outlive the
 	// budget, each statement not.
 	const budget = time.Second
@@ -60,6 +73,7 @@ func newWaitBundle(t *testing.T) waitBundle {
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
+	t.Cleanup(b.stop) // before srv.Close: no claim waits past the test
 	b.bundle = bundle{db: db, srv: srv}
 	return b
 }
@@ -240,7 +254,7 @@ func TestAcquireWaitEndsOnShutdown(t *testing.T) {
 	b.do(t, "POST", "/api/leases", `{"resource":"job","holder":"a","ttl_seconds":3600}`).want(t, "acquire by a", http.StatusCreated)
 	answer := b.acquireAsync(t, `{"resource":"job","holder":"b","wait_seconds":300}`)
 	b.waiting(t, "b")
-	close(b.stopping)
+	b.stop()
 	r := receiveAnswer(t, "b", answer).want(t, "waiting acquire during shutdown", http.StatusServiceUnavailable)
 	if r.header.Get("Retry-After") == "" || !strings.Contains(string(r.body), "shutting down") {
 		t.Errorf("got %s (Retry-After %q), want a Retry-After and an error saying the replica is shutting down", r, r.header.Get("Retry-After"))
