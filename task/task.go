@@ -112,9 +112,10 @@ type Task struct {
 	// inserted under; 0 for tasks inserted otherwise.
 	GeneratorFence int64 `json:"generator_fence"`
 	// EarlierAttempts are the attempts that ended otherwise than by the
-	// completion, oldest first. Not every answer carries them (see
-	// MarshalJSON).
-	EarlierAttempts []Attempt `json:"-"`
+	// completion, oldest first: the task's history. The running attempt,
+	// or the completed one, is not among them: it is the task's own
+	// Processor, Fence and StartedAt.
+	EarlierAttempts []Attempt `json:"earlier_attempts"`
 }
 
 // wire is Task as it goes on the wire: null for the zero values.
@@ -140,10 +141,24 @@ type wire struct {
 	LastError           *string         `json:"last_error"`
 	CreatedAt           string          `json:"created_at"`
 	GeneratorFence      *int64          `json:"generator_fence"`
+	EarlierAttempts     []attemptWire   `json:"earlier_attempts"`
+}
+
+// attemptWire is Attempt as it goes on the wire: its times as the task's
+// are, and null for no error.
+type attemptWire struct {
+	Processor string  `json:"processor"`
+	Fence     int64   `json:"fence"`
+	StartedAt string  `json:"started_at"`
+	ExpiresAt string  `json:"expires_at"`
+	EndedAt   string  `json:"ended_at"`
+	Outcome   string  `json:"outcome"`
+	Error     *string `json:"error"`
 }
 
 // MarshalJSON writes the task as the API shows it: timestamps as RFC 3339
-// UTC with milliseconds, and null for what is not set.
+// UTC with milliseconds, null for what is not set, and earlier_attempts
+// always a list ([] when there were none).
 func (t Task) MarshalJSON() ([]byte, error) {
 	out := t.TaskOutput
 	if len(out) == 0 {
@@ -153,6 +168,14 @@ func (t Task) MarshalJSON() ([]byte, error) {
 	if len(data) == 0 {
 		data = json.RawMessage("null")
 	}
+	attempts := make([]attemptWire, len(t.EarlierAttempts))
+	for i, a := range t.EarlierAttempts {
+		attempts[i] = attemptWire{
+			Processor: a.Processor, Fence: a.Fence, StartedAt: apitime.Format(a.StartedAt),
+			ExpiresAt: apitime.Format(a.ExpiresAt), EndedAt: apitime.Format(a.EndedAt),
+			Outcome: a.Outcome, Error: nonZero(a.Error),
+		}
+	}
 	return json.Marshal(wire{
 		ID: t.ID, Kind: t.Kind, Queue: t.Queue, Priority: t.Priority, TaskData: data, State: t.State,
 		UniqueKey: nonZero(t.UniqueKey), ScheduledAt: apitime.Format(t.ScheduledAt),
@@ -161,7 +184,7 @@ func (t Task) MarshalJSON() ([]byte, error) {
 		LastHeartbeatAt: apitime.FormatPtr(t.LastHeartbeatAt), MustHeartbeatBefore: apitime.FormatPtr(t.MustHeartbeatBefore),
 		StartedAt: apitime.FormatPtr(t.StartedAt), ProcessedAt: apitime.FormatPtr(t.ProcessedAt),
 		TaskOutput: out, LastError: nonZero(t.LastError), CreatedAt: apitime.Format(t.CreatedAt),
-		GeneratorFence: nonZero(t.GeneratorFence),
+		GeneratorFence: nonZero(t.GeneratorFence), EarlierAttempts: attempts,
 	})
 }
 
@@ -175,6 +198,12 @@ func (t *Task) UnmarshalJSON(b []byte) error {
 		StartedAt           *time.Time `json:"started_at"`
 		ProcessedAt         *time.Time `json:"processed_at"`
 		CreatedAt           time.Time  `json:"created_at"`
+		EarlierAttempts     []struct {
+			attemptWire
+			StartedAt time.Time `json:"started_at"`
+			ExpiresAt time.Time `json:"expires_at"`
+			EndedAt   time.Time `json:"ended_at"`
+		} `json:"earlier_attempts"`
 	}
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
@@ -189,6 +218,15 @@ func (t *Task) UnmarshalJSON(b []byte) error {
 	}
 	if string(t.TaskOutput) == "null" {
 		t.TaskOutput = nil
+	}
+	if len(w.EarlierAttempts) > 0 {
+		t.EarlierAttempts = make([]Attempt, len(w.EarlierAttempts))
+		for i, a := range w.EarlierAttempts {
+			t.EarlierAttempts[i] = Attempt{
+				Processor: a.Processor, Fence: a.Fence, StartedAt: a.StartedAt, ExpiresAt: a.ExpiresAt,
+				EndedAt: a.EndedAt, Outcome: a.Outcome, Error: deref(a.Error),
+			}
+		}
 	}
 	return nil
 }

@@ -50,8 +50,9 @@ type config struct {
 	// of the replica's pool (zero: the server's own setting). Migrations
 	// and the LISTEN session run without it.
 	StatementTimeout time.Duration
-	// RateLimit and RateBurst limit each client's API requests (zero rate:
-	// off); TrustedProxies may name the client in X-Forwarded-For.
+	// RateLimit and RateBurst limit each client's API requests (zero rate,
+	// the default: off); TrustedProxies may name the client in
+	// X-Forwarded-For.
 	RateLimit      float64
 	RateBurst      int
 	TrustedProxies []netip.Prefix
@@ -101,8 +102,8 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 	fs.StringVar(&genSleep, "generator-sleep", env("LEASEHOLD_GENERATOR_SLEEP", "1s-5s"), "range of a generated task's sleep, MIN-MAX (env LEASEHOLD_GENERATOR_SLEEP)")
 	fs.StringVar(&grace, "shutdown-grace", env("LEASEHOLD_SHUTDOWN_GRACE", "10s"), "on SIGTERM, how long running tasks may finish before they are handed back (env LEASEHOLD_SHUTDOWN_GRACE)")
 	fs.StringVar(&stmtTimeout, "statement-timeout", env("LEASEHOLD_STATEMENT_TIMEOUT", "5s"), "PostgreSQL statement_timeout of the replica's queries (migrations and LISTEN run without it); a statement cut short, like a database that cannot be reached, answers 503; an API request waits at most this plus the connect timeout (connect_timeout in the URL, default 5s) for the database; 0 keeps the server's setting (env LEASEHOLD_STATEMENT_TIMEOUT)")
-	fs.StringVar(&rateLimit, "rate-limit", env("LEASEHOLD_RATE_LIMIT", "100"), "API requests a second each client (IPv4 address or IPv6 /64) may make once its burst is spent; 429 beyond; 0 turns the limit off (env LEASEHOLD_RATE_LIMIT)")
-	fs.StringVar(&rateBurst, "rate-burst", env("LEASEHOLD_RATE_BURST", "200"), "API requests a client may make at once (env LEASEHOLD_RATE_BURST)")
+	fs.StringVar(&rateLimit, "rate-limit", env("LEASEHOLD_RATE_LIMIT", "0"), "API requests a second each client (IPv4 address or IPv6 /64) may make once its burst is spent; 429 beyond, counted in leasehold_http_rate_limited_total; 0, the default, is no limit. Turn it on (e.g. 500) where clients you do not run reach the API: one host of workers or lease holders makes hundreds a second (env LEASEHOLD_RATE_LIMIT)")
+	fs.StringVar(&rateBurst, "rate-burst", env("LEASEHOLD_RATE_BURST", "200"), "API requests a client may make at once while --rate-limit is on (env LEASEHOLD_RATE_BURST)")
 	fs.StringVar(&proxies, "trusted-proxies", getenv("LEASEHOLD_TRUSTED_PROXIES"), "proxies (CIDRs or addresses, comma-separated) whose X-Forwarded-For names the client for the rate limit, e.g. 10.0.0.0/8 (env LEASEHOLD_TRUSTED_PROXIES)")
 	fs.StringVar(&taskRetention, "task-retention", env("LEASEHOLD_TASK_RETENTION", "168h"), "how long a finished (done or dead) task is kept before the reaper deletes it; 0 keeps tasks forever (env LEASEHOLD_TASK_RETENTION)")
 	fs.StringVar(&historyRetention, "lease-history-retention", env("LEASEHOLD_LEASE_HISTORY_RETENTION", "168h"), "how long lease events, and the rows of released or expired leases, are kept before the reaper deletes them; 0 keeps them forever (env LEASEHOLD_LEASE_HISTORY_RETENTION)")
@@ -171,7 +172,7 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 			c.StatementTimeout = d
 		}
 		if r, err := strconv.ParseFloat(rateLimit, 64); err != nil || math.IsNaN(r) || r < 0 || r > 1e6 {
-			errs = append(errs, fmt.Errorf("--rate-limit %q must be requests a second between 0 (off) and 1000000, e.g. 100", rateLimit))
+			errs = append(errs, fmt.Errorf("--rate-limit %q must be requests a second between 0 (off) and 1000000, e.g. 500", rateLimit))
 		} else {
 			c.RateLimit = r
 		}

@@ -19,13 +19,14 @@ import (
 	"github.com/leasehold/leasehold/lease"
 )
 
-const execUsage = `usage: leasehold exec --resource R [--ttl 30s] [--holder H] [--wait D] [--grace 10s] -- CMD ARGS...
+const execUsage = `usage: leasehold exec --resource R [--ttl 30s] [--holder H] [--wait D] [--grace D] -- CMD ARGS...
 
 Runs CMD only while holding the lease on R: acquires it (waiting up to --wait
 while another holder has it), starts CMD with LEASEHOLD_RESOURCE,
 LEASEHOLD_HOLDER and LEASEHOLD_FENCE in its environment, renews the lease while
 CMD runs, and releases it when CMD exits. When the lease is lost CMD is stopped:
-SIGTERM, then SIGKILL after --grace. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
+SIGTERM, then SIGKILL after --grace (10s, or half the --ttl when that is
+shorter). SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
 and SIGUSR2 sent to leasehold exec are passed on to CMD.
 
 Exit status: CMD's own (128+N when a signal N ended it); 75 the lease could not
@@ -62,6 +63,17 @@ func (o execOptions) keep() lease.KeepConfig {
 	return lease.KeepConfig{TTL: o.ttl, Margin: margin, RenewInterval: (o.ttl - margin) / 3}
 }
 
+// defaultExecGrace is --grace when it is not given and half the --ttl is
+// longer.
+const defaultExecGrace = 10 * time.Second
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 func parseExec(args []string, getenv func(string) string, stderr io.Writer) (execOptions, error) {
 	fs := flag.NewFlagSet("leasehold exec", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -74,7 +86,7 @@ func parseExec(args []string, getenv func(string) string, stderr io.Writer) (exe
 	fs.StringVar(&o.holder, "holder", "", "the holder, which must be unique among the invocations that may run at once (default <hostname>-<pid>)")
 	ttl := fs.String("ttl", "30s", "the lease's time to live, whole seconds from 1s to 1h")
 	wait := fs.String("wait", "0s", "while another holder holds the lease, wait this long for it (0s: exit 75 at once), e.g. 5m")
-	grace := fs.String("grace", "10s", "when the lease is lost, how long CMD has between SIGTERM and SIGKILL; at most half the --ttl")
+	grace := fs.String("grace", "", "when the lease is lost, how long CMD has between SIGTERM and SIGKILL; at most half the --ttl (default 10s, or half the --ttl when that is shorter)")
 	if err := fs.Parse(args); err != nil {
 		return o, flagError(err)
 	}
@@ -93,10 +105,15 @@ func parseExec(args []string, getenv func(string) string, stderr io.Writer) (exe
 	if o.wait, err = durationFlag("wait", *wait, 0, 24*time.Hour, false, "5m"); err != nil {
 		errs = append(errs, err)
 	}
-	if o.grace, err = durationFlag("grace", *grace, 0, 30*time.Minute, false, "10s"); err != nil {
+	if !flagSet(fs, "grace") {
+		// The default adapts to the TTL, so that a short --ttl alone is a
+		// valid command line: at most half of it still stops CMD, grace
+		// included, before the lease can expire.
+		o.grace = min(defaultExecGrace, o.ttl/2)
+	} else if o.grace, err = durationFlag("grace", *grace, 0, 30*time.Minute, false, "10s"); err != nil {
 		errs = append(errs, err)
 	} else if o.ttl > 0 && o.grace > o.ttl/2 {
-		errs = append(errs, fmt.Errorf("--grace %s must be at most half the --ttl %s: CMD must be stopped, grace included, before the lease can expire; shorten --grace or lengthen --ttl", o.grace, o.ttl))
+		errs = append(errs, fmt.Errorf("--grace %s must be at most half the --ttl %s: CMD must be stopped, grace included, before the lease can expire; shorten --grace, lengthen --ttl, or leave --grace out for min(10s, half the --ttl)", o.grace, o.ttl))
 	}
 	if o.holder == "" {
 		o.holder = hostPID()

@@ -259,12 +259,12 @@ func pollExec(t *testing.T, what string, cond func() bool, context ...fmt.String
 }
 
 // execReplica starts a replica for the exec tests, logging at debug level
-// (which says when an acquisition waits), without the rate limit that the
-// tests' polling, all from 127.0.0.1, would run into.
+// (which says when an acquisition waits). The rate limit is off, as by
+// default: the tests' polling all comes from 127.0.0.1.
 func execReplica(t *testing.T) *replica {
 	t.Helper()
 	db := pgtest.New(t)
-	return startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--roles", "api", "--log-level", "debug", "--rate-limit", "0"},
+	return startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--roles", "api", "--log-level", "debug"},
 		env("DATABASE_URL", db.URL)))
 }
 
@@ -528,6 +528,8 @@ func TestExecRejectsBadUsage(t *testing.T) {
 		{[]string{"exec", "--resource", "r", "--wait", "forever", "--", "true"}, []string{`--wait "forever"`}},
 		{[]string{"exec", "--resource", "r", "--grace", "-1s", "--", "true"}, []string{`--grace "-1s"`}},
 		{[]string{"exec", "--resource", "r", "--ttl", "10s", "--grace", "6s", "--", "true"}, []string{"--grace 6s must be at most half the --ttl 10s"}},
+		// The default's value, given explicitly, is held to the rule too.
+		{[]string{"exec", "--resource", "r", "--ttl", "5s", "--grace", "10s", "--", "true"}, []string{"--grace 10s must be at most half the --ttl 5s", "leave --grace out"}},
 		{[]string{"exec", "--resource", "r", "--url", "ftp://x", "--", "true"}, []string{"--url"}},
 		{[]string{"exec", "--bogus", "--", "true"}, []string{"bogus"}},
 		// Every mistake at once, each named.
@@ -546,4 +548,55 @@ func TestExecRejectsBadUsage(t *testing.T) {
 	}
 	// And as a process: main exits 2.
 	startExec(t, "http://127.0.0.1:1", "--resource", "r").wantExit(t, 2, "no command to run")
+}
+
+// TestExecGraceDefault: without --grace, the grace is 10s or half the
+// --ttl when that is shorter, so that a short --ttl alone is a valid
+// command line; a --grace given is taken as given, within half the --ttl.
+func TestExecGraceDefault(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{nil, 10 * time.Second}, // --ttl 30s
+		{[]string{"--ttl", "1h"}, 10 * time.Second},
+		{[]string{"--ttl", "20s"}, 10 * time.Second},
+		{[]string{"--ttl", "5s"}, 2500 * time.Millisecond},
+		{[]string{"--ttl", "1s"}, 500 * time.Millisecond},
+		{[]string{"--ttl", "5s", "--grace", "2s"}, 2 * time.Second},
+		{[]string{"--ttl", "5s", "--grace", "2.5s"}, 2500 * time.Millisecond},
+		{[]string{"--ttl", "1h", "--grace", "20m"}, 20 * time.Minute},
+		{[]string{"--ttl", "5s", "--grace", "0s"}, 0},
+	} {
+		args := append(append([]string{"--resource", "r"}, tc.args...), "--", "true")
+		o, err := parseExec(args, env(), io.Discard)
+		if err != nil {
+			t.Errorf("parse %q: %v", args, err)
+			continue
+		}
+		if o.grace != tc.want {
+			t.Errorf("parse %q: grace %s, want %s", args, o.grace, tc.want)
+		}
+		if k := o.keep(); k.Margin >= k.TTL || k.RenewInterval <= 0 {
+			t.Errorf("parse %q: keeps the lease with %+v, want a margin under the TTL and renewals", args, k)
+		}
+	}
+}
+
+// TestExecShortTTL is issue 14's "leasehold exec --resource R --ttl 5s --
+// CMD", which exited 2 because the default --grace exceeded half the TTL:
+// it runs CMD under the lease and exits with CMD's status.
+func TestExecShortTTL(t *testing.T) {
+	t.Parallel()
+	r := execReplica(t)
+	log := newChildLog(t)
+	p := startExec(t, r.url, append([]string{"--resource", "short-ttl", "--ttl", "5s", "--"}, log.child(t, "exit=3")...)...)
+	p.wantExit(t, 3)
+	if starts := log.starts(); len(starts) != 1 {
+		t.Errorf("the command ran %d times, want once: %q\noutput:\n%s", len(starts), starts, p.stderr)
+	}
+	if l := r.leaseNamed(t, "short-ttl"); l.State != "released" || l.TTLSeconds != 5 {
+		t.Errorf("lease after the command exited: got %+v, want it released, with a TTL of 5 s", l)
+	}
 }

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -303,4 +304,136 @@ func checkAllow(t *testing.T, b bundle, method, path string, r response) {
 				method, path, allow, m, m, path, got.header.Get("Allow"))
 		}
 	}
+}
+
+// TestNullAndRepeatedMembers: a member of a request body given as null, or
+// given twice, is refused (400) with a message naming it and saying what to
+// send instead, on every route that reads a body, and the database is left
+// alone. encoding/json would read the null as the member left out (the
+// default) and the repeated member as its last value. A member that takes
+// null as a value of its own (task_output) keeps it, and the client's own
+// JSON inside task_data and task_output is not looked into.
+func TestNullAndRepeatedMembers(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	b.acquire(t, "seed:a", "h1", 3600)
+	b.createTask(t, `{"task_data": {"n": 1}}`)
+	running := b.claimTask(t, "p1")
+	b.createTask(t, `{"task_data": {"n": 2}}`)
+
+	op := func(o string) string { return fmt.Sprintf("/api/tasks/%d/%s", running.ID, o) }
+	// Each route with a body it would accept, and its optional members.
+	routes := []struct {
+		method, path string
+		base         []field
+		optional     map[string]string // member → what the message asks for instead
+	}{
+		{"POST", "/api/leases", []field{{"resource", `"fresh"`}, {"holder", `"h9"`}},
+			map[string]string{"ttl_seconds": "an integer", "wait_seconds": "an integer"}},
+		{"PUT", "/api/leases/renew", []field{{"resource", `"seed:a"`}, {"holder", `"h1"`}},
+			map[string]string{"ttl_seconds": "an integer", "fence": "an integer"}},
+		{"DELETE", "/api/leases/release", []field{{"resource", `"seed:a"`}, {"holder", `"h1"`}},
+			map[string]string{"fence": "an integer"}},
+		{"POST", "/api/tasks", []field{{"task_data", `{"n":9}`}}, map[string]string{
+			"kind": "a string", "queue": "a string", "priority": "an integer", "unique_key": "a string",
+			"ttl_seconds": "an integer", "scheduled_at": "a string", "max_attempts": "an integer"}},
+		{"POST", "/api/tasks/next", []field{{"processor", `"p9"`}},
+			map[string]string{"kinds": "an array", "queues": "an array", "wait_seconds": "an integer"}},
+		{"PUT", op("heartbeat"), []field{{"processor", `"p1"`}}, map[string]string{"fence": "an integer"}},
+		{"PUT", op("complete"), []field{{"processor", `"p1"`}, {"task_output", `{"ok":true}`}}, map[string]string{"fence": "an integer"}},
+		{"PUT", op("fail"), []field{{"processor", `"p1"`}, {"error", `"boom"`}},
+			map[string]string{"fence": "an integer", "retry_in_seconds": "a number"}},
+		{"PUT", op("snooze"), []field{{"processor", `"p1"`}, {"delay_seconds", "60"}}, map[string]string{"fence": "an integer"}},
+		{"PUT", op("requeue"), []field{{"processor", `"p1"`}}, map[string]string{"fence": "an integer", "reason": "a string"}},
+		{"POST", op("cancel"), []field{{"processor", `"p1"`}},
+			map[string]string{"reason": "a string", "processor": "a string", "fence": "an integer"}},
+	}
+	type refused struct {
+		name, method, path, body string
+		want                     []string // in the error message
+	}
+	var cases []refused
+	for _, r := range routes {
+		route := r.method + " " + r.path
+		add := func(name, body string, want ...string) {
+			cases = append(cases, refused{route + ": " + name, r.method, r.path, body, want})
+		}
+		for _, f := range r.base {
+			// A member the route needs: null is no default.
+			if f.key != "task_data" && f.key != "task_output" && r.optional[f.key] == "" {
+				add(f.key+" null", object(with(r.base, f.key, "null")...), `"`+f.key+`" is null; give`)
+			}
+			add(f.key+" twice", object(append(r.base, f)...), `"`+f.key+`" appears twice in the body; give each key once`)
+			if strings.HasPrefix(f.raw, `"`) {
+				add(f.key+" twice, the second different", object(append(r.base, field{f.key, `"other"`})...), `"`+f.key+`" appears twice`)
+			}
+		}
+		for key, kind := range r.optional {
+			add(key+" null", object(with(r.base, key, "null")...),
+				`"`+key+`" is null; leave it out for the default, or give `+kind)
+		}
+		// What encoding/json takes for the same field is the same member.
+		first := r.base[0]
+		add(first.key+" twice, in another case", object(append(r.base, field{strings.ToUpper(first.key), first.raw})...),
+			`"`+first.key+`" appears twice in the body (as "`+first.key+`" and "`+strings.ToUpper(first.key)+`"`)
+		add(first.key+" twice, once escaped", object(r.base...)[:len(object(r.base...))-1]+`,"\u0`+fmt.Sprintf("%03x", first.key[0])+first.key[1:]+`":`+first.raw+"}",
+			`"`+first.key+`" appears twice in the body; give each key once`)
+	}
+	cases = append(cases,
+		refused{"POST /api/leases: the example of the issue", "POST", "/api/leases", `{"resource": "fresh", "holder": "h9", "ttl_seconds": null}`,
+			[]string{`"ttl_seconds" is null; leave it out for the default, or give an integer`}},
+		refused{"POST /api/leases: ttl_seconds twice", "POST", "/api/leases", `{"resource": "fresh", "holder": "h9", "ttl_seconds": 5, "ttl_seconds": 60}`,
+			[]string{`"ttl_seconds" appears twice in the body; give each key once`}},
+		refused{"POST /api/tasks: an array with a null in its second task", "POST", "/api/tasks", `[{"task_data": {}}, {"task_data": {}, "max_attempts": null}]`,
+			[]string{`item 1 of the array (counting from 0): "max_attempts" is null; leave it out for the default`}},
+		refused{"POST /api/tasks: an array with a key twice in its first task", "POST", "/api/tasks", `[{"task_data": {}, "kind": "a", "kind": "b"}, {"task_data": {}}]`,
+			[]string{`item 0 of the array (counting from 0): "kind" appears twice in the body`}},
+		refused{"POST /api/tasks: task_data null", "POST", "/api/tasks", `{"task_data": null}`,
+			[]string{`"task_data" must be a JSON object, not null`}},
+		refused{"POST /api/session: token null", "POST", "/api/session", `{"token": null}`,
+			[]string{`"token" is null; give a string`}},
+		refused{"POST /api/session: token twice", "POST", "/api/session", `{"token": "", "token": "guess"}`,
+			[]string{`"token" appears twice in the body`}},
+		refused{"POST /api/tasks/{id}/retry: an unknown member, null", "POST", op("retry"), `{"reason": null}`,
+			[]string{`unknown field "reason"`}},
+	)
+
+	before := snapshotAll(t, b.db)
+	t.Run("refused", func(t *testing.T) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				r := b.do(t, tc.method, tc.path, tc.body)
+				if r.status != http.StatusBadRequest {
+					t.Fatalf("%s %s %s: got %s, want 400", tc.method, tc.path, tc.body, r)
+				}
+				var body struct{ Error string }
+				checkError(t, "400", r)
+				_ = json.Unmarshal(r.body, &body)
+				for _, w := range tc.want {
+					if !strings.Contains(body.Error, w) {
+						t.Errorf("%s %s %s: error %q, want it to say %q", tc.method, tc.path, tc.body, body.Error, w)
+					}
+				}
+			})
+		}
+	})
+	if after := snapshotAll(t, b.db); after != before {
+		t.Errorf("refused requests changed the database:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+
+	// What is still accepted: task_output null (no result), and repeated
+	// keys or nulls inside the client's own task_data and task_output.
+	created := b.createTask(t, `{"task_data": {"a": 1, "a": 2, "b": null, "c": {"d": null, "d": 3}}}`)
+	if created.ID == 0 {
+		t.Fatal("POST /api/tasks with repeated keys inside task_data: no task")
+	}
+	done := b.do(t, "PUT", op("complete"), `{"processor": "p1", "task_output": null}`).
+		want(t, "complete with task_output null", http.StatusAccepted).task(t, "complete")
+	if done.State != "done" || string(done.TaskOutput) != "null" {
+		t.Errorf("complete with task_output null: got %v, want done with the output null", done)
+	}
+	other := b.claimTask(t, "p2")
+	b.do(t, "PUT", fmt.Sprintf("/api/tasks/%d/complete", other.ID), `{"processor": "p2", "task_output": {"x": 1, "x": 2}}`).
+		want(t, "complete with a key twice inside task_output", http.StatusAccepted)
 }

@@ -114,6 +114,11 @@ var leaseSeeds = []string{
 	`[{"resource":"r","holder":"h"}]`,
 	`null`, ``, `  `,
 	`{"resource":"` + strings.Repeat("r", 256) + `","holder":"h"}`,
+	`{"resource":"r","holder":"h","ttl_seconds":null}`,
+	`{"resource":"r","holder":"h","fence":null}`,
+	`{"resource":"r","holder":"h","ttl_seconds":5,"ttl_seconds":60}`,
+	`{"resource":"r","holder":"h","Holder":"h2"}`,
+	`{"resource":"r","holder":"h","holder":"h"}`,
 }
 
 // FuzzDecodeLease feeds one body to the decoders of POST /api/leases, PUT
@@ -143,7 +148,7 @@ func FuzzDecodeLease(f *testing.F) {
 }
 
 // FuzzDecodeSession feeds bodies to the decoder of POST /api/session: any
-// JSON object with at most a string "token" is accepted.
+// JSON object with at most a string "token", given once, is accepted.
 func FuzzDecodeSession(f *testing.F) {
 	for _, s := range []string{
 		`{"token":"s3cret"}`, `{}`, `{"token":""}`, `{"token":null}`, `{"token":7}`,
@@ -180,6 +185,10 @@ func FuzzDecodeTaskOp(f *testing.F) {
 		`{"processor":"p","fence":"1"}`,
 		`{"processor":"p","task_output":}`,
 		`{"processor":"p"}]`,
+		`{"processor":"p","fence":null}`,
+		`{"processor":"p","error":"x","retry_in_seconds":null}`,
+		`{"processor":"p","processor":"q"}`,
+		`{"processor":"p","task_output":{"a":1,"a":2}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -223,6 +232,9 @@ func FuzzDecodeNewTasks(f *testing.F) {
 		`{"task_data":{},"scheduled_at":"tomorrow"}`,
 		`{"task_data":{},"max_attempts":0}`, `{"task_data":{},"max_attempts":101}`,
 		`{"task_data":{},"priority":1}`,
+		`{"task_data":{},"max_attempts":null}`, `{"task_data":{},"scheduled_at":null}`,
+		`{"task_data":{"a":1,"a":2}}`, `{"task_data":{},"kind":"a","kind":"b"}`,
+		`[{"task_data":{}},{"task_data":{},"task_data":{}}]`,
 		` [ {"task_data" : { } } ] `,
 	} {
 		f.Add([]byte(s))

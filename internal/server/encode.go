@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -64,9 +66,10 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 }
 
 // parseBody parses body, exactly one JSON value, into a new T, refusing
-// unknown fields and trailing data, then validates it. It is decode without
-// the request: a function of the bytes alone, which the fuzz tests feed.
-// Every error it returns is a *badRequest.
+// unknown fields, trailing data, and a member given twice or as null (see
+// checkMembers), then validates it. It is decode without the request: a
+// function of the bytes alone, which the fuzz tests feed. Every error it
+// returns is a *badRequest.
 func parseBody[T validator](body []byte) (T, error) {
 	var v T
 	// encoding/json turns invalid UTF-8 into U+FFFD without a word: refuse
@@ -88,7 +91,137 @@ func parseBody[T validator](body []byte) (T, error) {
 	if err := checkJSON("request body", body, false); err != nil {
 		return v, err
 	}
+	if err := checkMembers[T](body); err != nil {
+		return v, err
+	}
 	return v, v.validate()
+}
+
+// optional is a field type whose absence asks for a default: opt[T]. Its
+// valueType is the type of the value it holds, for messages.
+type optional interface{ valueType() reflect.Type }
+
+// member is what checkMembers knows of a field of a request object.
+type member struct {
+	name string // as the json tag names it
+	// nullable fields take null as a value of their own: a json.RawMessage,
+	// the client's own JSON (task_output, where null means "no result";
+	// task_data, whose validator says it must be an object).
+	nullable bool
+	// optional members ask for a default when absent: a pointer or an
+	// opt[T], unless its tag says required:"true" (an opt[T] whose
+	// validator insists on it, such as a snooze's delay_seconds).
+	optional bool
+	kind     string // what to send instead of null: "an integer"
+}
+
+// membersCache holds the members of each request type checkMembers has seen.
+var membersCache sync.Map // reflect.Type → []member
+
+// membersOf returns the members of a request object of type t, or nil when
+// t is not a struct of JSON fields (a type that decodes itself, such as
+// jsonValue, whose parts are checked when decoded further).
+func membersOf(t reflect.Type) []member {
+	if ms, ok := membersCache.Load(t); ok {
+		return ms.([]member)
+	}
+	unmarshaler := reflect.TypeFor[json.Unmarshaler]()
+	var ms []member
+	if t.Kind() == reflect.Struct && !reflect.PointerTo(t).Implements(unmarshaler) {
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if !f.IsExported() || name == "-" {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			m := member{name: name, nullable: f.Type == reflect.TypeFor[json.RawMessage]()}
+			value := f.Type
+			if o, ok := reflect.Zero(f.Type).Interface().(optional); ok {
+				m.optional, value = true, o.valueType()
+			} else if f.Type.Kind() == reflect.Pointer {
+				m.optional, value = true, f.Type.Elem()
+			}
+			if f.Tag.Get("required") == "true" {
+				m.optional = false
+			}
+			m.kind = jsonKind(value.Kind().String())
+			ms = append(ms, m)
+		}
+	}
+	membersCache.Store(t, ms)
+	return ms
+}
+
+// lookup returns the member a key of the body sets: encoding/json matches
+// a key to a field's name exactly or, failing that, whatever its case, so
+// that "Resource" sets resource too.
+func lookup(ms []member, key string) (member, bool) {
+	for _, m := range ms {
+		if m.name == key {
+			return m, true
+		}
+	}
+	for _, m := range ms {
+		if strings.EqualFold(m.name, key) {
+			return m, true
+		}
+	}
+	return member{}, false
+}
+
+// checkMembers refuses what encoding/json would quietly accept in raw, a
+// JSON object decoded into a T: a member given twice, which it reads as
+// the last one (a client's merge gone wrong, or a proxy's and a client's
+// idea of the body disagreeing), and a null, which it reads as the member
+// left out: leaving a member out is how a client asks for a default, and a
+// null is far more likely an unset variable than that wish. A member that
+// takes null as a value of its own (nullable) keeps it. Only the object's
+// own members are checked: the values of task_data and task_output are
+// the client's own JSON, stored and handed back as they are, duplicate
+// keys and all; leasehold reads nothing in them but a sleep task's
+// sleep_duration_seconds. raw must be valid JSON; a T that is not a struct
+// of fields, or a raw that is not an object, passes.
+func checkMembers[T any](raw []byte) error {
+	ms := membersOf(reflect.TypeFor[T]())
+	if ms == nil {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	seen := make(map[string]string, len(ms)) // member name → the key that set it
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return decodeError(err)
+		}
+		key, _ := tok.(string)
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return decodeError(err)
+		}
+		m, ok := lookup(ms, key)
+		if !ok {
+			continue // unknown fields are refused by the decoder
+		}
+		switch first, twice := seen[m.name]; {
+		case twice && first == key:
+			return badRequestf("%q appears twice in the body; give each key once", key)
+		case twice:
+			return badRequestf("%q appears twice in the body (as %q and %q, which name the same field); give each key once", m.name, first, key)
+		}
+		seen[m.name] = key
+		if !m.nullable && string(value) == "null" {
+			if m.optional {
+				return badRequestf("%q is null; leave it out for the default, or give %s", m.name, m.kind)
+			}
+			return badRequestf("%q is null; give %s", m.name, m.kind)
+		}
+	}
+	return nil
 }
 
 // decodeError turns an encoding/json error into a message a user can act on.
@@ -132,6 +265,8 @@ func jsonKind(goKind string) string {
 		return "an array"
 	case "bool":
 		return "true or false"
+	case "float32", "float64":
+		return "a number"
 	default:
 		return "a " + goKind
 	}

@@ -10,11 +10,15 @@ import (
 	"github.com/leasehold/leasehold/lease"
 )
 
+// acquireRequest is the body of POST /api/leases. Like every request body,
+// its optional fields are left out when it is encoded (omitempty), so that
+// it encodes back to a body the API accepts: a null is refused
+// (checkMembers).
 type acquireRequest struct {
 	Resource    string `json:"resource"`
 	Holder      string `json:"holder"`
-	TTLSeconds  *int64 `json:"ttl_seconds"`
-	WaitSeconds *int64 `json:"wait_seconds"`
+	TTLSeconds  *int64 `json:"ttl_seconds,omitempty"`
+	WaitSeconds *int64 `json:"wait_seconds,omitempty"`
 }
 
 func (q acquireRequest) validate() error {
@@ -144,8 +148,8 @@ func unbounded(r *http.Request) (context.Context, time.Duration, context.CancelF
 type renewRequest struct {
 	Resource   string `json:"resource"`
 	Holder     string `json:"holder"`
-	TTLSeconds *int64 `json:"ttl_seconds"`
-	Fence      *int64 `json:"fence"`
+	TTLSeconds *int64 `json:"ttl_seconds,omitempty"`
+	Fence      *int64 `json:"fence,omitempty"`
 }
 
 func (q renewRequest) validate() error {
@@ -177,7 +181,7 @@ func handleLeaseRenew(d Deps) http.Handler {
 type releaseRequest struct {
 	Resource string `json:"resource"`
 	Holder   string `json:"holder"`
-	Fence    *int64 `json:"fence"`
+	Fence    *int64 `json:"fence,omitempty"`
 }
 
 func (q releaseRequest) validate() error {

@@ -36,7 +36,8 @@ type jsonValue struct{ json.RawMessage }
 func (jsonValue) validate() error { return nil }
 
 // decodeValue decodes one JSON value, already read and checked, into a new
-// T, refusing unknown fields.
+// T, refusing unknown fields, and a member given twice or as null, as
+// parseBody does.
 func decodeValue[T any](raw []byte) (T, error) {
 	var v T
 	dec := json.NewDecoder(bytes.NewReader(raw))
@@ -44,7 +45,7 @@ func decodeValue[T any](raw []byte) (T, error) {
 	if err := dec.Decode(&v); err != nil {
 		return v, decodeError(err)
 	}
-	return v, nil
+	return v, checkMembers[T](raw)
 }
 
 // newTaskRequest is one task of POST /api/tasks.
@@ -55,8 +56,8 @@ type newTaskRequest struct {
 	Priority    opt[int64]      `json:"priority,omitzero"`
 	UniqueKey   opt[string]     `json:"unique_key,omitzero"`
 	TTLSeconds  opt[int64]      `json:"ttl_seconds,omitzero"`
-	ScheduledAt *string         `json:"scheduled_at"`
-	MaxAttempts *int64          `json:"max_attempts"`
+	ScheduledAt *string         `json:"scheduled_at,omitempty"`
+	MaxAttempts *int64          `json:"max_attempts,omitempty"`
 }
 
 // scheduleMin and scheduleMax bound scheduled_at to what PostgreSQL stores
@@ -286,7 +287,7 @@ func handleTaskClaim(d Deps) http.Handler {
 // name a field of an embedded struct "heartbeatRequest.fence" in errors.)
 type heartbeatRequest struct {
 	Processor string `json:"processor"`
-	Fence     *int64 `json:"fence"`
+	Fence     *int64 `json:"fence,omitempty"`
 }
 
 func (q heartbeatRequest) validate() error { return checkProcessorFence(q.Processor, q.Fence) }
@@ -300,7 +301,7 @@ func checkProcessorFence(processor string, fence *int64) error {
 
 type completeRequest struct {
 	Processor string `json:"processor"`
-	Fence     *int64 `json:"fence"`
+	Fence     *int64 `json:"fence,omitempty"`
 	// TaskOutput is required, though any JSON value (null included) will
 	// do: a client that forgot it should hear so rather than have the task
 	// completed, at most once, without its result.
@@ -319,7 +320,7 @@ func (q completeRequest) validate() error {
 
 type failRequest struct {
 	Processor string `json:"processor"`
-	Fence     *int64 `json:"fence"`
+	Fence     *int64 `json:"fence,omitempty"`
 	Error     string `json:"error"`
 	// RetryInSeconds, when set, replaces the default backoff: the worker's
 	// own retry policy for the task's kind.
@@ -421,8 +422,8 @@ func handleTaskFail(d Deps) http.Handler {
 // snoozeRequest is the body of PUT /api/tasks/{id}/snooze.
 type snoozeRequest struct {
 	Processor    string       `json:"processor"`
-	Fence        *int64       `json:"fence"`
-	DelaySeconds opt[float64] `json:"delay_seconds,omitzero"`
+	Fence        *int64       `json:"fence,omitempty"`
+	DelaySeconds opt[float64] `json:"delay_seconds,omitzero" required:"true"`
 }
 
 func (q snoozeRequest) validate() error {
@@ -445,7 +446,7 @@ func handleTaskSnooze(d Deps) http.Handler {
 // requeueRequest is the body of PUT /api/tasks/{id}/requeue.
 type requeueRequest struct {
 	Processor string      `json:"processor"`
-	Fence     *int64      `json:"fence"`
+	Fence     *int64      `json:"fence,omitempty"`
 	Reason    opt[string] `json:"reason,omitzero"`
 }
 
@@ -478,7 +479,7 @@ func handleTaskRequeue(d Deps) http.Handler {
 type cancelRequest struct {
 	Reason    opt[string] `json:"reason,omitzero"`
 	Processor opt[string] `json:"processor,omitzero"`
-	Fence     *int64      `json:"fence"`
+	Fence     *int64      `json:"fence,omitempty"`
 }
 
 // defaultCancelReason is the last_error of a task cancelled with no reason.

@@ -223,7 +223,7 @@ func (c *claimWaiters) run(d Deps, ttl time.Duration) {
 			if idleSince.IsZero() {
 				idleSince = time.Now()
 			}
-			if time.Since(idleSince) >= waitLinger {
+			if time.Since(idleSince) >= c.linger() {
 				// Unregistered before the dispatcher counts as stopped, so
 				// that a successor's registration is never undone by it.
 				c.mu.Unlock()
@@ -272,7 +272,7 @@ func (c *claimWaiters) run(d Deps, ttl time.Duration) {
 				next = min(next, notify.BarrierWait)
 			}
 		} else if !idleSince.IsZero() {
-			next = waitLinger - time.Since(idleSince)
+			next = c.linger() - time.Since(idleSince)
 		}
 		timer.Reset(max(next, time.Millisecond))
 		for woken := false; !woken; {
@@ -346,6 +346,15 @@ func (c *claimWaiters) claimFor(d Deps, ttl time.Duration, r claimRound) time.Du
 	}
 	// By the database clock, and a little after, so that it is due.
 	return time.Until(due.Add(-dbNow.Sub(asked))) + 5*time.Millisecond
+}
+
+// linger is how long the dispatcher stays after the last waiter left: with
+// no registration to keep (no listener), not at all.
+func (c *claimWaiters) linger() time.Duration {
+	if c.waiter == nil {
+		return 0
+	}
+	return waitLinger
 }
 
 // stop answers every waiting claim errStopping: the replica shuts down.

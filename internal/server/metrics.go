@@ -47,6 +47,8 @@ type Metrics struct {
 	// taskLeases counts the task leases the workers failed to renew or
 	// lost, as KeepObserver does for the other holders.
 	taskLeases keepObserver
+	// rateLimited counts the requests the per-client rate limit refused.
+	rateLimited prometheus.Counter
 }
 
 // The kinds of lease holder in the metrics' holder label: the REST API's
@@ -80,6 +82,10 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 			Name: "leasehold_http_request_duration_seconds", Help: "HTTP request latency by route.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}, []string{"route"}),
+		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_http_rate_limited_total",
+			Help: "HTTP requests to /api/* and /ws refused with 429 by the per-client rate limit (--rate-limit; off by default).",
+		}),
 		leaseOps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_lease_operations_total",
 			Help: "Lease operations over the API by op (acquire, renew, release) and outcome (ok, conflict, not_held, error).",
@@ -131,7 +137,7 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 		}),
 	}
 	m.initSeries()
-	m.reg.MustRegister(m.requests, m.duration, m.leaseOps, m.taskOps, m.expiries, m.expiryLag,
+	m.reg.MustRegister(m.requests, m.duration, m.rateLimited, m.leaseOps, m.taskOps, m.expiries, m.expiryLag,
 		m.releaseAge, m.won, m.renewFailures, m.lost, m.claimed, m.finished, m.claimWait, m.notifyLag,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -253,6 +253,9 @@ func conformLeases(c *conformance, b bundle) {
 	bad(acquire, "/api/leases", `{"resource": "r", "holder": "a", "wait_seconds": 301}`)
 	bad(acquire, "/api/leases", `{"resource": "r", "holder": "a", "colour": "red"}`)
 	bad(acquire, "/api/leases", `{"resource": "r", "holder": 7}`)
+	bad(acquire, "/api/leases", `{"resource": "report\nnightly", "holder": "a"}`)
+	bad(acquire, "/api/leases", `{"resource": "r", "holder": "a\u0085"}`)
+	bad(acquire, "/api/leases", `{"resource": "r", "holder": "a", "ttl_seconds": null}`)
 	bad(acquire, "/api/leases", `{"resource": "r",`)
 	bad(acquire, "/api/leases", `[]`)
 
@@ -283,6 +286,7 @@ func conformLeases(c *conformance, b bundle) {
 	send("GET /api/leases", "/api/leases?prefix=report:&limit=2&after_id=1", "", http.StatusOK)
 	bad("GET /api/leases", "/api/leases?limit=0", "")
 	bad("GET /api/leases", "/api/leases?after_id=x", "")
+	bad("GET /api/leases", "/api/leases?prefix=report%0A", "")
 	for _, state := range []string{"active", "expired", "renewed", "released"} {
 		op, path := "GET /api/leases/"+state, "/api/leases/"+state
 		if list := send(op, path+"?prefix=report:", "", http.StatusOK); string(list.body) == "[]\n" {
@@ -429,6 +433,10 @@ func conformOthers(c *conformance, b bundle) {
 	send("GET /static/{file}", "/static/app.js", "", http.StatusOK)
 	send("GET /static/{file}", "/static/style.css", "", http.StatusOK)
 	send("GET /static/{file}", "/static/nothing.js", "", http.StatusNotFound)
+	// A range past the end, as a download resumed against a newer binary asks.
+	beyond := []string{"Range", "bytes=100000000-"}
+	c.send(b, exchange{op: "GET /", path: "/", header: beyond, want: http.StatusRequestedRangeNotSatisfiable})
+	c.send(b, exchange{op: "GET /static/{file}", path: "/static/app.js", header: beyond, want: http.StatusRequestedRangeNotSatisfiable})
 }
 
 // conformBadRequests: for every operation, what the server refuses before

@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -253,7 +254,7 @@ func checkString(sc map[string]any, s, at string) error {
 		return fmt.Errorf("%s: a string of %d characters is longer than %d", at, n, hi)
 	}
 	if p, ok := sc["pattern"].(string); ok {
-		re, err := regexp.Compile(p)
+		re, err := regexp.Compile(ecmaPattern(p))
 		if err != nil {
 			return fmt.Errorf("%s: pattern %q: %w", at, p, err)
 		}
@@ -267,6 +268,30 @@ func checkString(sc map[string]any, s, at string) error {
 		}
 	}
 	return nil
+}
+
+// ecmaPattern writes a JSON Schema pattern, an ECMA-262 regular expression,
+// in Go's syntax for what the two spell differently: a \uXXXX escape is
+// \x{XXXX} to Go. The rest of what openapi.json uses (classes, ranges,
+// anchors, \. and the like) is spelled alike.
+func ecmaPattern(p string) string {
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		if p[i] != '\\' || i+1 == len(p) {
+			b.WriteByte(p[i])
+			continue
+		}
+		if p[i+1] == 'u' && i+6 <= len(p) {
+			if _, err := strconv.ParseUint(p[i+2:i+6], 16, 16); err == nil {
+				b.WriteString(`\x{` + p[i+2:i+6] + `}`)
+				i += 5
+				continue
+			}
+		}
+		b.WriteString(p[i : i+2]) // another escape, \\ included, as it is
+		i++
+	}
+	return b.String()
 }
 
 func checkNumber(sc map[string]any, n json.Number, at string) error {
@@ -400,7 +425,7 @@ func TestSchemaValidator(t *testing.T) {
 				"state": {"type": "string", "enum": ["on", "off"]},
 				"kind": {"type": "string", "const": "thing"},
 				"at": {"type": ["string", "null"], "format": "date-time", "pattern": "Z$"},
-				"tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+				"tags": {"type": "array", "items": {"type": "string", "pattern": "^[^\\u0000-\\u001f\\\\]+$"}, "maxItems": 2},
 				"ratio": {"type": "number", "maximum": 1},
 				"any": {"description": "anything"}
 			},
@@ -443,6 +468,9 @@ func TestSchemaValidator(t *testing.T) {
 		{"not a date-time", "Thing", `{"id": 1, "name": "a", "at": "2026-01-02 03:04:05Z"}`, false, "not an RFC 3339 date-time"},
 		{"pattern", "Thing", `{"id": 1, "name": "a", "at": "2026-01-02T03:04:05+01:00"}`, false, "does not match"},
 		{"a bad item", "Thing", `{"id": 1, "name": "a", "tags": ["x", 2]}`, false, `$.tags[1]: 2 is not of type "string"`},
+		{"a \\u escape in a pattern: allowed", "Thing", `{"id": 1, "name": "a", "tags": ["caf\u00e9 \u007f"]}`, false, ""},
+		{"a \\u escape in a pattern: refused", "Thing", `{"id": 1, "name": "a", "tags": ["a\nb"]}`, false, "does not match"},
+		{"an escaped backslash in a pattern", "Thing", `{"id": 1, "name": "a", "tags": ["a\\u0041"]}`, false, "does not match"},
 		{"too many items", "Thing", `{"id": 1, "name": "a", "tags": ["x", "y", "z"]}`, false, "more than 2"},
 		{"open object takes others", "Open", `{"a": true, "b": 1}`, false, ""},
 		{"closed mode refuses others", "Open", `{"a": true, "b": 1}`, true, `the property "b" is not in the schema`},

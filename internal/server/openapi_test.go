@@ -549,3 +549,93 @@ func (c *conformance) checkComponent(what, name string, r response) {
 	c.t.Helper()
 	c.checkAgainst(what, mustResolve(c.t, c.doc.root, "#/components/responses/"+name), r)
 }
+
+// noInput are the operations that take nothing a client could get wrong:
+// no parameters, no body, no credentials, no rate limit. They answer no
+// 4xx, so they declare none; a method their path does not have is the
+// document's one 405 (components.responses.MethodNotAllowed).
+var noInput = []string{"GET /healthz", "GET /readyz", "GET /metrics"}
+
+// TestOpenAPIDeclaresClientErrors: every operation declares at least one
+// 4xx answer, what a client that got its request wrong is told, except
+// those that take no input (noInput), and those are held to taking none.
+func TestOpenAPIDeclaresClientErrors(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := loadOpenAPI(t, data)
+	for _, key := range slices.Sorted(maps.Keys(doc.ops)) {
+		op := doc.ops[key]
+		var clientErrors []string
+		for code := range op["responses"].(map[string]any) {
+			if strings.HasPrefix(code, "4") {
+				clientErrors = append(clientErrors, code)
+			}
+		}
+		if slices.Contains(noInput, key) {
+			if len(clientErrors) > 0 || len(doc.parameters(t, op)) > 0 || op["requestBody"] != nil || doc.secured(op) {
+				t.Errorf("%s is listed as taking no input, but it has parameters, a body, credentials or the 4xx %v; take it out of noInput", key, clientErrors)
+			}
+			continue
+		}
+		if len(clientErrors) == 0 {
+			t.Errorf("%s declares no 4xx answer; list what the handler answers a request it refuses", key)
+		}
+	}
+}
+
+// TestOpenAPINamePattern: every name the API reads (resource, holder,
+// processor, kind, queue, unique_key, in a body or a query) carries the
+// rule of contract §3 as its pattern: no control characters (C0, DEL and
+// C1, what the server's check refuses), besides its length.
+func TestOpenAPINamePattern(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := loadOpenAPI(t, data)
+	v := schemaValidator{root: doc.root}
+	schemas := doc.root["components"].(map[string]any)["schemas"].(map[string]any)
+	names := map[string]any{}
+	for _, schema := range []string{"AcquireRequest", "RenewRequest", "ReleaseRequest", "NewTask", "ClaimRequest",
+		"HeartbeatRequest", "CompleteRequest", "FailRequest", "SnoozeRequest", "RequeueRequest", "CancelRequest"} {
+		props := schemas[schema].(map[string]any)["properties"].(map[string]any)
+		for _, name := range []string{"resource", "holder", "processor", "kind", "queue", "unique_key"} {
+			if p, ok := props[name]; ok {
+				names[schema+"."+name] = p
+			}
+		}
+		for _, list := range []string{"kinds", "queues"} {
+			if p, ok := props[list]; ok {
+				names[schema+"."+list+"[]"] = p.(map[string]any)["items"]
+			}
+		}
+	}
+	if len(names) != 18 {
+		t.Errorf("found %d names in the request schemas, want 18: %v", len(names), slices.Sorted(maps.Keys(names)))
+	}
+	params := doc.root["components"].(map[string]any)["parameters"].(map[string]any)
+	for _, name := range []string{"Prefix", "EventResource", "TaskKind", "TaskQueue"} {
+		names["?"+name] = params[name].(map[string]any)["schema"]
+	}
+	for _, where := range slices.Sorted(maps.Keys(names)) {
+		schema := names[where]
+		if _, ok := schema.(map[string]any)["pattern"]; !ok {
+			t.Errorf("%s has no pattern; give it the no-control-characters rule", where)
+			continue
+		}
+		for _, ok := range []string{"report:nightly", "replica-a/w2", "café ☕", "a b", strings.Repeat("n", 255)} {
+			if err := v.validate(schema, ok); err != nil {
+				t.Errorf("%s refuses the name %q: %v", where, ok, err)
+			}
+		}
+		for _, bad := range []string{"a\nb", "tab\there", "nul\x00", "esc\x1b[0m", "del\x7f", "c1\u0085", "c1\u009f", "\r"} {
+			if err := v.validate(schema, bad); err == nil {
+				t.Errorf("%s accepts the name %q, which has a control character", where, bad)
+			}
+		}
+	}
+}

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 )
 
 // opt is an optional field of a request body that, when sent, must not be
@@ -38,10 +39,15 @@ func (o opt[T]) MarshalJSON() ([]byte, error) {
 	return json.Marshal(o.v)
 }
 
+// valueType is T, for checkMembers' messages.
+func (opt[T]) valueType() reflect.Type { return reflect.TypeFor[T]() }
+
 // IsZero reports a field not sent, for the omitzero option.
 func (o opt[T]) IsZero() bool { return !o.set && !o.null }
 
 // present refuses a null, then checks a value that was sent with check.
+// (parseBody and decodeValue refuse a null before validation, with
+// checkMembers; this keeps an opt safe wherever it is decoded.)
 func (o opt[T]) present(field string, check func(v T) error) error {
 	if o.null {
 		return badRequestf("%q is null; leave it out for the default, or send a value", field)

@@ -184,9 +184,9 @@ func rateLimited(path string) bool {
 }
 
 // limitRate answers 429, with Retry-After in seconds, a request to a
-// limited path from a client over its budget. It runs before the token
-// check, so that guessing tokens costs budget too.
-func limitRate(next http.Handler, l *rateLimiter) http.Handler {
+// limited path from a client over its budget, and counts it in m. It runs
+// before the token check, so that guessing tokens costs budget too.
+func limitRate(next http.Handler, l *rateLimiter, m *Metrics) http.Handler {
 	if l == nil {
 		return next
 	}
@@ -201,6 +201,7 @@ func limitRate(next http.Handler, l *rateLimiter) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		m.rateLimited.Inc()
 		secs := max(1, int64(math.Ceil(wait.Seconds())))
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 		who := "this address"

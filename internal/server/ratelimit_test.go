@@ -86,20 +86,32 @@ func TestRateLimit(t *testing.T) {
 			t.Errorf("GET %s over the limit: %d, want 200", path, rec.Code)
 		}
 	}
-	// A 429 is counted like any answer.
+	// A 429 is counted like any answer, and every refusal once more in a
+	// counter of its own: the 4th request, another port, the websocket and
+	// the sign-in.
 	metrics := from(t, h, alice, "GET", "/metrics").Body.String()
 	if !strings.Contains(metrics, `leasehold_http_requests_total{method="GET",route="GET /api/leases",status="429"} 1`) {
 		t.Errorf("no 429 in the metrics:\n%s", grep(metrics, "status=\"429\""))
 	}
+	if !strings.Contains(metrics, "\nleasehold_http_rate_limited_total 4\n") {
+		t.Errorf("leasehold_http_rate_limited_total: want 4, the requests refused; got:\n%s", grep(metrics, "rate_limited"))
+	}
 }
 
+// TestRateLimitOff: without a RateLimit, as by default, a burst of 300
+// requests from one client is answered in full, and nothing is counted as
+// refused.
 func TestRateLimitOff(t *testing.T) {
 	t.Parallel()
 	h := server.NewServer(testDeps(pgtest.New(t)))
-	for i := range 50 {
+	for i := range 300 {
 		if rec := from(t, h, "192.0.2.1:1", "GET", "/api/nothing"); rec.Code != http.StatusNotFound {
 			t.Fatalf("request %d without a limit: %d, want 404", i+1, rec.Code)
 		}
+	}
+	metrics := from(t, h, "192.0.2.1:1", "GET", "/metrics").Body.String()
+	if !strings.Contains(metrics, "\nleasehold_http_rate_limited_total 0\n") {
+		t.Errorf("leasehold_http_rate_limited_total: want 0 without a limit; got:\n%s", grep(metrics, "rate_limited"))
 	}
 }
 

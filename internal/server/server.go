@@ -58,8 +58,9 @@ type Deps struct {
 	APIToken string
 	// RateLimit is the requests a second one client (an IPv4 address, or an
 	// IPv6 /64) may make to /api/* and /ws once its burst is spent; 429
-	// with Retry-After beyond it. Zero turns the limit off. /healthz,
-	// /readyz, /metrics and the page are never limited.
+	// with Retry-After beyond it, counted in leasehold_http_rate_limited_total.
+	// Zero, the default, turns the limit off. /healthz, /readyz, /metrics
+	// and the page are never limited.
 	RateLimit float64
 	// RateBurst is the requests a client may make at once; zero means
 	// RateLimit rounded up.
@@ -96,7 +97,7 @@ func NewServer(d Deps) http.Handler {
 	h := jsonFallbacks(mux)
 	h = refuseWrongMethodOnSubpaths(h)
 	h = requireToken(h, d.APIToken)
-	h = limitRate(h, newRateLimiter(d.RateLimit, d.RateBurst, d.TrustedProxies, time.Now))
+	h = limitRate(h, newRateLimiter(d.RateLimit, d.RateBurst, d.TrustedProxies, time.Now), d.Metrics)
 	h = recoverPanics(h, d.Log)
 	h = logRequests(h, d.Log, d.Metrics, mux)
 	return h

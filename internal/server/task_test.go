@@ -21,7 +21,8 @@ import (
 func withTaskTTL(ttl time.Duration) option { return func(d *server.Deps) { d.TaskTTL = ttl } }
 
 // taskJSON is the task object of contract §3, with its timestamps as sent
-// (created_at and generator_fence are the task package's additions).
+// (created_at, generator_fence and earlier_attempts are the task package's
+// additions).
 type taskJSON struct {
 	ID                  int64           `json:"id"`
 	Kind                string          `json:"kind"`
@@ -44,6 +45,18 @@ type taskJSON struct {
 	LastError           *string         `json:"last_error"`
 	CreatedAt           string          `json:"created_at"`
 	GeneratorFence      *int64          `json:"generator_fence"`
+	EarlierAttempts     []attemptJSON   `json:"earlier_attempts"`
+}
+
+// attemptJSON is an entry of a task's earlier_attempts, as sent.
+type attemptJSON struct {
+	Processor string  `json:"processor"`
+	Fence     int64   `json:"fence"`
+	StartedAt string  `json:"started_at"`
+	ExpiresAt string  `json:"expires_at"`
+	EndedAt   string  `json:"ended_at"`
+	Outcome   string  `json:"outcome"`
+	Error     *string `json:"error"`
 }
 
 func (tk taskJSON) String() string {
@@ -71,6 +84,18 @@ func checkTask(t *testing.T, tk taskJSON) {
 	} {
 		if p != nil {
 			parseTime(t, name, *p)
+		}
+	}
+	if tk.EarlierAttempts == nil {
+		t.Errorf("task %v: earlier_attempts missing or null, want a list ([] when none)", tk)
+	}
+	for i, a := range tk.EarlierAttempts {
+		started := parseTime(t, fmt.Sprintf("earlier_attempts[%d].started_at", i), a.StartedAt)
+		parseTime(t, fmt.Sprintf("earlier_attempts[%d].expires_at", i), a.ExpiresAt)
+		ended := parseTime(t, fmt.Sprintf("earlier_attempts[%d].ended_at", i), a.EndedAt)
+		if a.Processor == "" || a.Fence < 1 || ended.Before(started) || !slices.Contains(
+			[]string{task.OutcomeExpired, task.OutcomeFailed, task.OutcomeRequeued, task.OutcomeSnoozed, task.OutcomeCancelled}, a.Outcome) {
+			t.Errorf("task %d: earlier_attempts[%d] %+v, want a processor, a fence, an end after its start and a known outcome", tk.ID, i, a)
 		}
 	}
 	if tk.ID < 1 || tk.MaxAttempts < 1 || tk.MaxAttempts > 100 || tk.Attempts < 0 || tk.Attempts > tk.MaxAttempts {
@@ -109,8 +134,12 @@ func checkTask(t *testing.T, tk taskJSON) {
 		} else if tk.MustHeartbeatBefore != nil && parseTime(t, "must_heartbeat_before", *tk.MustHeartbeatBefore).After(parseTime(t, "processed_at", *tk.ProcessedAt)) {
 			t.Errorf("dead task %v: must_heartbeat_before after processed_at, want null or the expiry that lapsed", tk)
 		}
+	case "cancelled":
+		if tk.ProcessedAt == nil || tk.LastError == nil {
+			t.Errorf("cancelled task %v: want processed_at and the reason as last_error", tk)
+		}
 	default:
-		t.Errorf("task %d: state %q, want pending, running, done or dead", tk.ID, tk.State)
+		t.Errorf("task %d: state %q, want pending, running, done, dead or cancelled", tk.ID, tk.State)
 	}
 }
 
@@ -175,7 +204,8 @@ func (b bundle) expireTaskLease(t *testing.T, id int64) {
 }
 
 // earlierAttempts returns the task's attempts that ended otherwise than
-// by its completion, which the API does not show.
+// by its completion, as the database keeps them (the API shows them as
+// earlier_attempts).
 func (b bundle) earlierAttempts(t *testing.T, id int64) []task.Attempt {
 	t.Helper()
 	var raw []byte
@@ -408,6 +438,80 @@ func TestTaskFailRetriesThenDies(t *testing.T) {
 	b.wantNoTaskLeaseRows(t, "after dead", first.ID)
 }
 
+// TestTaskHistoryOnTheWire follows a task's earlier_attempts through the
+// API: none at first ([], not null), the failed attempt with its error once
+// it is dead, kept by the retry and by the next claim (whose attempt is the
+// task's own processor and fence, not yet history), and the cancelled one
+// with its reason; in GET /api/tasks/{id} and in the lists alike.
+func TestTaskHistoryOnTheWire(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	created := b.createTask(t, `{"task_data": {"n": 1}, "kind": "report.render", "max_attempts": 1}`)
+	if len(created.EarlierAttempts) != 0 {
+		t.Errorf("created task: earlier_attempts %+v, want []", created.EarlierAttempts)
+	}
+	path := fmt.Sprintf("/api/tasks/%d", created.ID)
+	if raw := b.do(t, "GET", path, "").want(t, path, http.StatusOK); !bytes.Contains(raw.body, []byte(`"earlier_attempts":[]`)) {
+		t.Errorf("GET %s of a task never claimed: %s, want \"earlier_attempts\":[]", path, raw.body)
+	}
+
+	first := b.claimTask(t, "p1")
+	const reason = "disk full\nat /var/spool"
+	dead := b.taskOp(t, first.ID, "fail", obj{"processor": "p1", "fence": first.fence(t), "error": reason}).
+		want(t, "fail", http.StatusAccepted).task(t, "fail")
+	if dead.State != "dead" {
+		t.Fatalf("after the only attempt failed: %v, want dead", dead)
+	}
+	wantFailed := func(what string, tk taskJSON) {
+		t.Helper()
+		if len(tk.EarlierAttempts) < 1 {
+			t.Fatalf("%s: earlier_attempts %+v, want the failed attempt first", what, tk.EarlierAttempts)
+		}
+		a := tk.EarlierAttempts[0]
+		if a.Outcome != task.OutcomeFailed || a.Error == nil || *a.Error != reason || a.Processor != "p1" || a.Fence != first.fence(t) ||
+			a.StartedAt != *first.StartedAt || a.ExpiresAt != *first.MustHeartbeatBefore {
+			t.Errorf("%s: earlier_attempts[0] %+v, want p1's attempt under fence %d (started %s, lease until %s), failed with %q",
+				what, a, first.fence(t), *first.StartedAt, *first.MustHeartbeatBefore, reason)
+		}
+	}
+	wantFailed("the fail's answer", dead)
+	wantFailed("GET of the dead task", b.getTask(t, first.ID))
+
+	retried := b.do(t, "POST", path+"/retry", `{}`).want(t, "retry", http.StatusAccepted).task(t, "retry")
+	if retried.State != "pending" || len(retried.EarlierAttempts) != 1 {
+		t.Errorf("retried: %v, want pending with its one earlier attempt", retried)
+	}
+	wantFailed("the retry's answer", retried)
+	got := b.getTask(t, first.ID)
+	wantFailed("GET of the retried task", got)
+	for _, list := range []string{"/api/tasks?kind=report.render", "/api/tasks?state=pending&kind=report.render&queue=default", "/api/tasks/started"} {
+		ts := b.do(t, "GET", list, "").want(t, list, http.StatusOK).tasks(t, list)
+		if len(ts) != 1 || ts[0].ID != first.ID {
+			t.Fatalf("GET %s: %v, want task %d", list, ts, first.ID)
+		}
+		wantFailed("GET "+list, ts[0])
+	}
+
+	// The next attempt runs: it is the task's own, not yet history; then
+	// cancelled, it joins the history with the reason.
+	second := b.claimTask(t, "p2")
+	if second.ID != first.ID || len(second.EarlierAttempts) != 1 || *second.Processor != "p2" {
+		t.Fatalf("claim after the retry: %v, want task %d run by p2 with the one earlier attempt", second, first.ID)
+	}
+	cancelled := b.do(t, "POST", path+"/cancel", `{"reason": "no longer wanted"}`).want(t, "cancel", http.StatusAccepted).task(t, "cancel")
+	wantFailed("the cancel's answer", cancelled)
+	if len(cancelled.EarlierAttempts) != 2 {
+		t.Fatalf("cancelled while running: earlier_attempts %+v, want the failed attempt and the cancelled one", cancelled.EarlierAttempts)
+	}
+	if a := cancelled.EarlierAttempts[1]; a.Outcome != task.OutcomeCancelled || a.Processor != "p2" || a.Fence != second.fence(t) ||
+		a.Error == nil || *a.Error != "no longer wanted" {
+		t.Errorf("cancelled while running: earlier_attempts[1] %+v, want p2's attempt under fence %d, cancelled with the reason", a, second.fence(t))
+	}
+	if got := b.getTask(t, first.ID); !reflect.DeepEqual(got.EarlierAttempts, cancelled.EarlierAttempts) {
+		t.Errorf("GET after the cancel: earlier_attempts %+v, want %+v as the cancel answered", got.EarlierAttempts, cancelled.EarlierAttempts)
+	}
+}
+
 func TestTaskLeaseLapse(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t, withTaskTTL(45*time.Second))
@@ -452,7 +556,7 @@ func TestTaskCreateBatch(t *testing.T) {
 	r := b.do(t, "POST", "/api/tasks", `[
 		{"task_data": {"i": 0}},
 		{"task_data": {"i": 1}, "scheduled_at": "2999-01-02T03:04:05.678+01:00", "max_attempts": 1},
-		{"task_data": {"i": 2}, "scheduled_at": null, "max_attempts": 100}
+		{"task_data": {"i": 2}, "max_attempts": 100}
 	]`).want(t, "POST /api/tasks with an array", http.StatusCreated)
 	ts := r.tasks(t, "POST /api/tasks with an array")
 	if len(ts) != 3 {
