@@ -66,3 +66,28 @@ func TestHandlerListsNoDirectory(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryElementTheScriptsNameIsOnThePage: each id a script looks up
+// with $("…") is an element of the page, so that a renamed element cannot
+// leave a script reading null.
+func TestEveryElementTheScriptsNameIsOnThePage(t *testing.T) {
+	t.Parallel()
+	h := Handler()
+	_, _, page := get(h, "/")
+	lookup := regexp.MustCompile(`\$\("([A-Za-z0-9_-]+)"\)`)
+	for _, script := range []string{"/static/app.js", "/static/tasks.js"} {
+		status, _, body := get(h, script)
+		if status != http.StatusOK {
+			t.Fatalf("GET %s: got %d, want 200", script, status)
+		}
+		ids := lookup.FindAllStringSubmatch(body, -1)
+		if len(ids) == 0 {
+			t.Errorf("%s looks up no element by id; the test's pattern is out of date", script)
+		}
+		for _, m := range ids {
+			if !strings.Contains(page, `id="`+m[1]+`"`) {
+				t.Errorf("%s looks up #%s, which the page does not have", script, m[1])
+			}
+		}
+	}
+}

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
@@ -118,10 +120,17 @@ func TestDashboardSignIn(t *testing.T) {
 	r := startReplica(t, buildLeasehold(t), db.URL, "--api-token", token, "--roles", "api")
 	ctx := newBrowser(t, chromium)
 
+	r.token = token
 	step(ctx, t, "the sign-in box",
 		chromedp.Navigate(r.url+"/"),
 		chromedp.WaitVisible(chromedp.CSS(`#signin`)),
 		waitTrue(`document.getElementById("connection").textContent === "disconnected"`))
+	// The tasks view, without the token, says what the API said.
+	step(ctx, t, "the tasks view's 401 before signing in",
+		chromedp.Click(chromedp.CSS(`#nav-tasks`)),
+		chromedp.WaitVisible(chromedp.CSS(`#tasks-view`)),
+		waitTrue(`document.getElementById("tasks-error").textContent.includes("missing or wrong API token")`),
+		chromedp.WaitVisible(chromedp.CSS(`#signin`)))
 	step(ctx, t, "a wrong token refused",
 		chromedp.SendKeys(chromedp.CSS(`#token`), "guess"),
 		chromedp.Click(chromedp.CSS(`#signin button[type=submit]`)),
@@ -132,7 +141,179 @@ func TestDashboardSignIn(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#signin button[type=submit]`)),
 		chromedp.WaitNotVisible(chromedp.CSS(`#signin`)),
 		chromedp.WaitVisible(chromedp.CSS(`#connection.connected`)),
+		waitTrue(`document.getElementById("tasks-error").textContent === ""`),
+		chromedp.WaitVisible(chromedp.CSS(`#task-rows-empty`)),
+		chromedp.Click(chromedp.CSS(`#nav-overview`)),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-resource="instance:browser-test"]`)))
+
+	// A button whose request goes without the token (the session cookie
+	// gone) shows the 401's message and changes nothing.
+	pending := createTask(t, r, map[string]any{"task_data": map[string]any{}, "kind": "report.render"})
+	row := fmt.Sprintf(`#task-rows tr[data-task-id="%d"]`, pending.ID)
+	step(ctx, t, "the pending task in the tasks view",
+		chromedp.Click(chromedp.CSS(`#nav-tasks`)),
+		chromedp.WaitVisible(chromedp.CSS(row+`[data-state="pending"] button.task-cancel`)))
+	step(ctx, t, "the session cookie deleted", func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+		_, err := cdp.Call(ctx, tg, network.DeleteCookies, network.DeleteCookiesParams{Name: "leasehold_token", URL: r.url + "/"})
+		return chromedp.Void{}, err
+	})
+	// A change makes the view read its page again, refused: the sign-in box
+	// shows (before the buttons are clicked, so that it moves none of them
+	// while they are).
+	createTask(t, r, map[string]any{"task_data": map[string]any{}, "kind": "report.render"})
+	step(ctx, t, "the list's 401 once the cookie is gone",
+		waitTrue(`document.getElementById("tasks-error").textContent.includes("Could not list the tasks: missing or wrong API token")`),
+		chromedp.WaitVisible(chromedp.CSS(`#signin`)))
+	step(ctx, t, "Cancel refused with the 401's message",
+		chromedp.Click(chromedp.CSS(row+` button.task-cancel`)),
+		chromedp.Click(chromedp.CSS(row+` button.confirm-yes`)),
+		waitTrue(`document.getElementById("tasks-error").textContent.includes("Could not cancel task `+fmt.Sprint(pending.ID)+`: missing or wrong API token")`),
+		chromedp.WaitVisible(chromedp.CSS(row+`[data-state="pending"] button.task-cancel`)))
+	if got := getTask(t, r, pending.ID); got.State != "pending" {
+		t.Errorf("task %d after the refused cancel: got %s, want pending", pending.ID, got.State)
+	}
+}
+
+// TestDashboardTasks opens the tasks view of a replica with one task
+// running (claimed over REST by a worker of the test's own, under a lease
+// that outlasts the test) and one dead (its only attempt failed), cancels
+// the one and retries the other with the page's buttons and their inline
+// confirmations, and watches both rows (and the open detail) change as
+// the stream reports the changes, without a reload. The detail shows each
+// task's attempts; the pending-by-kind panel leads to the view filtered by
+// kind and queue.
+func TestDashboardTasks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the browser test starts Chromium and a replica; skipped with -short")
+	}
+	chromium := ensureChromium(t)
+	db := pgtest.New(t)
+	r := startReplica(t, buildLeasehold(t), db.URL)
+	ctx := newBrowser(t, chromium)
+
+	// A kind the replica's workers do not run: only the test claims it.
+	const kind, queue, failure = "report.render", "reports", "disk full on /var/spool"
+	running := createTask(t, r, map[string]any{"task_data": map[string]any{"report": "q3"}, "kind": kind, "queue": queue, "ttl_seconds": 3600})
+	if got := claimTask(t, r, "test-worker/1", kind); got.ID != running.ID {
+		t.Fatalf("claim: got task %d, want %d", got.ID, running.ID)
+	}
+	dead := createTask(t, r, map[string]any{"task_data": map[string]any{"report": "q4"}, "kind": kind, "queue": queue, "max_attempts": 1})
+	failed := claimTask(t, r, "test-worker/2", kind)
+	if failed.ID != dead.ID {
+		t.Fatalf("claim: got task %d, want %d", failed.ID, dead.ID)
+	}
+	var afterFail restTask
+	mustDecode(t, r.mustCall(t, "PUT", fmt.Sprintf("/api/tasks/%d/fail", dead.ID),
+		map[string]any{"processor": "test-worker/2", "fence": failed.Fence, "error": failure}, http.StatusAccepted), &afterFail)
+	if afterFail.State != "dead" {
+		t.Fatalf("after its only attempt failed: task %d is %s, want dead", dead.ID, afterFail.State)
+	}
+	runRow := fmt.Sprintf(`#task-rows tr[data-task-id="%d"]`, running.ID)
+	deadRow := fmt.Sprintf(`#task-rows tr[data-task-id="%d"]`, dead.ID)
+
+	step(ctx, t, "the tasks view with the running and the dead task",
+		chromedp.Navigate(r.url+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`#connection.connected`)),
+		chromedp.Evaluate[chromedp.Void](`window.__sameDocument = true`),
+		chromedp.Click(chromedp.CSS(`#nav-tasks`)),
+		chromedp.WaitVisible(chromedp.CSS(runRow+`[data-state="running"] button.task-cancel`)),
+		chromedp.WaitVisible(chromedp.CSS(deadRow+`[data-state="dead"] button.task-retry`)))
+	if p := step1(ctx, t, "the running task's processor", chromedp.Text(chromedp.CSS(runRow+` td.task-processor`))); strings.TrimSpace(p) != "test-worker/1" {
+		t.Errorf("the running task's processor cell: got %q, want test-worker/1", p)
+	}
+
+	// The running task's detail: its attempt is the task's own, running.
+	runDetail := fmt.Sprintf(`#task-detail-body[data-task-id="%d"]`, running.ID)
+	step(ctx, t, "the running task's detail with its running attempt",
+		chromedp.Click(chromedp.CSS(runRow+` td.task-kind`)),
+		chromedp.WaitVisible(chromedp.CSS(runDetail+`[data-state="running"]`)),
+		waitTrue(`document.querySelector('#td-attempts li[data-outcome="running"]')?.textContent.includes("test-worker/1") &&
+			document.querySelectorAll("#td-attempts li").length === 1`))
+
+	const reason = "the quarter was re-run by hand"
+	step(ctx, t, "Cancel on the running task, confirmed",
+		chromedp.Click(chromedp.CSS(runRow+` button.task-cancel`)),
+		chromedp.WaitVisible(chromedp.CSS(runRow+` input.reason`)),
+		chromedp.SendKeys(chromedp.CSS(runRow+` input.reason`), reason),
+		chromedp.Click(chromedp.CSS(runRow+` button.confirm-yes`)))
+	step(ctx, t, "the running task's row and detail shown cancelled, its attempt with the reason",
+		chromedp.WaitVisible(chromedp.CSS(runRow+`[data-state="cancelled"] button.task-retry`)),
+		waitTrue(`document.querySelector('`+runRow+` .task-state').textContent === "cancelled"`),
+		chromedp.WaitVisible(chromedp.CSS(runDetail+`[data-state="cancelled"]`)),
+		waitTrue(fmt.Sprintf(`document.querySelector('#td-attempts li[data-outcome="cancelled"] pre.attempt-error')?.textContent === %q &&
+			document.querySelectorAll("#td-attempts li").length === 1`, reason)))
+	if got := getTask(t, r, running.ID); got.State != "cancelled" || got.LastError == nil || *got.LastError != reason {
+		t.Errorf("task %d after Cancel: %+v, want cancelled with last_error %q", running.ID, got, reason)
+	}
+
+	step(ctx, t, "Retry on the dead task, confirmed",
+		chromedp.Click(chromedp.CSS(deadRow+` button.task-retry`)),
+		chromedp.Click(chromedp.CSS(deadRow+` button.confirm-yes`)))
+	step(ctx, t, "the dead task's row shown back in the queue",
+		waitTrue(`["pending", "running"].includes(document.querySelector('`+deadRow+`')?.dataset.state)`))
+	if got := getTask(t, r, dead.ID); got.State != "pending" && got.State != "running" {
+		t.Errorf("task %d after Retry: %s, want pending or running", dead.ID, got.State)
+	}
+	step(ctx, t, "no reload", waitTrue(`window.__sameDocument === true`))
+
+	// The retried task's detail: its failed attempt, with its error.
+	failedAttempt := `#td-attempts li[data-outcome="failed"]`
+	step(ctx, t, "the retried task's detail with its failed attempt",
+		chromedp.Click(chromedp.CSS(deadRow+` td.task-kind`)),
+		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`#task-detail-body[data-task-id="%d"]`, dead.ID))),
+		chromedp.WaitVisible(chromedp.CSS(failedAttempt)),
+		waitTrue(fmt.Sprintf(`(() => { const li = document.querySelector(%q);
+			return li.querySelector("pre.attempt-error")?.textContent === %q && li.textContent.includes("test-worker/2") && li.textContent.includes("fence %d"); })()`,
+			failedAttempt, failure, failed.Fence)))
+	saveScreenshot(ctx, t, "dashboard-tasks.png")
+
+	// The pending-by-kind panel leads to the kind's pending tasks.
+	pendingRow := `#pending-kinds tr[data-queue="reports"][data-kind="report.render"]`
+	step(ctx, t, "the pending-by-kind row of the retried task's kind",
+		chromedp.Click(chromedp.CSS(`#nav-overview`)),
+		chromedp.WaitVisible(chromedp.CSS(pendingRow)),
+		chromedp.Click(chromedp.CSS(pendingRow+` td:nth-child(2) a`)),
+		chromedp.WaitVisible(chromedp.CSS(`#tasks-view`)),
+		waitTrue(`document.getElementById("tf-kind").value === "report.render" && document.getElementById("tf-queue").value === "reports" &&
+			document.getElementById("tf-state").value === "pending"`),
+		waitTrue(fmt.Sprintf(`(() => { const rows = [...document.querySelectorAll("#task-rows tr")];
+			return rows.length === 1 && rows[0].dataset.taskId === "%d"; })()`, dead.ID)))
+}
+
+// restTask is the part of a task the browser tests read.
+type restTask struct {
+	ID        int64   `json:"id"`
+	State     string  `json:"state"`
+	Fence     int64   `json:"fence"`
+	LastError *string `json:"last_error"`
+}
+
+func mustDecode(t *testing.T, body []byte, v any) {
+	t.Helper()
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("decode %s: %v", body, err)
+	}
+}
+
+func createTask(t *testing.T, r *replica, body map[string]any) restTask {
+	t.Helper()
+	var tk restTask
+	mustDecode(t, r.mustCall(t, "POST", "/api/tasks", body, http.StatusCreated), &tk)
+	return tk
+}
+
+func claimTask(t *testing.T, r *replica, processor, kind string) restTask {
+	t.Helper()
+	var tk restTask
+	mustDecode(t, r.mustCall(t, "POST", "/api/tasks/next", map[string]any{"processor": processor, "kinds": []string{kind}}, http.StatusOK), &tk)
+	return tk
+}
+
+func getTask(t *testing.T, r *replica, id int64) restTask {
+	t.Helper()
+	var tk restTask
+	mustDecode(t, r.mustCall(t, "GET", fmt.Sprintf("/api/tasks/%d", id), nil, http.StatusOK), &tk)
+	return tk
 }
 
 // measureCommitToDOM acquires n leases one after another and logs how long
@@ -272,8 +453,25 @@ func step(ctx context.Context, t *testing.T, what string, actions ...chromedp.Ac
 	sctx, cancel := context.WithTimeout(ctx, stepTimeout)
 	defer cancel()
 	if err := chromedp.Do(sctx, actions...); err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
+		t.Fatalf("waiting for %s: %v\n%s", what, err, pageState(ctx))
 	}
+}
+
+// pageState describes what the page showed, for a failed step's message.
+func pageState(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify({
+		hash: location.hash,
+		connection: document.getElementById("connection")?.textContent,
+		signinShown: !document.getElementById("signin")?.hidden,
+		tasksError: document.getElementById("tasks-error")?.textContent,
+		taskRows: [...document.querySelectorAll("#task-rows tr")].map(tr => tr.dataset.taskId + ":" + tr.dataset.state + ":" + tr.querySelector("td.actions")?.textContent),
+	})`))
+	if err != nil {
+		return "(the page's state could not be read: " + err.Error() + ")"
+	}
+	return "the page: " + s
 }
 
 // step1 is step for one action with a value.
@@ -350,6 +548,8 @@ func buildLeasehold(t *testing.T) string {
 type replica struct {
 	url    string
 	client *http.Client
+	// token, when set, goes with every mustCall as its Bearer token.
+	token string
 }
 
 // startReplica runs `leasehold serve` on a free port of 127.0.0.1 with the
@@ -464,6 +664,9 @@ func (r *replica) mustCall(t *testing.T, method, path string, body any, want int
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if r.token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	}
 	res, err := r.client.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)

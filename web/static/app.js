@@ -1,11 +1,14 @@
-// The leasehold dashboard. Everything it shows comes from /ws: a snapshot
-// on every connection, which replaces the page's state, then one message
-// per change. Buttons act through the REST API of whichever replica serves
-// the page. The page never asks for all tasks: the server sends counts and
-// the newest items.
+// The leasehold dashboard. Everything the overview shows comes from /ws: a
+// snapshot on every connection, which replaces the page's state, then one
+// message per change. Buttons act through the REST API of whichever replica
+// serves the page. The overview never asks for all tasks: the server sends
+// counts and the newest items. The tasks view (#tasks, tasks.js) reads
+// pages of tasks through the REST API, again whenever the stream says
+// tasks changed.
 
 import { Stream } from "./stream.js";
 import { css, series, timeline } from "./charts.js";
+import { createTasksView, parseRoute, routeHash } from "./tasks.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -314,7 +317,7 @@ function addEvent(ev) {
 // ---- Tasks -----------------------------------------------------------------
 function setTasks(t) {
   state.tasks = t;
-  for (const k of ["pending", "running", "done", "dead"]) $("tasks-" + k).textContent = numFmt.format(t[k] ?? 0);
+  for (const k of ["pending", "running", "done", "dead", "cancelled"]) $("tasks-" + k).textContent = numFmt.format(t[k] ?? 0);
   $("tasks-rate").textContent = numFmt.format(t.done_last_minute ?? 0);
   state.samples.push({ t: now(), done: t.done ?? 0, pending: t.pending ?? 0 });
   const cutoff = now() - windowMs - 60000;
@@ -332,11 +335,16 @@ function kindCells(task) {
   ];
 }
 
+// idCell is a task's id, linking to its detail in the tasks view.
+function idCell(task) {
+  return el("td", { class: "num" }, el("a", { class: "plain", href: routeHash({ id: String(task.id) }), title: `Task ${task.id} and its attempts` }, String(task.id)));
+}
+
 function renderRunning() {
   const running = state.tasks?.running_tasks ?? [];
   const t = now();
   $("running").replaceChildren(...running.map((task) => el("tr", {},
-    el("td", { class: "num", text: task.id }),
+    idCell(task),
     ...kindCells(task),
     el("td", { class: "ellipsis", title: task.processor ?? "", text: task.processor ?? "–" }),
     el("td", { class: "num", text: `${task.attempts}/${task.max_attempts}` }),
@@ -347,7 +355,7 @@ function renderRunning() {
 function renderDead() {
   const dead = state.tasks?.dead_tasks ?? [];
   $("dead").replaceChildren(...dead.map((task) => el("tr", {},
-    el("td", { class: "num", text: task.id }),
+    idCell(task),
     ...kindCells(task),
     el("td", { class: "num", text: task.attempts }),
     el("td", { class: "wrap", text: task.last_error ?? "–" }))));
@@ -371,9 +379,11 @@ function renderPending() {
     // No message comes while nothing changes, yet the wait goes on
     // growing: keep when it began (database clock) and count from there.
     if (p.oldest_wait_seconds > 0) wait.dataset.since = String(t - p.oldest_wait_seconds * 1000);
-    return el("tr", { "data-queue": p.queue, "data-kind": p.kind },
-      el("td", { class: "ellipsis tag", title: p.queue, text: p.queue }),
-      el("td", { class: "ellipsis tag", title: p.kind, text: p.kind }),
+    // Each row leads to its pending tasks in the tasks view.
+    const href = routeHash({ state: "pending", kind: p.kind, queue: p.queue });
+    return el("tr", { class: "link", "data-queue": p.queue, "data-kind": p.kind, "data-href": href },
+      el("td", { class: "ellipsis tag" }, el("a", { class: "plain", href, title: `The pending ${p.kind} tasks of ${p.queue}` }, p.queue)),
+      el("td", { class: "ellipsis tag" }, el("a", { class: "plain", href, title: `The pending ${p.kind} tasks of ${p.queue}`, tabindex: "-1" }, p.kind)),
       el("td", { class: "num", text: p.count >= maxPendingCount ? numFmt.format(maxPendingCount) + "+" : numFmt.format(p.count) }),
       wait);
   }));
@@ -487,9 +497,9 @@ function activeHolder(resource) {
 // ---- Messages --------------------------------------------------------------
 function onMessage(msg) {
   switch (msg.type) {
-    case "snapshot": return applySnapshot(msg);
+    case "snapshot": applySnapshot(msg); return tasksView.hint();
     case "lease": return applyLease(msg);
-    case "tasks": return setTasks(msg);
+    case "tasks": setTasks(msg); return tasksView.hint();
     case "generator": return setGenerator(msg);
     case "instances": state.instances = msg.instances ?? []; return renderInstances();
     case "instance": return upsertInstance(msg.instance);
@@ -576,6 +586,7 @@ $("signin").addEventListener("submit", async (e) => {
   $("token").value = "";
   $("signin").hidden = true;
   stream.resume();
+  tasksView.reload();
 });
 
 // ---- Connection ------------------------------------------------------------
@@ -609,6 +620,35 @@ const stream = new Stream(wsURL.href, {
     } catch { /* the replica is down: keep trying */ }
     return false;
   },
+});
+
+// ---- Views -----------------------------------------------------------------
+// The overview at #, the tasks view at #tasks (its filters and task in the
+// hash too, so that both can be linked to and Back works).
+const tasksView = createTasksView({
+  $, el, api, errorText, now, age,
+  signIn: () => { $("signin").hidden = false; },
+});
+
+function route() {
+  const tasks = parseRoute(location.hash);
+  $("overview").hidden = tasks !== null;
+  $("tasks-view").hidden = tasks === null;
+  $("lease-filter").hidden = tasks !== null;
+  for (const [id, on] of [["nav-overview", tasks === null], ["nav-tasks", tasks !== null]]) {
+    if (on) $(id).setAttribute("aria-current", "page");
+    else $(id).removeAttribute("aria-current");
+  }
+  if (tasks) tasksView.open(tasks);
+  else {
+    tasksView.close();
+    tick(); // the charts were not drawn while hidden
+  }
+}
+window.addEventListener("hashchange", route);
+$("pending-kinds").addEventListener("click", (e) => {
+  const tr = e.target.closest("tr[data-href]");
+  if (tr && !e.target.closest("a")) location.hash = tr.dataset.href;
 });
 
 // ---- Controls --------------------------------------------------------------
@@ -645,6 +685,8 @@ function frame() {
 
 function tick() {
   const t = now();
+  tasksView.tick(t);
+  if ($("overview").hidden) return;
   for (const td of $("running").querySelectorAll("td[data-since]")) td.textContent = age(t - ms(td.dataset.since));
   drawPendingWaits(t);
   for (const td of $("instances").querySelectorAll("td[data-seen]")) {
@@ -660,5 +702,5 @@ requestAnimationFrame(frame);
 setInterval(tick, 500);
 window.addEventListener("resize", tick);
 leaseSummary();
-tick();
+route();
 stream.start();
