@@ -25,6 +25,8 @@ usage:
   leasehold chaos-app [flags]  one of the chaos soak's applications on the Go library (the soak starts them)
   leasehold lease    CMD [flags]   acquire, renew, release, get or list leases over a server's REST API (see docs/cli.md)
   leasehold exec     [flags] -- CMD ARGS...   run CMD only while holding a lease: leasehold exec --resource R -- CMD ARGS...
+  leasehold work     [flags] -- CMD ARGS...   a task worker for any program: leasehold work --kind K -- CMD ARGS... runs CMD for each task of kind K
+  leasehold task     CMD [flags]   add, get, list, cancel or retry tasks over a server's REST API (see docs/cli.md)
   leasehold localdb            start or reuse the local development PostgreSQL; print its URL
   leasehold version            print the version
 
@@ -109,6 +111,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runLease(ctx, rest, getenv, stdout, stderr)
 	case "exec":
 		return runExec(ctx, rest, getenv, stdout, stderr)
+	case "work":
+		return runWork(ctx, rest, getenv, stderr)
+	case "task":
+		return runTask(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil
