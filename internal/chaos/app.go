@@ -28,9 +28,20 @@ const (
 	// fails and a retry after the kind's backoff completes it.
 	KindFlaky = "chaos_flaky"
 
+	// KindShell: run by `leasehold work` processes as a shell command (shellScript):
+	// it sleeps, fails its first attempt when asked to, and prints its input with the
+	// attempt and fence it ran under.
+	KindShell = "chaos_shell"
+
 	// AppEmbedded and AppRemote are the two applications' names (their Config.ID).
 	AppEmbedded = "app-embedded"
 	AppRemote   = "app-remote"
+	// WorkA and WorkB are the two `leasehold work` processes (their --processor), on
+	// the front door, each with workSlots slots.
+	WorkA = "work-a"
+	WorkB = "work-b"
+	// workSlots is each work process's --concurrency.
+	workSlots = 4
 
 	// appWorkers is each application's concurrency.
 	appWorkers = 4
@@ -61,6 +72,36 @@ type FlakyArgs struct {
 
 // Kind names the kind.
 func (FlakyArgs) Kind() string { return KindFlaky }
+
+// ShellArgs are the arguments of a KindShell task.
+type ShellArgs struct {
+	SleepMS   int  `json:"sleep_ms"` // below 1000
+	FailFirst bool `json:"fail_first"`
+}
+
+// ShellOutput is what a KindShell task's output must be: its arguments, and the
+// attempt and fence of the run that printed them.
+type ShellOutput struct {
+	Data    ShellArgs `json:"data"`
+	Attempt int       `json:"attempt"`
+	Fence   int64     `json:"fence"`
+}
+
+// shellScript is the command of the work processes: plain sh, as a user's script
+// would be. It reads the task's data from stdin and its attempt and fence from the
+// environment leasehold work gives it.
+const shellScript = `data=$(cat)
+ms=$(printf '%s' "$data" | sed -n 's/.*"sleep_ms": *\([0-9]*\).*/\1/p')
+sleep "$(printf '0.%03d' "${ms:-0}")"
+case "$data" in
+*'"fail_first": true'* | *'"fail_first":true'*)
+	if [ "$LEASEHOLD_ATTEMPT" = 1 ]; then
+		echo "failing the first attempt, as asked" >&2
+		exit 3
+	fi ;;
+esac
+printf '{"data": %s, "attempt": %s, "fence": %s}\n' "$data" "$LEASEHOLD_ATTEMPT" "$LEASEHOLD_FENCE"
+`
 
 // Digest is what a KindDigest task's output must be.
 func Digest(text string, rounds int) string {

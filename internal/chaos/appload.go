@@ -27,8 +27,9 @@ type AppStats struct {
 }
 
 // createAppTasks creates tasks of the applications' kinds over the API of random replicas
-// until ctx ends, as createTasks does the demo's: digests, some asking to snooze, and
-// flaky sleeps, some failing their first attempt.
+// until ctx ends, as createTasks does the demo's: digests, some asking to snooze, flaky
+// sleeps, some failing their first attempt, and shell commands for the work processes,
+// some failing their first attempt too.
 func (s *soak) createAppTasks(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(s.opts.Seed, 3))
 	type body struct {
@@ -38,11 +39,14 @@ func (s *soak) createAppTasks(ctx context.Context) {
 	s.postTasks(ctx, rng, 200*time.Millisecond, func() any {
 		batch := make([]body, 1+rng.IntN(maxBatch))
 		for i := range batch {
-			if rng.IntN(2) == 0 {
+			switch rng.IntN(3) {
+			case 0:
 				batch[i] = body{Kind: KindDigest, TaskData: DigestArgs{
 					Text: fmt.Sprintf("text %d", rng.Uint64()), Rounds: 1 + rng.IntN(1000), Snooze: rng.IntN(4) == 0}}
-			} else {
+			case 1:
 				batch[i] = body{Kind: KindFlaky, TaskData: FlakyArgs{SleepMS: rng.IntN(800), FailFirst: rng.IntN(3) == 0}}
+			default:
+				batch[i] = body{Kind: KindShell, TaskData: ShellArgs{SleepMS: rng.IntN(800), FailFirst: rng.IntN(4) == 0}}
 			}
 		}
 		return batch
@@ -102,8 +106,8 @@ func (s *soak) checkApps(ctx context.Context) error {
 	defer cancel()
 	stats := AppStats{Done: map[string]int{}, DoneBy: map[string]int{}}
 	rows, err := s.pool.Query(ctx, `
-		SELECT id, kind, state, coalesce(processor, ''), task_data, coalesce(task_output, 'null'), earlier_attempts
-		FROM tasks WHERE kind = ANY($1) ORDER BY id`, []string{KindDigest, KindFlaky})
+		SELECT id, kind, state, coalesce(processor, ''), coalesce(fence, 0), task_data, coalesce(task_output, 'null'), earlier_attempts
+		FROM tasks WHERE kind = ANY($1) ORDER BY id`, []string{KindDigest, KindFlaky, KindShell})
 	if err != nil {
 		return err
 	}
@@ -127,9 +131,12 @@ func (s *soak) checkApps(ctx context.Context) error {
 				SleptMS int `json:"slept_ms"`
 				Attempt int `json:"attempt"`
 			}
+			shellArgs               ShellArgs
+			shellOut                ShellOutput
+			fence                   int64
 			snoozed, failedAttempts int
 		)
-		if err := rows.Scan(&id, &kind, &state, &processor, &data, &output, &attempts); err != nil {
+		if err := rows.Scan(&id, &kind, &state, &processor, &fence, &data, &output, &attempts); err != nil {
 			return err
 		}
 		if err := json.Unmarshal(attempts, &history); err != nil {
@@ -158,7 +165,10 @@ func (s *soak) checkApps(ctx context.Context) error {
 		stats.Done[kind]++
 		app, _, _ := strings.Cut(processor, "/")
 		stats.DoneBy[app]++
-		if app != AppEmbedded && app != AppRemote {
+		switch {
+		case kind == KindShell && app != WorkA && app != WorkB:
+			bad("task %d (%s) was completed by %q, not by a work process", id, kind, processor)
+		case kind != KindShell && app != AppEmbedded && app != AppRemote:
 			bad("task %d (%s) was completed by %q, not by an application", id, kind, processor)
 		}
 		if snoozed > 0 {
@@ -173,6 +183,16 @@ func (s *soak) checkApps(ctx context.Context) error {
 				bad("task %d: data %s, output %s do not decode", id, data, output)
 			} else if want := Digest(digestArgs.Text, digestArgs.Rounds); digestOut.Digest != want {
 				bad("task %d: output %s, want the digest %s", id, output, want)
+			}
+		case KindShell:
+			// The output is the script's: its input, and the attempt and fence it ran
+			// under, which must be the completed attempt's (a run whose lease was lost
+			// reports nothing).
+			if json.Unmarshal(data, &shellArgs) != nil || json.Unmarshal(output, &shellOut) != nil {
+				bad("task %d: data %s, output %s do not decode", id, data, output)
+			} else if shellOut.Data != shellArgs || shellOut.Fence != fence || shellOut.Attempt < 1 ||
+				(shellArgs.FailFirst && shellOut.Attempt < 2) {
+				bad("task %d: output %s, for %s under fence %d", id, output, data, fence)
 			}
 		case KindFlaky:
 			if json.Unmarshal(data, &flakyArgs) != nil || json.Unmarshal(output, &flakyOut) != nil {
@@ -208,6 +228,8 @@ func (s *soak) checkApps(ctx context.Context) error {
 		bad("the embedded application inserted no order")
 	case stats.DoneBy[AppEmbedded] == 0 || stats.DoneBy[AppRemote] == 0:
 		bad("tasks completed by application: %v; want both to have completed some", stats.DoneBy)
+	case stats.DoneBy[WorkA] == 0 || stats.DoneBy[WorkB] == 0:
+		bad("tasks completed by work process: %v; want both to have completed some", stats.DoneBy)
 	}
 	s.mu.Lock()
 	s.appStats.Done, s.appStats.DoneBy = stats.Done, stats.DoneBy

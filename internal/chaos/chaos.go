@@ -324,6 +324,12 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 		s.apps = append(s.apps, r)
 		children = append(children, s.appChild(r))
 	}
+	for _, name := range []string{WorkA, WorkB} {
+		r := &replica{name: name, command: true, exited: make(chan struct{})}
+		close(r.exited)
+		s.apps = append(s.apps, r)
+		children = append(children, s.workChild(r))
+	}
 	supCtx, stopReplicas := context.WithCancel(context.WithoutCancel(ctx))
 	supDone := make(chan error, 1)
 	go func() { supDone <- s.sup.Run(supCtx, children) }()

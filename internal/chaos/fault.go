@@ -64,7 +64,7 @@ func (s *soak) inject(ctx context.Context, rng *rand.Rand, kind Kind) (Fault, bo
 	if kind == KindDBRestart {
 		return s.restartDB(ctx, rng), true
 	}
-	victim := s.pickVictim(ctx, rng, kind == KindKill)
+	victim := s.pickVictim(ctx, rng, kind == KindKill, kind == KindDisconnect)
 	if victim == nil {
 		s.log.Info().Str("fault", string(kind)).Msg("chaos: no replica is running; fault skipped")
 		return Fault{}, false
@@ -82,11 +82,12 @@ func (s *soak) inject(ctx context.Context, rng *rand.Rand, kind Kind) (Fault, bo
 	panic("chaos: unknown fault " + string(kind))
 }
 
-// pickVictim returns a running replica at random; with busy, one running tasks if any is.
-func (s *soak) pickVictim(ctx context.Context, rng *rand.Rand, busy bool) *replica {
+// pickVictim returns a running replica at random; with busy, one running tasks if any is;
+// with connected, one with connections to the database of its own (not a work process).
+func (s *soak) pickVictim(ctx context.Context, rng *rand.Rand, busy, connected bool) *replica {
 	var running []*replica
 	for _, r := range s.members() {
-		if r.running() != "" {
+		if r.running() != "" && (!connected || !r.command) {
 			running = append(running, r)
 		}
 	}
@@ -178,9 +179,10 @@ func (s *soak) watchReclaim(ctx context.Context, victim string, ids, fences []in
 					if d := startedAt.Sub(killedAt); d > longest || longestID == 0 {
 						longest, longestID = d, id
 					}
-				case state == "done" || state == "dead":
+				case state == "done" || state == "dead" || state == "cancelled":
 					// Finished under the victim's fence: completed just before the kill,
-					// or declared dead by a claim when its attempts were used up.
+					// declared dead by a claim when its attempts were used up, or
+					// cancelled by the soak's operator before anyone claimed it again.
 					delete(waiting, id)
 					finished++
 				}

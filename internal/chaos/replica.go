@@ -28,6 +28,9 @@ const requestTimeout = 3 * time.Second
 // replica is one supervised "leasehold serve" process, across its restarts.
 type replica struct {
 	name string
+	// command: a `leasehold work` process, with no address to ask whether it is
+	// ready and no connection to the database of its own.
+	command bool
 
 	mu      sync.Mutex
 	addr    string        // while a process runs; "" otherwise
@@ -152,6 +155,26 @@ func (s *soak) appChild(r *replica) supervise.Child {
 	}
 }
 
+// workChild is a `leasehold work` process of the soak for the supervisor: on the front
+// door, its slots named after r, running shellScript. It has no address: it counts as
+// running from its start.
+func (s *soak) workChild(r *replica) supervise.Child {
+	return supervise.Child{
+		Name: r.name,
+		Command: func() (*exec.Cmd, error) {
+			cmd := exec.Command(s.opts.Binary, "work", "--url", s.doorURL, "--processor", r.name,
+				"--kind", KindShell, "--concurrency", strconv.Itoa(workSlots),
+				"--shutdown-grace", shutdownGrace.String(), "--kill-grace", shutdownGrace.String(),
+				"--log-level", s.opts.ReplicaLogLevel,
+				"--", "/bin/sh", "-c", shellScript)
+			cmd.Env = environWithout(os.Environ(), "DATABASE_URL", "LEASEHOLD_")
+			return cmd, nil
+		},
+		Started: func(int) { r.start("(no address)") },
+		Exited:  r.exit,
+	}
+}
+
 // startFrontDoor serves the front door over the replicas on a port of 127.0.0.1.
 func (s *soak) startFrontDoor() (*http.Server, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -203,7 +226,9 @@ func (s *soak) waitReady(ctx context.Context) error {
 	ready := map[string]bool{}
 	for {
 		for _, r := range s.members() {
-			if addr := r.running(); addr != "" && !ready[r.name] {
+			if addr := r.running(); addr != "" && !ready[r.name] && r.command {
+				ready[r.name] = true
+			} else if addr != "" && !ready[r.name] {
 				status, err := s.call(ctx, addr, http.MethodGet, "/readyz", nil, nil)
 				ready[r.name] = err == nil && status == http.StatusOK
 			}
