@@ -21,7 +21,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs := flag.NewFlagSet("leasehold bench", flag.ContinueOnError)
 	var (
 		dbURL     = fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL; scenarios create databases beside its (env DATABASE_URL; default: the local PostgreSQL)")
-		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog)")
+		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog) and longpoll (long-poll claims, leasehold work; a few minutes)")
 		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
 		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
 		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts")
@@ -34,12 +34,17 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		processes = fs.Bool("processes", false, "drain also with each replica a process of this binary")
 		backlog   = fs.String("backlog", "", "run the backlog scenario too, draining these pending counts, comma-separated (e.g. 10000,100000,500000)")
 		blWorkers = fs.Int("backlog-workers", 100, "workers of backlog's one replica")
+		waiters   = fs.Int("waiters", bench.DefaultWaiters, "claims longpoll keeps waiting while it times wake-ups")
+		idleWait  = fs.Int("idle-waiters", bench.DefaultIdleWaiters, "claims longpoll holds waiting while it counts what they cost")
+		idleHold  = fs.Duration("idle-hold", bench.DefaultIdleHold, "how long longpoll holds its idle waiters (and as long with none)")
+		restWork  = fs.Int("rest-workers", bench.DefaultRESTWorkers, "longpoll's HTTP workers per replica, and the slots of each of its leasehold work processes")
 	)
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
 	cfg := bench.Config{DatabaseURL: *dbURL, Duration: *duration, Tasks: *tasks, Replicas: *replicas,
-		Workers: *workers, Samples: *samples, SteadyRate: *rate, Fanout: *fanout, Log: stderr}
+		Workers: *workers, Samples: *samples, SteadyRate: *rate, Fanout: *fanout, Log: stderr,
+		Waiters: *waiters, IdleWaiters: *idleWait, IdleHold: *idleHold, RESTWorkers: *restWork}
 	for _, s := range strings.Split(*scenarios, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			cfg.Scenarios = append(cfg.Scenarios, s)
@@ -65,11 +70,21 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		cfg.Clients = append(cfg.Clients, n)
 	}
+	if *waiters <= 0 || *idleWait <= 0 || *idleHold <= 0 || *restWork <= 0 {
+		return usagef("--waiters, --idle-waiters, --idle-hold and --rest-workers must be above 0")
+	}
 	if *duration <= 0 || *tasks <= 0 || *replicas <= 0 || *workers <= 0 || *samples <= 0 || *rate <= 0 || *fanout <= 0 || *blWorkers <= 0 {
 		return usagef("--duration, --tasks, --replicas, --workers, --samples, --steady-rate, --fanout and --backlog-workers must be above 0")
 	}
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
+	}
+	if slices.Contains(cfg.Scenarios, "longpoll") {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find this binary for longpoll's leasehold work: %w", err)
+		}
+		cfg.Work = exe
 	}
 	if *processes {
 		exe, err := os.Executable()

@@ -33,7 +33,7 @@ import (
 var Scenarios = []string{"baseline", "leases", "drain", "steady", "latency", "notify-cost", "fanout"}
 
 // Optional are the scenarios that run only when named: long ones.
-var Optional = []string{"backlog"}
+var Optional = []string{"backlog", "longpoll"}
 
 // Config is what to measure and how hard.
 type Config struct {
@@ -53,6 +53,14 @@ type Config struct {
 	// replica of BacklogWorkers workers (0: 100).
 	Backlog        []int
 	BacklogWorkers int
+	// Waiters are the claims longpoll keeps waiting while it times wake-ups (0:
+	// DefaultWaiters); IdleWaiters wait IdleHold while it counts what they cost (0:
+	// DefaultIdleWaiters, DefaultIdleHold); RESTWorkers are its HTTP workers per replica,
+	// and the slots of each of its `leasehold work` processes (0: DefaultRESTWorkers).
+	Waiters, IdleWaiters, RESTWorkers int
+	IdleHold                          time.Duration
+	// Work, when set, is a leasehold binary whose `work` command longpoll runs.
+	Work string
 	// Executable, when set, is a leasehold binary: drain then also runs its replicas as
 	// processes of it (`serve --roles worker`), as production does.
 	Executable string
@@ -95,6 +103,18 @@ func (c Config) withDefaults() Config {
 	if c.BacklogWorkers == 0 {
 		c.BacklogWorkers = 100
 	}
+	if c.Waiters == 0 {
+		c.Waiters = DefaultWaiters
+	}
+	if c.IdleWaiters == 0 {
+		c.IdleWaiters = DefaultIdleWaiters
+	}
+	if c.IdleHold == 0 {
+		c.IdleHold = DefaultIdleHold
+	}
+	if c.RESTWorkers == 0 {
+		c.RESTWorkers = DefaultRESTWorkers
+	}
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
@@ -118,6 +138,12 @@ func (c Config) Validate() error {
 		if n < 1 || n > 256 {
 			errs = append(errs, fmt.Errorf("clients %d must be between 1 and 256", n))
 		}
+	}
+	if c.IdleHold > 270*time.Second {
+		errs = append(errs, fmt.Errorf("idle hold %s must be at most 4m30s (a claim waits at most 300 s)", c.IdleHold))
+	}
+	if c.Waiters < 0 || c.IdleWaiters < 0 || c.RESTWorkers < 0 || c.IdleHold < 0 {
+		errs = append(errs, errors.New("waiters, idle waiters, REST workers and the idle hold must not be negative"))
 	}
 	if c.Duration < 0 || c.Tasks < 0 || c.Replicas < 0 || c.Workers < 0 || c.Samples < 0 || c.SteadyRate < 0 || c.Fanout < 0 || c.BacklogWorkers < 0 {
 		errs = append(errs, errors.New("durations and counts must not be negative"))
@@ -196,6 +222,7 @@ var scenarios = map[string]func(ctx context.Context, c Config, earlier []Result)
 	"notify-cost": runNotifyCost,
 	"fanout":      runFanout,
 	"backlog":     runBacklog,
+	"longpoll":    runLongpoll,
 }
 
 func machine(ctx context.Context, dbURL string) (Machine, error) {

@@ -20,6 +20,7 @@ func TestEveryScenarioRuns(t *testing.T) {
 		DatabaseURL: pgtest.ServerURL(t), Duration: 500 * time.Millisecond, Clients: []int{2},
 		Tasks: 200, Replicas: 2, Workers: 2, Samples: 20, SteadyRate: 200, Fanout: 5,
 		Scenarios: append(slices.Clone(Scenarios), Optional...), Backlog: []int{100, 300}, BacklogWorkers: 4,
+		Waiters: 5, IdleWaiters: 10, IdleHold: 500 * time.Millisecond, RESTWorkers: 2,
 	}
 	rep, err := Run(t.Context(), cfg)
 	if err != nil {
@@ -32,7 +33,7 @@ func TestEveryScenarioRuns(t *testing.T) {
 			t.Errorf("%s / %s: value %v, want above 0", r.Scenario, r.Case, r.Value)
 		}
 	}
-	want := map[string]int{"leases": 5, "drain": 2, "steady": 4, "latency": 8, "notify-cost": 5, "fanout": 3, "backlog": 2}
+	want := map[string]int{"leases": 5, "drain": 2, "steady": 4, "latency": 8, "notify-cost": 5, "fanout": 3, "backlog": 2, "longpoll": 9}
 	for s, n := range want {
 		if count[s] != n {
 			t.Errorf("scenario %s gave %d figures, want %d", s, count[s], n)

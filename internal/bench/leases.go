@@ -258,10 +258,21 @@ func (a *apiServer) call(ctx context.Context, method, path, body string, want in
 		return err
 	}
 	if resp.StatusCode != want {
-		return fmt.Errorf("%s %s: status %d, want %d: %s", method, path, resp.StatusCode, want, b)
+		return statusError{what: method + " " + path, got: resp.StatusCode, want: want, body: string(b)}
 	}
 	if out != nil {
 		return json.Unmarshal(b, out)
 	}
 	return nil
+}
+
+// statusError is an answer with another status than the one wanted.
+type statusError struct {
+	what      string
+	got, want int
+	body      string
+}
+
+func (e statusError) Error() string {
+	return fmt.Sprintf("%s: status %d, want %d: %s", e.what, e.got, e.want, e.body)
 }
