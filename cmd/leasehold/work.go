@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"runtime"
@@ -17,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -60,15 +60,14 @@ flags:
 const (
 	// claimWait is how long one claim waits on the server for a task.
 	claimWait = 30 * time.Second
-	// cancelCheckEvery is how often the worker asks whether a task it runs
-	// was cancelled. The API pushes no cancellation to a REST client, and a
-	// heartbeat comes only every third of the TTL or so: this is what
-	// brings a cancellation to CMD within a second whatever the TTL.
-	cancelCheckEvery = 400 * time.Millisecond
-	// cancelPage is the page size of those looks, maxCancelPages how many
-	// pages one look reads before it asks about the rest one by one.
-	cancelPage     = 100
-	maxCancelPages = 3
+	// heldHeartbeatGap is the least time between the sends of two held
+	// heartbeats of a task. The next goes right after an answer that came
+	// when its wait was over; after a 202 that came early (a replica that
+	// shuts down answers at once, until it is gone), not sooner than this.
+	heldHeartbeatGap = 250 * time.Millisecond
+	// whyLostTimeout bounds the look at a task whose heartbeat was refused,
+	// which tells a cancellation from a lost lease for the log.
+	whyLostTimeout = 5 * time.Second
 	// maxOutputBytes bounds the task_output of a completion: with the rest
 	// of its body it must fit in the API's 1 MiB per request.
 	maxOutputBytes = 1<<20 - 4<<10
@@ -215,14 +214,17 @@ func runWork(ctx context.Context, args []string, getenv func(string) string, std
 }
 
 // taskWorker is a running "leasehold work": its slots, each claiming a
-// task and running CMD for it, one at a time; and the watch that tells a
-// slot when its task was cancelled.
+// task and running CMD for it, one at a time.
 type taskWorker struct {
 	o     workOptions
 	api   *taskClient
 	log   zerolog.Logger
-	watch *cancelWatch
 	reach reachability
+	// unheld is set when the server refused wait_seconds on a heartbeat (a
+	// release before held heartbeats): the worker then waits itself and
+	// sends plain ones.
+	unheld     atomic.Bool
+	unheldOnce sync.Once
 
 	stopClaims context.CancelCauseFunc
 	fatalOnce  sync.Once
@@ -237,10 +239,6 @@ func (w *taskWorker) run(ctx context.Context) error {
 	claimCtx, stopClaims := context.WithCancelCause(ctx)
 	defer stopClaims(nil)
 	w.stopClaims = stopClaims
-	w.watch = newCancelWatch(w.api, w.o, w.log)
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	var watching sync.WaitGroup
-	watching.Go(func() { w.watch.run(watchCtx) })
 	abort := make(chan struct{}) // closed when the shutdown grace is over
 	var slots sync.WaitGroup
 	for i := range w.o.concurrency {
@@ -265,8 +263,6 @@ func (w *taskWorker) run(ctx context.Context) error {
 		<-ended
 	}
 	grace.Stop()
-	stopWatch()
-	watching.Wait()
 	w.log.Info().Msg("worker stopped")
 	return w.fatal
 }
@@ -366,9 +362,85 @@ func (w *taskWorker) holderOp(ctx context.Context, id int64, op string, body any
 	return decodeTask(http.MethodPut, path, raw)
 }
 
-func (w *taskWorker) heartbeat(ctx context.Context, t task.Task, processor string) error {
-	_, err := w.holderOp(ctx, t.ID, "heartbeat", holder{processor, t.Fence})
+// heartbeat renews the task's lease. With a wait (whole seconds) the
+// server renews it at once and holds its answer up to the wait, answering
+// 409 the moment the task is cancelled: that is how a cancellation reaches
+// the worker, which polls nothing. The request is bounded by the wait and
+// requestTimeout on top (and by ctx: the lease's deadline).
+func (w *taskWorker) heartbeat(ctx context.Context, t task.Task, processor string, wait time.Duration) error {
+	if wait > 0 && w.unheld.Load() {
+		// A server that does not hold heartbeats: the wait here, then a
+		// heartbeat answered at once. The lease counts from before the wait,
+		// which is earlier than the server's, as it must.
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		case <-timer.C:
+		}
+		wait = 0
+	}
+	rctx, cancel := context.WithTimeout(ctx, wait+requestTimeout)
+	defer cancel()
+	sent := time.Now()
+	_, err := w.holderOp(rctx, t.ID, "heartbeat", struct {
+		holder
+		WaitSeconds int64 `json:"wait_seconds,omitempty"`
+	}{holder{processor, t.Fence}, int64(wait / time.Second)})
+	if early := heldHeartbeatGap - time.Since(sent); wait > 0 && err == nil && early > 0 {
+		// Held, but answered at once: the next waits a moment, so that a
+		// replica answering every heartbeat so is not asked in a loop.
+		timer := time.NewTimer(early)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+		case <-timer.C:
+		}
+	}
+	var se *leasehold.StatusError
+	if wait > 0 && errors.As(err, &se) && se.StatusCode == http.StatusBadRequest && strings.Contains(se.Message, "wait_seconds") {
+		w.unheldOnce.Do(func() {
+			w.log.Warn().Err(err).Msg("the server does not take wait_seconds on heartbeats (a release before held heartbeats); " +
+				"heartbeating without it: a cancellation reaches CMD at the next heartbeat, not at once")
+		})
+		w.unheld.Store(true)
+		return w.heartbeat(ctx, t, processor, wait)
+	}
 	return err
+}
+
+// heldWait is the wait of a task's next held heartbeat: hold (the heartbeat
+// interval in whole seconds), but short enough that the answer leaves half
+// an interval before the lease's deadline, ctx's; 0, a heartbeat answered
+// at once, when that is under a second (after failed heartbeats, or for a
+// TTL too short to hold one).
+func heldWait(ctx context.Context, hold, interval time.Duration) time.Duration {
+	if hold <= 0 {
+		return 0
+	}
+	if d, ok := ctx.Deadline(); ok {
+		hold = min(hold, time.Until(d)-interval/2)
+	}
+	return max(hold.Truncate(time.Second), 0)
+}
+
+// whyLost tells, for the log, why a heartbeat of t was refused: its
+// attempt was cancelled (task.ErrCancelled, with the reason), or else
+// lost is kept.
+func (w *taskWorker) whyLost(t task.Task, lost error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), whyLostTimeout)
+	defer cancel()
+	cur, _, _, err := w.api.oneTask(ctx, http.MethodGet, "/api/tasks/"+strconv.FormatInt(t.ID, 10), nil)
+	if err != nil {
+		return lost
+	}
+	for _, a := range cur.EarlierAttempts {
+		if a.Fence == t.Fence && a.Outcome == task.OutcomeCancelled {
+			return fmt.Errorf("%w: %s", task.ErrCancelled, orDash(a.Error))
+		}
+	}
+	return lost
 }
 
 func (w *taskWorker) requeue(ctx context.Context, t task.Task, processor, reason string) (task.Task, error) {
@@ -450,13 +522,29 @@ func orDefault(d, def time.Duration) time.Duration {
 // or heartbeat + TTL − TTL/10 − G, on this process's monotonic clock
 // (keepalive.Loop), where G is --kill-grace, at most half the TTL: CMD then
 // gets SIGTERM, and SIGKILL G later, so that it is gone before the server
-// can give the task to another worker. Heartbeats come every third of that
-// window.
+// can give the task to another worker.
+//
+// The heartbeat interval is a third of that window. When it is a second or
+// more, the heartbeats are held (heartbeat): each waits on the server for
+// the interval in whole seconds (heldWait), the next is sent right after
+// the answer, the first right after the claim: one is always waiting,
+// and a cancellation, answered 409 at once, reaches CMD within a round
+// trip. Its renewal happens when it arrives, after it was sent, so the
+// send time still counts. A shorter interval heartbeats every interval,
+// each answered at once, which brings a cancellation within that interval.
 func (s *slot) work(abort <-chan struct{}, t task.Task, sent time.Time) {
 	ttl := orDefault(t.TTL(), defaultTaskTTL)
 	grace := min(s.w.o.killGrace, ttl/2)
 	keep := lease.KeepConfig{TTL: ttl, Margin: ttl/10 + grace}
-	keep.RenewInterval = (ttl - keep.Margin) / 3
+	interval := (ttl - keep.Margin) / 3
+	keep.RenewInterval = interval
+	hold := interval.Truncate(time.Second)
+	if hold > 0 {
+		// Each held heartbeat right after the answer to the last (the
+		// loop's interval counts between sends, and a held one waits its
+		// own); retries after a failure as often as ever.
+		keep.RenewInterval, keep.RetryInterval = time.Millisecond, interval/4
+	}
 	log := s.w.log.With().Int64("task", t.ID).Str("kind", t.Kind).Str("queue", t.Queue).Str("processor", s.processor).
 		Int64("fence", t.Fence).Int32("attempt", t.Attempts).Logger()
 	log.Debug().Msg("claimed a task")
@@ -467,7 +555,7 @@ func (s *slot) work(abort <-chan struct{}, t task.Task, sent time.Time) {
 	if time.Since(sent) > ttl/10 {
 		hb := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), ttl-ttl/10)
-		err := s.w.heartbeat(ctx, t, s.processor)
+		err := s.w.heartbeat(ctx, t, s.processor, 0)
 		cancel()
 		if err != nil {
 			log.Warn().Err(err).Msg("the heartbeat after a long claim failed; CMD did not run, the task is left to its lease")
@@ -476,18 +564,20 @@ func (s *slot) work(abort <-chan struct{}, t task.Task, sent time.Time) {
 		sent = hb
 	}
 
-	// lost ends when the lease counts as lost or the task is cancelled.
+	// lost ends when the lease counts as lost, a heartbeat refused (the
+	// task cancelled, or its lease taken) or its deadline passed.
 	lost, lose := context.WithCancelCause(context.Background())
 	defer lose(nil)
-	defer s.w.watch.add(t.ID, lose)()
 	hbCtx, stopHeartbeats := context.WithCancel(lost)
 	defer stopHeartbeats()
 	deadline := make(chan time.Time, 1)
 	go func() {
 		failing := false
 		loop := keepalive.Loop{
-			Config:  keep,
-			Renew:   func(ctx context.Context) error { return s.w.heartbeat(ctx, t, s.processor) },
+			Config: keep,
+			Renew: func(ctx context.Context) error {
+				return s.w.heartbeat(ctx, t, s.processor, heldWait(ctx, hold, interval))
+			},
 			Refused: keepalive.Refusal(task.ErrLeaseLost, task.ErrNotFound),
 			Lost:    func(reason error) { lose(fmt.Errorf("task %d: %w", t.ID, reason)) },
 			RenewFailed: func(err error) {
@@ -515,6 +605,9 @@ func (s *slot) work(abort <-chan struct{}, t task.Task, sent time.Time) {
 	if cause := context.Cause(lost); cause != nil || !time.Now().Before(stopBy) {
 		if cause == nil {
 			cause = lease.ErrDeadline
+		}
+		if errors.Is(cause, task.ErrLeaseLost) {
+			cause = s.w.whyLost(t, cause)
 		}
 		ev := log.Warn().Err(cause).Str("cmd", res.how())
 		switch {
@@ -904,152 +997,4 @@ func (s *stderrSink) tail() ([]byte, bool) {
 	defer s.mu.Unlock()
 	b := s.last[max(len(s.last)-maxErrorBytes, 0):]
 	return bytes.Clone(b), s.total > int64(len(b))
-}
-
-// cancelWatch finds out, within cancelCheckEvery, that a task the worker
-// runs was cancelled, and cancels its context with task.ErrCancelled: the
-// API pushes nothing to a REST client (its cancellation NOTIFY reaches only
-// the server's own workers), and a heartbeat comes only every third of
-// the TTL or so. One look for all the running tasks: the cancelled tasks
-// with IDs from the smallest running one up (GET /api/tasks?state=cancelled,
-// index-backed, narrowed to the kind and the queue when the worker takes
-// one of each). Cancelled tasks are few, so a look is one short page; when
-// many are in the way, the rest of the running tasks are asked about one by
-// one.
-type cancelWatch struct {
-	api    *taskClient
-	filter url.Values
-	log    zerolog.Logger
-
-	mu      sync.Mutex
-	running map[int64]*watched
-	wake    chan struct{} // capacity 1: a task was added
-}
-
-// watched is a running task: since when, and how to tell its slot.
-type watched struct {
-	since  time.Time
-	cancel context.CancelCauseFunc
-}
-
-func newCancelWatch(api *taskClient, o workOptions, log zerolog.Logger) *cancelWatch {
-	filter := url.Values{"state": {task.StateCancelled}, "limit": {strconv.Itoa(cancelPage)}}
-	if len(o.kinds) == 1 {
-		filter.Set("kind", o.kinds[0])
-	}
-	if len(o.queues) == 1 {
-		filter.Set("queue", o.queues[0])
-	}
-	return &cancelWatch{api: api, filter: filter, log: log, running: map[int64]*watched{}, wake: make(chan struct{}, 1)}
-}
-
-// add watches task id until the function it returns is called; cancel is
-// called if the task is cancelled meanwhile.
-func (c *cancelWatch) add(id int64, cancel context.CancelCauseFunc) (remove func()) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	w := &watched{since: time.Now(), cancel: cancel}
-	c.running[id] = w
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
-	return func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		// Only its own: a slot may have claimed the task again meanwhile.
-		if c.running[id] == w {
-			delete(c.running, id)
-		}
-	}
-}
-
-// run looks every cancelCheckEvery while tasks run, until ctx ends.
-func (c *cancelWatch) run(ctx context.Context) {
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		c.mu.Lock()
-		idle := len(c.running) == 0
-		c.mu.Unlock()
-		if idle {
-			select {
-			case <-ctx.Done():
-				return
-			case <-c.wake:
-				continue
-			}
-		}
-		began := time.Now()
-		c.look(ctx)
-		timer.Reset(max(cancelCheckEvery-time.Since(began), 0))
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
-	}
-}
-
-// look asks once which running tasks are cancelled. Only tasks watched
-// since before the request count: a task cancelled, retried and claimed
-// again must not be stopped for what an older read said.
-func (c *cancelWatch) look(ctx context.Context) {
-	sent := time.Now()
-	c.mu.Lock()
-	tasks := make(map[int64]context.CancelCauseFunc, len(c.running))
-	var lo, hi int64
-	for id, w := range c.running {
-		if !w.since.Before(sent) {
-			continue
-		}
-		tasks[id] = w.cancel
-		if lo == 0 || id < lo {
-			lo = id
-		}
-		hi = max(hi, id)
-	}
-	c.mu.Unlock()
-	if len(tasks) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	found := func(t task.Task) {
-		if tell, ok := tasks[t.ID]; ok && t.State == task.StateCancelled {
-			tell(fmt.Errorf("%w: %s", task.ErrCancelled, orDash(t.LastError)))
-			delete(tasks, t.ID)
-		}
-	}
-	after := lo - 1
-	for range maxCancelPages {
-		q := url.Values{}
-		for k, v := range c.filter {
-			q[k] = v
-		}
-		q.Set("after_id", strconv.FormatInt(after, 10))
-		page, _, err := c.api.listTasks(ctx, q)
-		if err != nil {
-			c.log.Debug().Err(err).Msg("could not look for cancelled tasks; the heartbeats will tell")
-			return
-		}
-		for _, t := range page {
-			found(t)
-		}
-		if len(page) < cancelPage || page[len(page)-1].ID >= hi {
-			return
-		}
-		after = page[len(page)-1].ID
-	}
-	for id := range tasks {
-		if id <= after {
-			continue
-		}
-		t, _, _, err := c.api.oneTask(ctx, http.MethodGet, "/api/tasks/"+strconv.FormatInt(id, 10), nil)
-		if err != nil {
-			c.log.Debug().Err(err).Int64("task", id).Msg("could not look whether a task was cancelled; the heartbeats will tell")
-			continue
-		}
-		found(t)
-	}
 }

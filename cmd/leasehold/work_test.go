@@ -2,18 +2,23 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -417,9 +422,10 @@ while :; do sleep 0.05; done
 
 // TestWorkCancel: a task cancelled while its command runs stops the
 // command, with SIGTERM then SIGKILL after --kill-grace, and nothing is
-// reported for it. The tasks' TTL is 60 s, so the first heartbeat comes
-// some 16 s after the claim: a command stopped well before that learnt of
-// the cancellation from the worker's watch, not from a heartbeat.
+// reported for it. The tasks' TTL is 60 s, so a held heartbeat waits some
+// 17 s on the server: a command stopped well before that learnt of the
+// cancellation from the 409 that the server answered its waiting heartbeat
+// with at once, not from the next heartbeat.
 func TestWorkCancel(t *testing.T) {
 	t.Parallel()
 	r, db := workReplica(t)
@@ -439,10 +445,10 @@ func TestWorkCancel(t *testing.T) {
 	waitUntil(t, "the polite command to get SIGTERM", func() bool { return log.has(fmt.Sprintf("term %d", polite.ID)) }, log, w.logs)
 	took := time.Since(cancelled)
 	t.Logf("the command got SIGTERM %v after the cancellation (the contract says within 1 s)", took)
-	// Not a benchmark: a generous bound, still well below the first
-	// heartbeat (TTL 60 s: (60 − 6 − 1)/3 s ± 10 %).
+	// Not a benchmark: a generous bound, still well below a held
+	// heartbeat's wait (TTL 60 s: (60 − 6 − 1)/3 s, 17 s in whole seconds).
 	if took > 10*time.Second {
-		t.Errorf("the command got SIGTERM %v after the cancellation; want it well before the first heartbeat", took)
+		t.Errorf("the command got SIGTERM %v after the cancellation; want it well before a held heartbeat's wait is over", took)
 	}
 
 	// The stubborn command goes on after SIGTERM, until SIGKILL.
@@ -710,5 +716,206 @@ func TestWorkRejectsBadUsage(t *testing.T) {
 	p := startWorkProc(t, "http://127.0.0.1:1", "--", "cat")
 	if code := p.exitCode(t); code != 2 || !strings.Contains(p.logs.String(), "--kind is required") {
 		t.Errorf("leasehold work without --kind: exit status %d, output %q; want 2 saying --kind is required", code, p.logs)
+	}
+}
+
+// apiRecorder is a reverse proxy in front of a replica that records the
+// requests it forwards. Its mode changes the heartbeats with wait_seconds:
+// "old" answers them as a release before held heartbeats did (400, an
+// unknown field); "early" has them answered at once, as a replica that
+// shuts down does.
+type apiRecorder struct {
+	url  string
+	mode string
+
+	mu       sync.Mutex
+	requests []recorded
+}
+
+// recorded is one request through an apiRecorder.
+type recorded struct {
+	at                  time.Time
+	method, path, query string
+	body                map[string]any
+}
+
+func newAPIRecorder(t *testing.T, target, mode string) *apiRecorder {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &apiRecorder{mode: mode}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+		rec := recorded{at: time.Now(), method: r.Method, path: r.URL.Path, query: r.URL.RawQuery}
+		_ = json.Unmarshal(raw, &rec.body)
+		a.mu.Lock()
+		a.requests = append(a.requests, rec)
+		a.mu.Unlock()
+		_, held := rec.body["wait_seconds"]
+		switch held = held && strings.HasSuffix(r.URL.Path, "/heartbeat"); {
+		case held && a.mode == "old":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"error":"unknown field \"wait_seconds\"; remove it (see the README for the fields of this request)"}`)
+			return
+		case held && a.mode == "early":
+			var body map[string]any
+			_ = json.Unmarshal(raw, &body)
+			delete(body, "wait_seconds")
+			plain, _ := json.Marshal(body)
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(plain)), int64(len(plain))
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	a.url = srv.URL
+	return a
+}
+
+// heartbeats returns the wait_seconds of each heartbeat of task id so far
+// (-1 for one without), and when each came.
+func (a *apiRecorder) heartbeats(id int64) ([]int, []time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var (
+		waits []int
+		at    []time.Time
+	)
+	for _, r := range a.requests {
+		if r.method == http.MethodPut && r.path == fmt.Sprintf("/api/tasks/%d/heartbeat", id) {
+			w, ok := r.body["wait_seconds"].(float64)
+			if !ok {
+				w = -1
+			}
+			waits, at = append(waits, int(w)), append(at, r.at)
+		}
+	}
+	return waits, at
+}
+
+// heartbeatWaits returns the wait_seconds of each heartbeat of task id so
+// far (-1 for one without).
+func (a *apiRecorder) heartbeatWaits(id int64) []int {
+	waits, _ := a.heartbeats(id)
+	return waits
+}
+
+// String lists the requests, for a failure's message.
+func (a *apiRecorder) String() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var sb strings.Builder
+	for _, r := range a.requests {
+		fmt.Fprintf(&sb, "%s %s?%s %v\n", r.method, r.path, r.query, r.body)
+	}
+	return sb.String()
+}
+
+// goScript waits for the file go, then prints done.
+const goScript = `while [ ! -e "$1/go" ]; do sleep 0.02; done; echo '"done"'`
+
+// TestWorkHeldHeartbeats: while CMD runs, the worker polls nothing: the
+// task's heartbeats are held ones, the first right after the claim, each
+// waiting on the server its interval in whole seconds (17 s for a TTL of
+// 60 s and a kill grace of 1 s), and it sends no other request until CMD
+// ends and the task is completed.
+func TestWorkHeldHeartbeats(t *testing.T) {
+	t.Parallel()
+	r, _ := workReplica(t)
+	api := newAPIRecorder(t, r.url, "")
+	log := newShellLog(t)
+	w := startWork(t, api.url, append([]string{"--kind", "held", "--kill-grace", "1s"}, log.sh(goScript)...)...)
+	tk := addTask(t, r, `{"kind":"held","task_data":{},"ttl_seconds":60}`)
+	waitUntil(t, "a heartbeat of the task", func() bool { return len(api.heartbeatWaits(tk.ID)) > 0 }, api, w.logs)
+	log.touch(t, "go")
+	if got := finished(t, r, tk.ID, api, w.logs); got.State != task.StateDone {
+		t.Fatalf("the task: %s (%s), want done", got.State, got.LastError)
+	}
+	if err := w.stop(t); err != nil {
+		t.Errorf("leasehold work after its shutdown: got %v, want nil", err)
+	}
+	for _, wait := range api.heartbeatWaits(tk.ID) {
+		if wait != 17 {
+			t.Errorf("a heartbeat with wait_seconds %d; want every one held 17 s\n%s", wait, api)
+		}
+	}
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	for _, req := range api.requests {
+		if req.method == http.MethodGet {
+			t.Errorf("the worker sent %s %s?%s; want no polling, only claims, heartbeats and the completion", req.method, req.path, req.query)
+		}
+	}
+}
+
+// TestWorkOldServer: a server that refuses wait_seconds on heartbeats (a
+// release before held heartbeats) still keeps the worker's tasks alive: the
+// worker says so once and heartbeats without it, at the interval, and the
+// task runs past its TTL to its completion.
+func TestWorkOldServer(t *testing.T) {
+	t.Parallel()
+	r, _ := workReplica(t)
+	api := newAPIRecorder(t, r.url, "old")
+	log := newShellLog(t)
+	w := startWork(t, api.url, append([]string{"--kind", "old", "--kill-grace", "0s"}, log.sh(goScript)...)...)
+	// TTL 4 s: heartbeats every 1.2 s, a held one would wait 1 s.
+	tk := addTask(t, r, `{"kind":"old","task_data":{},"ttl_seconds":4}`)
+	plain := func() int {
+		n := 0
+		for _, wait := range api.heartbeatWaits(tk.ID) {
+			if wait == -1 {
+				n++
+			}
+		}
+		return n
+	}
+	// Past the TTL: the plain heartbeats kept the lease.
+	waitUntil(t, "four plain heartbeats", func() bool { return plain() >= 4 }, api, w.logs)
+	log.touch(t, "go")
+	if got := finished(t, r, tk.ID, api, w.logs); got.State != task.StateDone || got.Attempts != 1 {
+		t.Fatalf("the task: %s after %d attempts (%s), want done in its first", got.State, got.Attempts, got.LastError)
+	}
+	if err := w.stop(t); err != nil {
+		t.Errorf("leasehold work after its shutdown: got %v, want nil", err)
+	}
+	if n := strings.Count(w.logs.String(), "the server does not take wait_seconds on heartbeats"); n != 1 {
+		t.Errorf("the worker said %d times that the server does not hold heartbeats; want once\n%s", n, w.logs)
+	}
+	if held := len(api.heartbeatWaits(tk.ID)) - plain(); held != 1 {
+		t.Errorf("%d heartbeats with wait_seconds; want one, the first, refused\n%s", held, api)
+	}
+}
+
+// TestWorkHeldHeartbeatAnsweredEarly: held heartbeats answered at once, as
+// a replica that shuts down answers them, are not sent in a loop: the next
+// goes a moment (heldHeartbeatGap) after the last was sent. The task runs
+// on and is completed.
+func TestWorkHeldHeartbeatAnsweredEarly(t *testing.T) {
+	t.Parallel()
+	r, _ := workReplica(t)
+	api := newAPIRecorder(t, r.url, "early")
+	log := newShellLog(t)
+	w := startWork(t, api.url, append([]string{"--kind", "early", "--kill-grace", "1s"}, log.sh(goScript)...)...)
+	tk := addTask(t, r, `{"kind":"early","task_data":{},"ttl_seconds":60}`)
+	const n = 5
+	waitUntil(t, fmt.Sprintf("%d heartbeats of the task", n), func() bool { return len(api.heartbeatWaits(tk.ID)) >= n }, api, w.logs)
+	log.touch(t, "go")
+	if got := finished(t, r, tk.ID, api, w.logs); got.State != task.StateDone {
+		t.Fatalf("the task: %s (%s), want done", got.State, got.LastError)
+	}
+	if err := w.stop(t); err != nil {
+		t.Errorf("leasehold work after its shutdown: got %v, want nil", err)
+	}
+	waits, at := api.heartbeats(tk.ID)
+	for i := 1; i < n; i++ {
+		// Not a benchmark: a lower bound that the pause guarantees, less a
+		// margin for when the proxy saw them.
+		if gap := at[i].Sub(at[i-1]); waits[i-1] == 17 && gap < heldHeartbeatGap-50*time.Millisecond {
+			t.Errorf("heartbeat %d came %v after the one before, which was answered at once; want at least %v\n%s", i+1, gap, heldHeartbeatGap, api)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/task"
 )
@@ -283,14 +285,20 @@ func handleTaskClaim(d Deps) http.Handler {
 }
 
 // heartbeatRequest is the body of PUT /api/tasks/{id}/heartbeat; complete
-// and fail add to the same two fields. (Not embedded: encoding/json would
+// and fail add to its first two fields. (Not embedded: encoding/json would
 // name a field of an embedded struct "heartbeatRequest.fence" in errors.)
 type heartbeatRequest struct {
 	Processor string `json:"processor"`
 	Fence     *int64 `json:"fence,omitempty"`
+	// WaitSeconds, when above 0, holds the answer after the renewal until
+	// the wait passes or the task is cancelled (heartbeatWaiting).
+	WaitSeconds opt[int64] `json:"wait_seconds,omitzero"`
 }
 
-func (q heartbeatRequest) validate() error { return checkProcessorFence(q.Processor, q.Fence) }
+func (q heartbeatRequest) validate() error {
+	return firstError(checkProcessorFence(q.Processor, q.Fence),
+		q.WaitSeconds.present("wait_seconds", func(v int64) error { return checkWait(&v) }))
+}
 
 func checkProcessorFence(processor string, fence *int64) error {
 	if err := checkName("processor", processor); err != nil {
@@ -365,8 +373,8 @@ func checkErrorText(field, v string) error {
 	return nil
 }
 
-// handleTaskLeaseOp serves PUT /api/tasks/{id}/heartbeat, /complete, /fail
-// and /snooze: decode a T, then op under the task's compare-and-set. 202
+// handleTaskLeaseOp serves PUT /api/tasks/{id}/complete, /fail, /snooze
+// and /requeue: decode a T, then op under the task's compare-and-set. 202
 // with the task; 409 when the caller no longer holds it; 404 for an unknown
 // id.
 func handleTaskLeaseOp[T validator](d Deps, name string, op func(r *http.Request, id int64, req T) (task.Task, error)) http.Handler {
@@ -397,10 +405,134 @@ func handleTaskOp[T validator](d Deps, name string, op func(r *http.Request, id 
 	})
 }
 
+// handleTaskHeartbeat serves PUT /api/tasks/{id}/heartbeat: the lease
+// renewed at once, 202 with the task; 409 when the processor does not hold
+// it; 404 for an unknown id. With wait_seconds the 202 is held
+// (heartbeatWaiting), so that a worker that is not in this process hears of
+// its task's cancellation as soon as the server does.
 func handleTaskHeartbeat(d Deps) http.Handler {
-	return handleTaskLeaseOp(d, "heartbeat", func(r *http.Request, id int64, q heartbeatRequest) (task.Task, error) {
-		return d.Tasks.Heartbeat(r.Context(), id, q.Processor, deref(q.Fence))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
+		q, err := decode[heartbeatRequest](w, r)
+		if err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
+		var t task.Task
+		if q.WaitSeconds.v > 0 {
+			t, err = heartbeatWaiting(w, r, d, id, q, time.Duration(q.WaitSeconds.v)*time.Second)
+		} else {
+			t, err = d.Tasks.Heartbeat(r.Context(), id, q.Processor, deref(q.Fence))
+		}
+		d.Metrics.taskOp("heartbeat", err)
+		if err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
+		encode(w, http.StatusAccepted, t)
 	})
+}
+
+// heartbeatBuffer is the buffer of a held heartbeat's subscription to the
+// task channel: a burst beyond it costs one look at the task (a resync),
+// not a lost cancellation.
+const heartbeatBuffer = 64
+
+// heartbeatWaiting renews the task's lease for a heartbeat with
+// wait_seconds, at once and with the answers of a heartbeat without it
+// (409, 404: answered at once), then holds the answer, 202 with the renewed
+// task, until the wait passes. It is answered at once with the 409 of a
+// heartbeat of a task the processor lost (task.ErrLeaseLost) when the task
+// is cancelled meanwhile, on any replica: the cancellation's NOTIFY
+// ("cancelled:<id>"), or a resync of the listener (which may have lost
+// one), makes it read the task again. So a worker that heartbeats this way
+// (leasehold work) hears of a cancellation at once, and polls nothing.
+// Nothing else takes a live lease from its holder: a lease lapses only at
+// must_heartbeat_before, and the wait ends before it.
+//
+// The wait ends early with the 202 when the replica shuts down (the
+// renewal holds; the answer closes the connection, so that the client's
+// next heartbeat, on a new one, reaches a replica that stays) and when the
+// client goes away. It is at most the renewed lease's TTL less a tenth,
+// counted from before the renewal was sent, so that a held answer always
+// reaches the client before the lease could lapse. Without a listener it
+// is just a wait. The wait, which holds no database connection, is not
+// bounded by the API's database budget (see BoundRequest); each statement
+// is.
+func heartbeatWaiting(w http.ResponseWriter, r *http.Request, d Deps, id int64, q heartbeatRequest, wait time.Duration) (task.Task, error) {
+	ctx, budget, stop := unbounded(r)
+	defer stop()
+	// Subscribed before the renewal: a cancellation that commits after it
+	// is heard; one before it makes the renewal fail.
+	var (
+		changes <-chan notify.Notification
+		resync  <-chan struct{}
+	)
+	if d.Listener != nil {
+		sub := d.Listener.Subscribe(notify.ChannelTask, heartbeatBuffer)
+		defer sub.Close()
+		changes, resync = sub.C(), sub.Resync()
+	}
+	sent := time.Now()
+	t, err := d.Tasks.Heartbeat(r.Context(), id, q.Processor, deref(q.Fence))
+	if err != nil {
+		return task.Task{}, err
+	}
+	if t.MustHeartbeatBefore != nil && t.LastHeartbeatAt != nil {
+		// The lease as the renewal set it, by the database clock alone.
+		ttl := t.MustHeartbeatBefore.Sub(*t.LastHeartbeatAt)
+		wait = min(wait, ttl-ttl/10)
+	}
+	deadline := sent.Add(wait)
+	// The answer may come a whole wait after the request: move the
+	// connection's deadlines (the server's ReadTimeout and WriteTimeout)
+	// past it. A connection that cannot (in a test recorder) keeps its own.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(deadline.Add(answerMargin))
+	_ = rc.SetWriteDeadline(deadline.Add(answerMargin))
+	log := d.Log.With().Int64("task", id).Str("processor", q.Processor).Int64("fence", t.Fence).Logger()
+	log.Debug().Dur("wait", time.Until(deadline)).Msg("heartbeat waits")
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+			return t, nil
+		case <-d.Stopping:
+			w.Header().Set("Connection", "close")
+			log.Debug().Msg("heartbeat stopped waiting: the replica shuts down")
+			return t, nil
+		case <-ctx.Done():
+			return task.Task{}, ctx.Err()
+		case n := <-changes:
+			if cancelled, ok := notify.ParseCancelled(n.Payload); !ok || cancelled != id {
+				continue
+			}
+		case <-resync:
+		}
+		sctx, cancel := ctx, context.CancelFunc(func() {})
+		if budget > 0 {
+			sctx, cancel = context.WithTimeout(ctx, budget)
+		}
+		cur, err := d.Tasks.Get(sctx, id)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return task.Task{}, ctx.Err()
+		case err != nil:
+			// Whether the task is still held cannot be told now: the renewal
+			// holds, and the client's next heartbeat will tell.
+			log.Debug().Err(err).Msg("heartbeat stopped waiting: the task could not be read")
+			return t, nil
+		case cur.State != task.StateRunning || cur.Processor != t.Processor || cur.Fence != t.Fence:
+			log.Debug().Str("state", cur.State).Msg("heartbeat stopped waiting: the lease was revoked")
+			return task.Task{}, task.ErrLeaseLost
+		}
+	}
 }
 
 func handleTaskComplete(d Deps) http.Handler {
