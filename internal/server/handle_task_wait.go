@@ -242,6 +242,19 @@ func (c *claimWaiters) run(d Deps, ttl time.Duration) {
 		} else {
 			idleSince = time.Time{}
 		}
+		if c.n > 0 && c.waiter != nil && !proven {
+			// Registered before the rounds are made, so that they name the
+			// waiters that wait once the registration holds: a registration
+			// can take a while (BarrierWait), and one who left meanwhile must
+			// not be claimed for.
+			c.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), waitStatement)
+			err := c.waiter.Register(ctx)
+			cancel()
+			registered = true
+			proven = err == nil
+			c.mu.Lock()
+		}
 		var rounds []claimRound
 		for key, g := range c.groups {
 			if len(g.waiting) == 0 {
@@ -258,13 +271,6 @@ func (c *claimWaiters) run(d Deps, ttl time.Duration) {
 
 		next := time.Hour
 		if len(rounds) > 0 {
-			if c.waiter != nil && !proven {
-				ctx, cancel := context.WithTimeout(context.Background(), waitStatement)
-				err := c.waiter.Register(ctx)
-				cancel()
-				registered = true
-				proven = err == nil
-			}
 			for _, r := range rounds {
 				next = min(next, c.claimFor(d, ttl, r))
 			}
