@@ -272,7 +272,22 @@ func longpollIdle(ctx context.Context, c Config) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	var holdStart time.Time
+	if err := admin.QueryRow(ctx, "SELECT now()").Scan(&holdStart); err != nil {
+		return nil, err
+	}
 	if err := pause(ctx, c.IdleHold); err != nil {
+		return nil, err
+	}
+	// The sessions of the replicas (the pool's and the LISTEN connections) that ran a
+	// statement during the hold: pg_stat_database also counts PostgreSQL's own
+	// autovacuum of a new database, which this leaves out.
+	var busy int64
+	err = admin.QueryRow(ctx, `
+		SELECT count(*) FROM pg_stat_activity
+		WHERE datname = $1 AND backend_type = 'client backend' AND (state <> 'idle' OR state_change > $2)`,
+		name, holdStart).Scan(&busy)
+	if err != nil {
 		return nil, err
 	}
 	held, err := xacts()
@@ -289,7 +304,9 @@ func longpollIdle(ctx context.Context, c Config) ([]Result, error) {
 		{Scenario: "longpoll", Case: fmt.Sprintf("transactions to register %d waiting claims on %d replicas", c.IdleWaiters, c.Replicas),
 			Value: float64(registered - quiet), Unit: "xacts", Note: "their first claims, the replicas' registrations, next-due looks"},
 		{Scenario: "longpoll", Case: fmt.Sprintf("transactions in %s while %d claims wait on %d replicas", hold, c.IdleWaiters, c.Replicas),
-			Value: float64(held - registered), Unit: "xacts", Note: "0: waiting claims cost nothing while nothing happens"},
+			Value: float64(held - registered), Unit: "xacts", Note: "as many as with none: PostgreSQL's own (autovacuum)"},
+		{Scenario: "longpoll", Case: fmt.Sprintf("replicas' sessions that ran a statement in %s while %d claims wait", hold, c.IdleWaiters),
+			Value: float64(busy), Unit: "sessions", Note: "pg_stat_activity; 0: waiting claims cost nothing while nothing happens"},
 	}, nil
 }
 
