@@ -436,6 +436,13 @@ func TestWorkCancel(t *testing.T) {
 	stubborn := addTask(t, r, `{"kind":"stubborn","task_data":{},"ttl_seconds":60}`)
 	for _, id := range []int64{polite.ID, stubborn.ID} {
 		waitUntil(t, fmt.Sprintf("task %d's command to start", id), func() bool { return log.has(fmt.Sprintf("start %d ", id)) }, log, w.logs)
+		// Its first held heartbeat has renewed the lease (firstHeldHeartbeat
+		// after the claim) and waits on the server: the cancel is pushed.
+		waitUntil(t, fmt.Sprintf("task %d's first heartbeat", id), func() bool {
+			var renewed bool
+			err := db.Pool.QueryRow(t.Context(), `SELECT last_heartbeat_at > started_at FROM tasks WHERE id = $1`, id).Scan(&renewed)
+			return err == nil && renewed
+		}, log, w.logs)
 	}
 
 	cancelled := time.Now()
