@@ -458,6 +458,20 @@ func TestWorkCancel(t *testing.T) {
 		t.Errorf("the command got SIGTERM %v after the cancellation; want it well before a held heartbeat's wait is over", took)
 	}
 
+	// A task cancelled as soon as its command starts, before its first held
+	// heartbeat is sent, hears of it from that heartbeat: within
+	// firstHeldHeartbeat, not an interval.
+	early := addTask(t, r, `{"kind":"polite","task_data":{},"ttl_seconds":60}`)
+	waitUntil(t, "the early task's command to start", func() bool { return log.has(fmt.Sprintf("start %d ", early.ID)) }, log, w.logs)
+	cancelled = time.Now()
+	call[task.Task](t, r, "POST", fmt.Sprintf("/api/tasks/%d/cancel", early.ID), `{"reason":"changed my mind"}`, http.StatusAccepted)
+	waitUntil(t, "the early command to get SIGTERM", func() bool { return log.has(fmt.Sprintf("term %d", early.ID)) }, log, w.logs)
+	took = time.Since(cancelled)
+	t.Logf("a command cancelled at its start got SIGTERM %v after the cancellation", took)
+	if took > 10*time.Second {
+		t.Errorf("the early command got SIGTERM %v after the cancellation; want it well before a held heartbeat's wait is over", took)
+	}
+
 	// The stubborn command goes on after SIGTERM, until SIGKILL.
 	waitUntil(t, "the stubborn command to get SIGTERM", func() bool { return log.has(fmt.Sprintf("ignored %d", stubborn.ID)) }, log, w.logs)
 	pid, err := strconv.Atoi(log.line(fmt.Sprintf("start %d ", stubborn.ID))[2])
@@ -468,7 +482,7 @@ func TestWorkCancel(t *testing.T) {
 	if !logged(w.logs, "CMD still runs after SIGTERM and the kill grace; SIGKILL", "task", stubborn.ID) {
 		t.Errorf("the worker's log does not say it sent the stubborn command SIGKILL:\n%s", w.logs)
 	}
-	for _, id := range []int64{polite.ID, stubborn.ID} {
+	for _, id := range []int64{polite.ID, stubborn.ID, early.ID} {
 		waitUntil(t, fmt.Sprintf("the worker to say task %d was cancelled", id), func() bool {
 			return logged(w.logs, "the task was cancelled; CMD was stopped and nothing is reported", "task", id)
 		}, w.logs)
@@ -477,7 +491,7 @@ func TestWorkCancel(t *testing.T) {
 		t.Errorf("leasehold work after its shutdown: got %v, want nil", err)
 	}
 	// Nothing was reported: the tasks are as the cancellation left them.
-	for _, id := range []int64{polite.ID, stubborn.ID} {
+	for _, id := range []int64{polite.ID, stubborn.ID, early.ID} {
 		tk := getTask(t, r, id)
 		if tk.State != task.StateCancelled || tk.LastError != "changed my mind" {
 			t.Errorf("task %d: state %s, last error %q; want cancelled with the cancellation's reason", id, tk.State, tk.LastError)
