@@ -7,8 +7,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/server"
 )
 
 // snapshot is the state a rejected request must leave alone: every lease
@@ -315,7 +317,9 @@ func checkAllow(t *testing.T, b bundle, method, path string, r response) {
 // JSON inside task_data and task_output is not looked into.
 func TestNullAndRepeatedMembers(t *testing.T) {
 	t.Parallel()
-	b := newBundle(t)
+	// The task claimed here is completed after a hundred requests: an
+	// hour's lease outlasts them however loaded the machine.
+	b := newBundle(t, func(d *server.Deps) { d.TaskTTL = time.Hour })
 	b.acquire(t, "seed:a", "h1", 3600)
 	b.createTask(t, `{"task_data": {"n": 1}}`)
 	running := b.claimTask(t, "p1")
