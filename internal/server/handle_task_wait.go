@@ -63,6 +63,9 @@ const (
 	waitLinger = 2 * time.Second
 	// waitStatement bounds each statement of the dispatcher.
 	waitStatement = 5 * time.Second
+	// lapsedEvery is how often, at most, the dispatcher's claims also take
+	// running tasks whose lease lapsed (ClaimParams.WithLapsed).
+	lapsedEvery = time.Second
 )
 
 func newClaimWaiters(l *notify.Listener, instance string) *claimWaiters {
@@ -217,6 +220,12 @@ func (c *claimWaiters) run(d Deps, ttl time.Duration) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var idleSince time.Time
+	// lastLapsed is when a round last also took running tasks whose lease
+	// lapsed before a reaper put them back: at most once a second, for a
+	// cluster whose reaper is late or not running (that look reads the
+	// index of running tasks; with a reaper, its requeue's NOTIFY wakes the
+	// waiters anyway).
+	var lastLapsed time.Time
 	for {
 		c.mu.Lock()
 		if c.n == 0 {
@@ -271,8 +280,12 @@ func (c *claimWaiters) run(d Deps, ttl time.Duration) {
 
 		next := time.Hour
 		if len(rounds) > 0 {
+			withLapsed := time.Since(lastLapsed) >= lapsedEvery
+			if withLapsed {
+				lastLapsed = time.Now()
+			}
 			for _, r := range rounds {
-				next = min(next, c.claimFor(d, ttl, r))
+				next = min(next, c.claimFor(d, ttl, r, withLapsed))
 			}
 			if c.waiter != nil && !proven {
 				next = min(next, notify.BarrierWait)
@@ -311,11 +324,11 @@ func (c *claimWaiters) run(d Deps, ttl time.Duration) {
 // claimFor claims for the waiters of one round, answers those it claimed a
 // task for, and returns how soon the group's next task falls due (an hour
 // when none is pending, or when all were served).
-func (c *claimWaiters) claimFor(d Deps, ttl time.Duration, r claimRound) time.Duration {
+func (c *claimWaiters) claimFor(d Deps, ttl time.Duration, r claimRound, withLapsed bool) time.Duration {
 	ctx, cancel := context.WithTimeout(context.Background(), waitStatement)
 	defer cancel()
 	tasks, err := d.Tasks.Claim(ctx, taskstore.ClaimParams{
-		Processors: r.processors, TTL: ttl, Kinds: r.group.kinds, Queues: r.group.queues,
+		Processors: r.processors, TTL: ttl, Kinds: r.group.kinds, Queues: r.group.queues, WithLapsed: withLapsed,
 	})
 	c.mu.Lock()
 	var orphans []task.Task

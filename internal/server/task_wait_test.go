@@ -346,3 +346,35 @@ func deref[T any](p *T) T {
 	}
 	return *p
 }
+
+// TestClaimWaitSameProcessorTwice: two claims that wait under one processor
+// name (a client reusing its name for parallel requests) each get a task of
+// their own.
+func TestClaimWaitSameProcessorTwice(t *testing.T) {
+	t.Parallel()
+	b := newWaitBundle(t)
+	first := b.claimWaitAsync(t.Context(), t, obj{"processor": "twin", "wait_seconds": 60})
+	second := b.claimWaitAsync(t.Context(), t, obj{"processor": "twin", "wait_seconds": 60})
+	pollUntil(t, "both claims to wait", func() bool { return b.logged("claim waits for a task", "twin") == 2 })
+	b.do(t, "POST", "/api/tasks", `[{"task_data":{"n":1}},{"task_data":{"n":2}}]`).want(t, "insert two", http.StatusCreated)
+	a1 := receiveClaim(t, "the first claim", first)
+	a2 := receiveClaim(t, "the second claim", second)
+	if a1.status != http.StatusOK || a2.status != http.StatusOK || a1.task.ID == a2.task.ID {
+		t.Fatalf("the two claims got %d %s and %d %s; want a task each", a1.status, a1.body, a2.status, a2.body)
+	}
+}
+
+// TestClaimWaitTakesALapsedTask: a task whose lease lapsed, which no reaper
+// has put back yet (none runs here), goes to a claim that waits, as it
+// would to one that does not.
+func TestClaimWaitTakesALapsedTask(t *testing.T) {
+	t.Parallel()
+	b := newWaitBundle(t)
+	b.createTask(t, `{"task_data":{}}`)
+	dead := b.claimTask(t, "w-dead")
+	b.expireTaskLease(t, dead.ID)
+	a := receiveClaim(t, "the waiting claim", b.claimWaitAsync(t.Context(), t, obj{"processor": "w-alive", "wait_seconds": 60}))
+	if a.status != http.StatusOK || a.task.ID != dead.ID || deref(a.task.Fence) <= deref(dead.Fence) {
+		t.Fatalf("the waiting claim got %d %s; want task %d with a fence above %d", a.status, a.body, dead.ID, deref(dead.Fence))
+	}
+}
