@@ -208,6 +208,21 @@ func TestSignup(t *testing.T) {
 	if _, err := fmt.Sscanf(line, "leading the nightly job under fence %d", &next); err != nil || next <= fence {
 		t.Fatalf("%s took over with %q; want a fence above %d", other.name, line, fence)
 	}
+	// The new leader says so before its first run has committed: wait for
+	// that run.
+	for deadline := time.Now().Add(giveUp); ; {
+		var runs int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM nightly_runs WHERE fence = $1`, next).Scan(&runs); err != nil {
+			t.Fatal(err)
+		}
+		if runs > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no nightly run under %s's fence %d within %s", other.name, next, giveUp)
+		}
+		time.Sleep(50 * time.Millisecond) // a harness's poll of the database
+	}
 	// Each fence's runs are one replica's, and fences only grow with time.
 	rows, err = db.Pool.Query(ctx, `SELECT fence, run_by FROM nightly_runs ORDER BY run_at`)
 	if err != nil {
