@@ -73,9 +73,19 @@ func handleLeaseAcquire(d Deps) http.Handler {
 // down.
 var errStopping = leasing.ErrStopping
 
-// answerMargin is the time a waiting acquisition leaves itself, past its
+// answerMargin is the time a waiting request leaves itself, past its
 // wait, for its last statement and for writing the answer.
 const answerMargin = 5 * time.Second
+
+// holdOpen moves the connection's deadlines (the server's ReadTimeout and
+// WriteTimeout) past deadline and answerMargin, for a request whose answer
+// may come a whole wait after it: a waiting acquisition, claim or
+// heartbeat. A connection that cannot (in a test recorder) keeps its own.
+func holdOpen(w http.ResponseWriter, deadline time.Time) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(deadline.Add(answerMargin))
+	_ = rc.SetWriteDeadline(deadline.Add(answerMargin))
+}
 
 // acquireWaiting acquires p for a request with wait_seconds: while another
 // holder holds the resource it waits, up to wait, for the lease to be
@@ -92,12 +102,7 @@ func acquireWaiting(w http.ResponseWriter, r *http.Request, d Deps, p lease.Acqu
 	ctx, budget, stop := unbounded(r)
 	defer stop()
 	deadline := time.Now().Add(wait)
-	// The answer may come a whole wait after the request: move the
-	// connection's deadlines (the server's ReadTimeout and WriteTimeout)
-	// past it. A connection that cannot (in a test recorder) keeps its own.
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(deadline.Add(answerMargin))
-	_ = rc.SetWriteDeadline(deadline.Add(answerMargin))
+	holdOpen(w, deadline)
 	p.Wait = wait
 	return d.Leases.AcquireWaiting(ctx, p, leasing.WaitParams{
 		Listener: d.Listener, Stopping: d.Stopping, Statement: budget,

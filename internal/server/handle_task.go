@@ -488,12 +488,7 @@ func heartbeatWaiting(w http.ResponseWriter, r *http.Request, d Deps, id int64, 
 		wait = min(wait, ttl-ttl/10)
 	}
 	deadline := sent.Add(wait)
-	// The answer may come a whole wait after the request: move the
-	// connection's deadlines (the server's ReadTimeout and WriteTimeout)
-	// past it. A connection that cannot (in a test recorder) keeps its own.
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(deadline.Add(answerMargin))
-	_ = rc.SetWriteDeadline(deadline.Add(answerMargin))
+	holdOpen(w, deadline)
 	log := d.Log.With().Int64("task", id).Str("processor", q.Processor).Int64("fence", t.Fence).Logger()
 	log.Debug().Dur("wait", time.Until(deadline)).Msg("heartbeat waits")
 	timer := time.NewTimer(time.Until(deadline))

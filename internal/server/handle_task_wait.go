@@ -95,10 +95,7 @@ func groupKey(kinds, queues []string) string {
 func claimWaiting(w http.ResponseWriter, r *http.Request, d Deps, p taskstore.ClaimParams, wait time.Duration) ([]task.Task, error) {
 	ctx, _, stop := unbounded(r)
 	defer stop()
-	deadline := time.Now().Add(wait)
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(deadline.Add(answerMargin))
-	_ = rc.SetWriteDeadline(deadline.Add(answerMargin))
+	holdOpen(w, time.Now().Add(wait))
 	select {
 	case <-d.Stopping:
 		return nil, errStopping

@@ -51,16 +51,11 @@ func (b bundle) heartbeatAsync(ctx context.Context, t *testing.T, id int64, body
 
 func receiveHeld(t *testing.T, what string, answer <-chan heldAnswer) heldAnswer {
 	t.Helper()
-	select {
-	case a := <-answer:
-		if a.err != nil {
-			t.Fatalf("%s: %v", what, a.err)
-		}
-		return a
-	case <-time.After(60 * time.Second): // keeps a broken test from hanging
-		t.Fatalf("%s: no answer within 60s", what)
-		return heldAnswer{}
+	a := receive(t, what, answer)
+	if a.err != nil {
+		t.Fatalf("%s: %v", what, a.err)
 	}
+	return a
 }
 
 // heartbeatWaits waits until the server logged that processor's heartbeat

@@ -117,12 +117,20 @@ func (b waitBundle) acquireAsync(t *testing.T, body string) <-chan response {
 
 func receiveAnswer(t *testing.T, what string, answer <-chan response) response {
 	t.Helper()
+	return receive(t, what, answer)
+}
+
+// receive returns what comes on answer, failing the test when nothing
+// comes within 60 s.
+func receive[T any](t *testing.T, what string, answer <-chan T) T {
+	t.Helper()
 	select {
-	case r := <-answer:
-		return r
+	case a := <-answer:
+		return a
 	case <-time.After(60 * time.Second): // keeps a broken test from hanging
 		t.Fatalf("%s: no answer within 60s", what)
-		return response{}
+		var zero T
+		return zero
 	}
 }
 

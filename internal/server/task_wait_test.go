@@ -63,16 +63,11 @@ func (b waitBundle) claimWait(ctx context.Context, body string) waitClaim {
 
 func receiveClaim(t *testing.T, what string, answer <-chan waitClaim) waitClaim {
 	t.Helper()
-	select {
-	case a := <-answer:
-		if a.err != nil {
-			t.Fatalf("%s: %v", what, a.err)
-		}
-		return a
-	case <-time.After(60 * time.Second): // keeps a broken test from hanging
-		t.Fatalf("%s: no answer within 60s", what)
-		return waitClaim{}
+	a := receive(t, what, answer)
+	if a.err != nil {
+		t.Fatalf("%s: %v", what, a.err)
 	}
+	return a
 }
 
 // logged counts the server's log lines with message msg and, when
