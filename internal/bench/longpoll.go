@@ -409,16 +409,8 @@ func longpollWork(ctx context.Context, c Config) (Result, error) {
 		return Result{}, err
 	}
 	defer d.Close()
-	store := taskstore.NewStore(d.Pool)
-	for n := c.Tasks; n > 0; {
-		batch := make([]taskstore.NewTask, min(n, 1000))
-		for i := range batch {
-			batch[i] = taskstore.NewTask{TaskData: []byte(`{}`), Kind: workKind}
-		}
-		if _, err := store.Insert(ctx, batch); err != nil {
-			return Result{}, err
-		}
-		n -= len(batch)
+	if err := insertLike(ctx, taskstore.NewStore(d.Pool), c.Tasks, taskstore.NewTask{TaskData: []byte(`{}`), Kind: workKind}); err != nil {
+		return Result{}, err
 	}
 	rs, err := startPollReplicas(ctx, d, c.Replicas)
 	if err != nil {
@@ -448,27 +440,8 @@ func longpollWork(ctx context.Context, c Config) (Result, error) {
 		}
 		procs = append(procs, cmd)
 	}
-	// A harness's wait, not the product's: the count is read every 50 ms.
-	for deadline := time.Now().Add(10 * time.Minute); ; {
-		stats, err := store.Stats(ctx)
-		if err != nil {
-			return Result{}, err
-		}
-		if stats.Done == int64(c.Tasks) {
-			break
-		}
-		if stats.Dead > 0 {
-			return Result{}, fmt.Errorf("%d tasks ended dead under leasehold work", stats.Dead)
-		}
-		if time.Now().After(deadline) {
-			return Result{}, fmt.Errorf("the processes finished %d of %d tasks in 10 minutes", stats.Done, c.Tasks)
-		}
-		if err := pause(ctx, 50*time.Millisecond); err != nil {
-			return Result{}, err
-		}
-	}
-	var secs float64
-	if err := d.Pool.QueryRow(ctx, `SELECT extract(epoch FROM max(processed_at) - min(started_at)) FROM tasks`).Scan(&secs); err != nil {
+	secs, err := drainedIn(ctx, d, c.Tasks, "leasehold work")
+	if err != nil {
 		return Result{}, err
 	}
 	return Result{Scenario: "longpoll", Case: setup, Value: float64(c.Tasks) / secs, Unit: "tasks/s",

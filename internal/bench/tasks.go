@@ -63,10 +63,15 @@ func (r *replicas) Stop() {
 
 // insertMany inserts n zero-work tasks in batches of 1000.
 func insertMany(ctx context.Context, tasks *taskstore.Store, n int) error {
+	return insertLike(ctx, tasks, n, taskstore.NewTask{TaskData: zeroWork})
+}
+
+// insertLike inserts n copies of nt, a thousand to a statement.
+func insertLike(ctx context.Context, tasks *taskstore.Store, n int, nt taskstore.NewTask) error {
 	for n > 0 {
 		batch := make([]taskstore.NewTask, min(n, 1000))
 		for i := range batch {
-			batch[i] = taskstore.NewTask{TaskData: zeroWork}
+			batch[i] = nt
 		}
 		if _, err := tasks.Insert(ctx, batch); err != nil {
 			return err
@@ -164,28 +169,8 @@ func drainProcesses(ctx context.Context, c Config) (Result, error) {
 		}
 		procs = append(procs, cmd)
 	}
-	// A harness's wait, not the product's: the count is read every 50 ms.
-	store := taskstore.NewStore(d.Pool)
-	for deadline := time.Now().Add(10 * time.Minute); ; {
-		stats, err := store.Stats(ctx)
-		if err != nil {
-			return Result{}, err
-		}
-		done := stats.Done
-		if done == int64(c.Tasks) {
-			break
-		}
-		if time.Now().After(deadline) {
-			return Result{}, fmt.Errorf("the processes finished %d of %d tasks in 10 minutes", done, c.Tasks)
-		}
-		select {
-		case <-ctx.Done():
-			return Result{}, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	var secs float64
-	if err := d.Pool.QueryRow(ctx, `SELECT extract(epoch FROM max(processed_at) - min(started_at)) FROM tasks`).Scan(&secs); err != nil {
+	secs, err := drainedIn(ctx, d, c.Tasks, "the processes")
+	if err != nil {
 		return Result{}, err
 	}
 	return Result{
@@ -193,6 +178,36 @@ func drainProcesses(ctx context.Context, c Config) (Result, error) {
 		Value: float64(c.Tasks) / secs, Unit: "tasks/s",
 		Note: "first claim to last completion, by the database clock",
 	}, nil
+}
+
+// drainedIn waits until n tasks of d are done, by processes the harness does not see
+// into, and returns the seconds from the first claim to the last completion by the
+// database clock, so that the processes' start-up is not counted. A task ending dead, or
+// 10 minutes, is an error naming who, which ran them.
+func drainedIn(ctx context.Context, d *freshDB, n int, who string) (float64, error) {
+	store := taskstore.NewStore(d.Pool)
+	// A harness's wait, not the product's: the count is read every 50 ms.
+	for deadline := time.Now().Add(10 * time.Minute); ; {
+		stats, err := store.Stats(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if stats.Done == int64(n) {
+			break
+		}
+		if stats.Dead > 0 {
+			return 0, fmt.Errorf("%d tasks ended dead under %s", stats.Dead, who)
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%s finished %d of %d tasks in 10 minutes", who, stats.Done, n)
+		}
+		if err := pause(ctx, 50*time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+	var secs float64
+	err := d.Pool.QueryRow(ctx, `SELECT extract(epoch FROM max(processed_at) - min(started_at)) FROM tasks`).Scan(&secs)
+	return secs, err
 }
 
 // runSteady inserts SteadyRate tasks per second for Duration while the replicas work, and
