@@ -27,6 +27,12 @@ type InsertOpts struct {
 	// the kind, in any state but cancelled, holds the key: the result is
 	// then that task, with Duplicate set. An insert that is safe to retry.
 	UniqueKey string
+	// Lock, when set, gates the task on the lease of that resource: the
+	// task is claimed only while nobody holds the lease (another task, a
+	// leasehold exec, any Leases holder), its claim acquires the lease with
+	// the task's fence, heartbeats renew it, and the task's end releases
+	// it. Tasks with the same Lock never run at the same time.
+	Lock string
 	// ScheduledAt is when the task falls due (zero: now).
 	ScheduledAt time.Time
 	// MaxAttempts is how many attempts the task gets before it is dead:
@@ -184,6 +190,11 @@ func (c *Client) newTask(p InsertParams) (taskstore.NewTask, error) {
 			return taskstore.NewTask{}, err
 		}
 	}
+	if o.Lock != "" {
+		if err := checkName("lock", o.Lock); err != nil {
+			return taskstore.NewTask{}, err
+		}
+	}
 	if err := checkTTL("task TTL", o.TTL); err != nil {
 		return taskstore.NewTask{}, err
 	}
@@ -195,7 +206,7 @@ func (c *Client) newTask(p InsertParams) (taskstore.NewTask, error) {
 	}
 	return taskstore.NewTask{
 		TaskData: data, Kind: kind, Queue: o.Queue, Priority: o.Priority, UniqueKey: o.UniqueKey,
-		TTL: o.TTL, ScheduledAt: o.ScheduledAt, MaxAttempts: int32(o.MaxAttempts),
+		TTL: o.TTL, ScheduledAt: o.ScheduledAt, MaxAttempts: int32(o.MaxAttempts), Lock: o.Lock,
 	}, nil
 }
 
@@ -209,6 +220,9 @@ func merged(base, over InsertOpts) InsertOpts {
 	}
 	if over.UniqueKey != "" {
 		base.UniqueKey = over.UniqueKey
+	}
+	if over.Lock != "" {
+		base.Lock = over.Lock
 	}
 	if !over.ScheduledAt.IsZero() {
 		base.ScheduledAt = over.ScheduledAt

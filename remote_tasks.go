@@ -44,6 +44,7 @@ type newTaskBody struct {
 	Queue       string          `json:"queue,omitempty"`
 	Priority    int16           `json:"priority,omitempty"`
 	UniqueKey   string          `json:"unique_key,omitempty"`
+	Lock        string          `json:"lock,omitempty"`
 	TTLSeconds  int64           `json:"ttl_seconds,omitempty"`
 	ScheduledAt string          `json:"scheduled_at,omitempty"`
 	MaxAttempts int32           `json:"max_attempts,omitempty"`
@@ -52,7 +53,7 @@ type newTaskBody struct {
 func bodyOf(nt taskstore.NewTask) newTaskBody {
 	b := newTaskBody{
 		TaskData: nt.TaskData, Kind: nt.Kind, Queue: nt.Queue, Priority: nt.Priority, UniqueKey: nt.UniqueKey,
-		TTLSeconds: int64(nt.TTL / time.Second), MaxAttempts: nt.MaxAttempts,
+		TTLSeconds: int64(nt.TTL / time.Second), MaxAttempts: nt.MaxAttempts, Lock: nt.Lock,
 	}
 	if !nt.ScheduledAt.IsZero() {
 		b.ScheduledAt = apitime.Format(nt.ScheduledAt)

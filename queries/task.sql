@@ -1,13 +1,13 @@
 -- name: TaskInsert :many
 -- TaskInsert adds tasks in one statement (one NOTIFY): the i-th task gets
 -- the i-th element of each array (scheduled_at: an RFC 3339 time, or ''
--- for now; unique_key '' and ttl_seconds 0 for none). A task whose (kind,
+-- for now; unique_key '', ttl_seconds 0 and locks '' for none). A task whose (kind,
 -- unique_key) another task not cancelled holds is not inserted (nor the
 -- second of two in the batch with the same key): what comes back is the
 -- tasks inserted, in the order given. TaskGetByUniqueKeys then reads the
 -- holders of the others.
-INSERT INTO tasks (task_data, kind, queue, priority, unique_key, ttl_seconds, scheduled_at, max_attempts)
-SELECT d.v, k.v, q.v, p.v, nullif(u.v, ''), nullif(l.v, 0), coalesce(nullif(s.v, '')::timestamptz, now()), m.v
+INSERT INTO tasks (task_data, kind, queue, priority, unique_key, ttl_seconds, scheduled_at, max_attempts, lock_resource)
+SELECT d.v, k.v, q.v, p.v, nullif(u.v, ''), nullif(l.v, 0), coalesce(nullif(s.v, '')::timestamptz, now()), m.v, nullif(g.v, '')
 FROM unnest(@task_data::jsonb[]) WITH ORDINALITY AS d (v, i)
 JOIN unnest(@kinds::text[]) WITH ORDINALITY AS k (v, i) ON k.i = d.i
 JOIN unnest(@queues::text[]) WITH ORDINALITY AS q (v, i) ON q.i = d.i
@@ -16,6 +16,7 @@ JOIN unnest(@unique_keys::text[]) WITH ORDINALITY AS u (v, i) ON u.i = d.i
 JOIN unnest(@ttl_seconds::integer[]) WITH ORDINALITY AS l (v, i) ON l.i = d.i
 JOIN unnest(@scheduled_at::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
 JOIN unnest(@max_attempts::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
+JOIN unnest(@locks::text[]) WITH ORDINALITY AS g (v, i) ON g.i = d.i
 ORDER BY d.i
 ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL AND state <> 'cancelled' DO NOTHING
 RETURNING *;
@@ -90,9 +91,17 @@ WITH buried AS (
 -- pending tasks, and lapsed running ones. Every due row picked is used
 -- (tasks_claimable must not leave a row it locked: see there); lapsed rows
 -- not used stay locked only until this statement commits.
+-- Gated tasks whose lock is free first (at most one per lock: they are
+-- few, and would otherwise wait behind every ungated task); the lock's
+-- lease is acquired as the row is claimed (task_lock_follow, schema/0012).
+gated AS (
+    SELECT g.id, g.priority, g.scheduled_at
+    FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], cardinality(@processors::text[])) AS g (id, priority, scheduled_at)
+),
 due AS (
     SELECT d.id, d.priority, d.scheduled_at
-    FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], cardinality(@processors::text[]),
+    FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[],
+                         cardinality(@processors::text[]) - (SELECT count(*)::integer FROM gated),
                          @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
                          @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS d (id, priority, scheduled_at)
 ),
@@ -102,12 +111,14 @@ lapsed AS (
       AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
       AND (sqlc.narg(want_queues)::text[] IS NULL OR r.queue = ANY (sqlc.narg(want_queues)::text[]))
       AND (sqlc.narg(want_kinds)::text[] IS NULL OR r.kind = ANY (sqlc.narg(want_kinds)::text[]))
-    LIMIT cardinality(@processors::text[]) - (SELECT count(*) FROM due)
+    LIMIT cardinality(@processors::text[]) - (SELECT count(*) FROM due) - (SELECT count(*) FROM gated)
     FOR UPDATE SKIP LOCKED
 ),
 picked AS (
     SELECT p.id, row_number() OVER (ORDER BY p.priority, p.scheduled_at, p.id) AS n
-    FROM (SELECT due.id, due.priority, due.scheduled_at FROM due
+    FROM (SELECT gated.id, gated.priority, gated.scheduled_at FROM gated
+          UNION ALL
+          SELECT due.id, due.priority, due.scheduled_at FROM due
           UNION ALL
           SELECT lapsed.id, lapsed.priority, lapsed.scheduled_at FROM lapsed) AS p
 ),
@@ -381,11 +392,19 @@ completed AS (
       AND c.must_heartbeat_before > now()
     RETURNING c.id
 ),
+gated AS (
+    SELECT g.id, g.priority, g.scheduled_at
+    FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], cardinality(@claim_for::text[])) AS g (id, priority, scheduled_at)
+),
 picked AS (
     SELECT d.id, row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
-    FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], cardinality(@claim_for::text[]),
-                         @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
-                         @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS d (id, priority, scheduled_at)
+    FROM (SELECT gated.id, gated.priority, gated.scheduled_at FROM gated
+          UNION ALL
+          SELECT c.id, c.priority, c.scheduled_at
+          FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[],
+                               cardinality(@claim_for::text[]) - (SELECT count(*)::integer FROM gated),
+                               @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
+                               @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS c (id, priority, scheduled_at)) AS d
 ),
 claimed AS (
     UPDATE tasks AS t
@@ -401,7 +420,7 @@ claimed AS (
     JOIN unnest(@claim_for::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     WHERE t.id = picked.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
-              t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at
+              t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource
 )
 -- The ids ride on the first row only: repeated on every row, the replica
 -- decoded the same array once per claimed task. The claimed columns come
@@ -417,6 +436,7 @@ SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM clai
        coalesce(claimed.max_attempts, 0)::integer AS max_attempts,
        coalesce(claimed.must_heartbeat_before, 'epoch')::timestamptz AS must_heartbeat_before,
        coalesce(claimed.started_at, 'epoch')::timestamptz AS started_at,
-       coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at
+       coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at,
+       coalesce(claimed.lock_resource, '')::text AS lock_resource
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true;

@@ -111,6 +111,14 @@ type Task struct {
 	// GeneratorFence is the fence of the generator lease a demo task was
 	// inserted under; 0 for tasks inserted otherwise.
 	GeneratorFence int64 `json:"generator_fence"`
+	// Lock, when set, is the resource whose lease the task holds while it
+	// runs: it is claimed only when that lease is free, the claim acquires
+	// it with the task's fence, and the task's end releases it.
+	Lock string `json:"lock"`
+	// Schedule names the schedule that made the task, and ScheduleTick is
+	// the tick it was made for; "" and nil for tasks inserted otherwise.
+	Schedule     string     `json:"schedule"`
+	ScheduleTick *time.Time `json:"schedule_tick"`
 	// EarlierAttempts are the attempts that ended otherwise than by the
 	// completion, oldest first: the task's history. The running attempt,
 	// or the completed one, is not among them: it is the task's own
@@ -141,6 +149,9 @@ type wire struct {
 	LastError           *string         `json:"last_error"`
 	CreatedAt           string          `json:"created_at"`
 	GeneratorFence      *int64          `json:"generator_fence"`
+	Lock                *string         `json:"lock"`
+	Schedule            *string         `json:"schedule"`
+	ScheduleTick        *string         `json:"schedule_tick"`
 	EarlierAttempts     []attemptWire   `json:"earlier_attempts"`
 }
 
@@ -184,7 +195,8 @@ func (t Task) MarshalJSON() ([]byte, error) {
 		LastHeartbeatAt: apitime.FormatPtr(t.LastHeartbeatAt), MustHeartbeatBefore: apitime.FormatPtr(t.MustHeartbeatBefore),
 		StartedAt: apitime.FormatPtr(t.StartedAt), ProcessedAt: apitime.FormatPtr(t.ProcessedAt),
 		TaskOutput: out, LastError: nonZero(t.LastError), CreatedAt: apitime.Format(t.CreatedAt),
-		GeneratorFence: nonZero(t.GeneratorFence), EarlierAttempts: attempts,
+		GeneratorFence: nonZero(t.GeneratorFence), Lock: nonZero(t.Lock), Schedule: nonZero(t.Schedule),
+		ScheduleTick: apitime.FormatPtr(t.ScheduleTick), EarlierAttempts: attempts,
 	})
 }
 
@@ -198,6 +210,7 @@ func (t *Task) UnmarshalJSON(b []byte) error {
 		StartedAt           *time.Time `json:"started_at"`
 		ProcessedAt         *time.Time `json:"processed_at"`
 		CreatedAt           time.Time  `json:"created_at"`
+		ScheduleTick        *time.Time `json:"schedule_tick"`
 		EarlierAttempts     []struct {
 			attemptWire
 			StartedAt time.Time `json:"started_at"`
@@ -214,7 +227,8 @@ func (t *Task) UnmarshalJSON(b []byte) error {
 		Fence: deref(w.Fence), TTLSeconds: deref(w.TTLSeconds), Attempts: w.Attempts, MaxAttempts: w.MaxAttempts,
 		LastHeartbeatAt: w.LastHeartbeatAt, MustHeartbeatBefore: w.MustHeartbeatBefore, StartedAt: w.StartedAt,
 		ProcessedAt: w.ProcessedAt, TaskOutput: w.TaskOutput, LastError: deref(w.LastError), CreatedAt: w.CreatedAt,
-		GeneratorFence: deref(w.GeneratorFence),
+		GeneratorFence: deref(w.GeneratorFence), Lock: deref(w.Lock), Schedule: deref(w.Schedule),
+		ScheduleTick: w.ScheduleTick,
 	}
 	if string(t.TaskOutput) == "null" {
 		t.TaskOutput = nil

@@ -63,7 +63,7 @@ type config struct {
 	LeaseHistoryRetention time.Duration
 }
 
-var allRoles = []string{"api", "worker", "generator", "reaper"}
+var allRoles = []string{"api", "worker", "generator", "reaper", "scheduler"}
 
 // hasRole reports whether the replica plays role.
 func (c config) hasRole(role string) bool { return slices.Contains(c.Roles, role) }

@@ -23,6 +23,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/scheduler"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/localpg"
@@ -186,7 +187,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	listenCfg.DialFunc = listenDialer.DialContext
 	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, listenCfg)
-	}, log, notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
+	}, log, notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator, notify.ChannelSchedule)
 
 	if c.StatementTimeout > 0 {
 		poolCfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(c.StatementTimeout.Milliseconds(), 10)
@@ -203,6 +204,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	leases := leasing.NewStore(pool)
 	tasks := taskstore.NewStore(pool)
 	genState := generator.NewState(pool)
+	schedules := scheduler.NewStore(pool)
 	instances := instance.NewStore(pool)
 	metrics := server.NewMetrics(listener.Connected, listener.Reconnects)
 	metrics.WatchDatabase(pool, metricsDBTimeout)
@@ -218,6 +220,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		Tasks:      tasks,
 		Generator:  genState,
 		Instances:  instances,
+		Schedules:  schedules,
 		Instance:   server.Instance{ID: c.Instance, StartedAt: startedAt, Roles: c.Roles, Version: version},
 		DefaultTTL: c.LeaseTTL,
 		APIToken:   c.APIToken,
@@ -288,6 +291,12 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 			State: genState, Tasks: tasks, Leases: leases, Listener: listener, Instance: c.Instance,
 			Keep: lease.KeepConfig{TTL: 5 * time.Second, Observer: metrics.KeepObserver(server.HolderGenerator)},
 			Rate: c.GeneratorRate, MinSleep: c.GeneratorSleepMin, MaxSleep: c.GeneratorSleepMax, Log: log,
+		}).Run)
+	}
+	if c.hasRole("scheduler") {
+		background("scheduler", (&scheduler.Scheduler{
+			Store: schedules, Leases: leases, Listener: listener, Instance: c.Instance, Log: log,
+			Keep: lease.KeepConfig{TTL: 5 * time.Second, Observer: metrics.KeepObserver(server.HolderScheduler)},
 		}).Run)
 	}
 	if c.hasRole("worker") && c.Workers > 0 {

@@ -47,6 +47,28 @@ type LeaseEvent struct {
 	ExpiresAt time.Time
 }
 
+type Schedule struct {
+	ID           int64
+	Name         string
+	Cron         string
+	Zone         string
+	Kind         string
+	TaskData     []byte
+	Queue        string
+	Priority     int16
+	UniqueTicks  bool
+	LockResource *string
+	MaxAttempts  int32
+	TTLSeconds   *int32
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+	NextTickAt   time.Time
+	LastTickAt   *time.Time
+	LastTaskID   *int64
+	MissedTicks  int64
+	SkippedTicks int64
+}
+
 type Task struct {
 	ID                  int64
 	TaskData            []byte
@@ -70,6 +92,9 @@ type Task struct {
 	Queue               string
 	Priority            int16
 	UniqueKey           *string
+	LockResource        *string
+	Schedule            *string
+	ScheduleTick        *time.Time
 }
 
 type TaskWaiter struct {

@@ -23,7 +23,7 @@ WHERE t.id = $2::bigint AND t.state IN ('pending', 'running')
        OR (t.state = 'running' AND t.processor = $3::text
            AND ($4::bigint IS NULL OR t.fence = $4::bigint)
            AND t.must_heartbeat_before > now()))
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
 `
 
 type TaskCancelParams struct {
@@ -73,6 +73,9 @@ func (q *Queries) TaskCancel(ctx context.Context, arg TaskCancelParams) (Task, e
 		&i.Queue,
 		&i.Priority,
 		&i.UniqueKey,
+		&i.LockResource,
+		&i.Schedule,
+		&i.ScheduleTick,
 	)
 	return i, err
 }
@@ -96,9 +99,14 @@ WITH buried AS (
             FOR UPDATE SKIP LOCKED)
     RETURNING b.id
 ),
+gated AS (
+    SELECT g.id, g.priority, g.scheduled_at
+    FROM tasks_gated($3::text[], $4::text[], cardinality($5::text[])) AS g (id, priority, scheduled_at)
+),
 due AS (
     SELECT d.id, d.priority, d.scheduled_at
-    FROM tasks_claimable($3::text[], $4::text[], cardinality($5::text[]),
+    FROM tasks_claimable($3::text[], $4::text[],
+                         cardinality($5::text[]) - (SELECT count(*)::integer FROM gated),
                          $6::text[], $7::text[], $8::smallint[],
                          $9::timestamptz[], $10::bigint[], $11::boolean) AS d (id, priority, scheduled_at)
 ),
@@ -108,12 +116,14 @@ lapsed AS (
       AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
       AND ($3::text[] IS NULL OR r.queue = ANY ($3::text[]))
       AND ($4::text[] IS NULL OR r.kind = ANY ($4::text[]))
-    LIMIT cardinality($5::text[]) - (SELECT count(*) FROM due)
+    LIMIT cardinality($5::text[]) - (SELECT count(*) FROM due) - (SELECT count(*) FROM gated)
     FOR UPDATE SKIP LOCKED
 ),
 picked AS (
     SELECT p.id, row_number() OVER (ORDER BY p.priority, p.scheduled_at, p.id) AS n
-    FROM (SELECT due.id, due.priority, due.scheduled_at FROM due
+    FROM (SELECT gated.id, gated.priority, gated.scheduled_at FROM gated
+          UNION ALL
+          SELECT due.id, due.priority, due.scheduled_at FROM due
           UNION ALL
           SELECT lapsed.id, lapsed.priority, lapsed.scheduled_at FROM lapsed) AS p
 ),
@@ -137,7 +147,7 @@ SET state = 'running',
     must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, $1::integer))
 FROM assigned AS a
 WHERE t.id = a.id
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
 `
 
 type TaskClaimParams struct {
@@ -171,6 +181,9 @@ type TaskClaimParams struct {
 // pending tasks, and lapsed running ones. Every due row picked is used
 // (tasks_claimable must not leave a row it locked: see there); lapsed rows
 // not used stay locked only until this statement commits.
+// Gated tasks whose lock is free first (at most one per lock: they are
+// few, and would otherwise wait behind every ungated task); the lock's
+// lease is acquired as the row is claimed (task_lock_follow, schema/0012).
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, error) {
 	rows, err := q.db.Query(ctx, taskClaim,
 		arg.TTLSeconds,
@@ -215,6 +228,9 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, e
 			&i.Queue,
 			&i.Priority,
 			&i.UniqueKey,
+			&i.LockResource,
+			&i.Schedule,
+			&i.ScheduleTick,
 		); err != nil {
 			return nil, err
 		}
@@ -236,7 +252,7 @@ WHERE t.id = $2::bigint
   AND t.processor = $3::text
   AND ($4::bigint IS NULL OR t.fence = $4::bigint)
   AND t.must_heartbeat_before > now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
 `
 
 type TaskCompleteParams struct {
@@ -280,6 +296,9 @@ func (q *Queries) TaskComplete(ctx context.Context, arg TaskCompleteParams) (Tas
 		&i.Queue,
 		&i.Priority,
 		&i.UniqueKey,
+		&i.LockResource,
+		&i.Schedule,
+		&i.ScheduleTick,
 	)
 	return i, err
 }
@@ -302,11 +321,19 @@ completed AS (
       AND c.must_heartbeat_before > now()
     RETURNING c.id
 ),
+gated AS (
+    SELECT g.id, g.priority, g.scheduled_at
+    FROM tasks_gated($5::text[], $6::text[], cardinality($7::text[])) AS g (id, priority, scheduled_at)
+),
 picked AS (
     SELECT d.id, row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
-    FROM tasks_claimable($5::text[], $6::text[], cardinality($7::text[]),
-                         $8::text[], $9::text[], $10::smallint[],
-                         $11::timestamptz[], $12::bigint[], $13::boolean) AS d (id, priority, scheduled_at)
+    FROM (SELECT gated.id, gated.priority, gated.scheduled_at FROM gated
+          UNION ALL
+          SELECT c.id, c.priority, c.scheduled_at
+          FROM tasks_claimable($5::text[], $6::text[],
+                               cardinality($7::text[]) - (SELECT count(*)::integer FROM gated),
+                               $8::text[], $9::text[], $10::smallint[],
+                               $11::timestamptz[], $12::bigint[], $13::boolean) AS c (id, priority, scheduled_at)) AS d
 ),
 claimed AS (
     UPDATE tasks AS t
@@ -322,7 +349,7 @@ claimed AS (
     JOIN unnest($7::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     WHERE t.id = picked.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
-              t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at
+              t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource
 )
 SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM claimed AS f)
              THEN done.ids END)::bigint[] AS completed_ids,
@@ -334,7 +361,8 @@ SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM clai
        coalesce(claimed.max_attempts, 0)::integer AS max_attempts,
        coalesce(claimed.must_heartbeat_before, 'epoch')::timestamptz AS must_heartbeat_before,
        coalesce(claimed.started_at, 'epoch')::timestamptz AS started_at,
-       coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at
+       coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at,
+       coalesce(claimed.lock_resource, '')::text AS lock_resource
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true
 `
@@ -372,6 +400,7 @@ type TaskCompleteAndClaimRow struct {
 	MustHeartbeatBefore time.Time
 	StartedAt           time.Time
 	CreatedAt           time.Time
+	LockResource        string
 }
 
 // TaskCompleteAndClaim is TaskCompleteMany and a claim of due pending tasks
@@ -424,6 +453,7 @@ func (q *Queries) TaskCompleteAndClaim(ctx context.Context, arg TaskCompleteAndC
 			&i.MustHeartbeatBefore,
 			&i.StartedAt,
 			&i.CreatedAt,
+			&i.LockResource,
 		); err != nil {
 			return nil, err
 		}
@@ -507,7 +537,7 @@ WHERE t.id = $5::bigint
   AND t.processor = $6::text
   AND ($7::bigint IS NULL OR t.fence = $7::bigint)
   AND t.must_heartbeat_before > now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
 `
 
 type TaskFailParams struct {
@@ -560,12 +590,15 @@ func (q *Queries) TaskFail(ctx context.Context, arg TaskFailParams) (Task, error
 		&i.Queue,
 		&i.Priority,
 		&i.UniqueKey,
+		&i.LockResource,
+		&i.Schedule,
+		&i.ScheduleTick,
 	)
 	return i, err
 }
 
 const taskGet = `-- name: TaskGet :one
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key FROM tasks WHERE id = $1
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick FROM tasks WHERE id = $1
 `
 
 func (q *Queries) TaskGet(ctx context.Context, id int64) (Task, error) {
@@ -594,12 +627,15 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (Task, error) {
 		&i.Queue,
 		&i.Priority,
 		&i.UniqueKey,
+		&i.LockResource,
+		&i.Schedule,
+		&i.ScheduleTick,
 	)
 	return i, err
 }
 
 const taskGetByUniqueKeys = `-- name: TaskGetByUniqueKeys :many
-SELECT t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key FROM tasks AS t
+SELECT t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick FROM tasks AS t
 WHERE t.unique_key IS NOT NULL AND t.state <> 'cancelled'
   AND (t.kind, t.unique_key) IN (SELECT k.v, u.v
                                  FROM unnest($1::text[]) WITH ORDINALITY AS k (v, i)
@@ -647,6 +683,9 @@ func (q *Queries) TaskGetByUniqueKeys(ctx context.Context, arg TaskGetByUniqueKe
 			&i.Queue,
 			&i.Priority,
 			&i.UniqueKey,
+			&i.LockResource,
+			&i.Schedule,
+			&i.ScheduleTick,
 		); err != nil {
 			return nil, err
 		}
@@ -667,7 +706,7 @@ WHERE t.id = $1::bigint
   AND t.processor = $2::text
   AND ($3::bigint IS NULL OR t.fence = $3::bigint)
   AND t.must_heartbeat_before > now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
 `
 
 type TaskHeartbeatParams struct {
@@ -706,13 +745,16 @@ func (q *Queries) TaskHeartbeat(ctx context.Context, arg TaskHeartbeatParams) (T
 		&i.Queue,
 		&i.Priority,
 		&i.UniqueKey,
+		&i.LockResource,
+		&i.Schedule,
+		&i.ScheduleTick,
 	)
 	return i, err
 }
 
 const taskInsert = `-- name: TaskInsert :many
-INSERT INTO tasks (task_data, kind, queue, priority, unique_key, ttl_seconds, scheduled_at, max_attempts)
-SELECT d.v, k.v, q.v, p.v, nullif(u.v, ''), nullif(l.v, 0), coalesce(nullif(s.v, '')::timestamptz, now()), m.v
+INSERT INTO tasks (task_data, kind, queue, priority, unique_key, ttl_seconds, scheduled_at, max_attempts, lock_resource)
+SELECT d.v, k.v, q.v, p.v, nullif(u.v, ''), nullif(l.v, 0), coalesce(nullif(s.v, '')::timestamptz, now()), m.v, nullif(g.v, '')
 FROM unnest($1::jsonb[]) WITH ORDINALITY AS d (v, i)
 JOIN unnest($2::text[]) WITH ORDINALITY AS k (v, i) ON k.i = d.i
 JOIN unnest($3::text[]) WITH ORDINALITY AS q (v, i) ON q.i = d.i
@@ -721,9 +763,10 @@ JOIN unnest($5::text[]) WITH ORDINALITY AS u (v, i) ON u.i = d.i
 JOIN unnest($6::integer[]) WITH ORDINALITY AS l (v, i) ON l.i = d.i
 JOIN unnest($7::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
 JOIN unnest($8::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
+JOIN unnest($9::text[]) WITH ORDINALITY AS g (v, i) ON g.i = d.i
 ORDER BY d.i
 ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL AND state <> 'cancelled' DO NOTHING
-RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key
+RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick
 `
 
 type TaskInsertParams struct {
@@ -735,11 +778,12 @@ type TaskInsertParams struct {
 	TTLSeconds  []int32
 	ScheduledAt []string
 	MaxAttempts []int32
+	Locks       []string
 }
 
 // TaskInsert adds tasks in one statement (one NOTIFY): the i-th task gets
 // the i-th element of each array (scheduled_at: an RFC 3339 time, or ”
-// for now; unique_key ” and ttl_seconds 0 for none). A task whose (kind,
+// for now; unique_key ”, ttl_seconds 0 and locks ” for none). A task whose (kind,
 // unique_key) another task not cancelled holds is not inserted (nor the
 // second of two in the batch with the same key): what comes back is the
 // tasks inserted, in the order given. TaskGetByUniqueKeys then reads the
@@ -754,6 +798,7 @@ func (q *Queries) TaskInsert(ctx context.Context, arg TaskInsertParams) ([]Task,
 		arg.TTLSeconds,
 		arg.ScheduledAt,
 		arg.MaxAttempts,
+		arg.Locks,
 	)
 	if err != nil {
 		return nil, err
@@ -785,6 +830,9 @@ func (q *Queries) TaskInsert(ctx context.Context, arg TaskInsertParams) ([]Task,
 			&i.Queue,
 			&i.Priority,
 			&i.UniqueKey,
+			&i.LockResource,
+			&i.Schedule,
+			&i.ScheduleTick,
 		); err != nil {
 			return nil, err
 		}
@@ -812,7 +860,7 @@ SELECT d.v, live.fence
 FROM unnest($1::jsonb[]) AS d (v)
 CROSS JOIN live
 JOIN generator_state AS g ON g.started
-RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key
+RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick
 `
 
 type TaskInsertGeneratedParams struct {
@@ -858,6 +906,9 @@ func (q *Queries) TaskInsertGenerated(ctx context.Context, arg TaskInsertGenerat
 			&i.Queue,
 			&i.Priority,
 			&i.UniqueKey,
+			&i.LockResource,
+			&i.Schedule,
+			&i.ScheduleTick,
 		); err != nil {
 			return nil, err
 		}
@@ -870,7 +921,7 @@ func (q *Queries) TaskInsertGenerated(ctx context.Context, arg TaskInsertGenerat
 }
 
 const taskList = `-- name: TaskList :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key FROM tasks_filtered($1::text[], $2::text[], $3::text[],
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick FROM tasks_filtered($1::text[], $2::text[], $3::text[],
                              $4::boolean, $5::bigint, $6::integer)
 `
 
@@ -925,6 +976,9 @@ func (q *Queries) TaskList(ctx context.Context, arg TaskListParams) ([]Task, err
 			&i.Queue,
 			&i.Priority,
 			&i.UniqueKey,
+			&i.LockResource,
+			&i.Schedule,
+			&i.ScheduleTick,
 		); err != nil {
 			return nil, err
 		}
@@ -937,7 +991,7 @@ func (q *Queries) TaskList(ctx context.Context, arg TaskListParams) ([]Task, err
 }
 
 const taskListDead = `-- name: TaskListDead :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key FROM tasks
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick FROM tasks
 WHERE state = 'dead'
 ORDER BY processed_at DESC, id DESC
 LIMIT $1
@@ -976,6 +1030,9 @@ func (q *Queries) TaskListDead(ctx context.Context, rowLimit int32) ([]Task, err
 			&i.Queue,
 			&i.Priority,
 			&i.UniqueKey,
+			&i.LockResource,
+			&i.Schedule,
+			&i.ScheduleTick,
 		); err != nil {
 			return nil, err
 		}
@@ -988,7 +1045,7 @@ func (q *Queries) TaskListDead(ctx context.Context, rowLimit int32) ([]Task, err
 }
 
 const taskListRunning = `-- name: TaskListRunning :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key FROM tasks
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick FROM tasks
 WHERE state = 'running'
 ORDER BY id
 LIMIT $1
@@ -1027,6 +1084,9 @@ func (q *Queries) TaskListRunning(ctx context.Context, rowLimit int32) ([]Task, 
 			&i.Queue,
 			&i.Priority,
 			&i.UniqueKey,
+			&i.LockResource,
+			&i.Schedule,
+			&i.ScheduleTick,
 		); err != nil {
 			return nil, err
 		}
@@ -1136,7 +1196,7 @@ WHERE t.id = $4::bigint
   AND ($6::bigint IS NULL OR t.fence = $6::bigint)
   AND t.must_heartbeat_before > now()
   AND $2::text IN ('requeued', 'snoozed')
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
 `
 
 type TaskPutBackParams struct {
@@ -1187,6 +1247,9 @@ func (q *Queries) TaskPutBack(ctx context.Context, arg TaskPutBackParams) (Task,
 		&i.Queue,
 		&i.Priority,
 		&i.UniqueKey,
+		&i.LockResource,
+		&i.Schedule,
+		&i.ScheduleTick,
 	)
 	return i, err
 }
@@ -1208,7 +1271,7 @@ WHERE t.id IN (
         FOR UPDATE SKIP LOCKED)
   AND t.state = 'running'
   AND t.must_heartbeat_before <= now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
 `
 
 // TaskRequeueLapsed is the reaper's announcement of lapsed task leases: up
@@ -1250,6 +1313,9 @@ func (q *Queries) TaskRequeueLapsed(ctx context.Context, batchSize int32) ([]Tas
 			&i.Queue,
 			&i.Priority,
 			&i.UniqueKey,
+			&i.LockResource,
+			&i.Schedule,
+			&i.ScheduleTick,
 		); err != nil {
 			return nil, err
 		}
@@ -1269,7 +1335,7 @@ SET state = 'pending',
     processed_at = NULL,
     must_heartbeat_before = NULL
 WHERE t.id = $1::bigint AND t.state IN ('dead', 'cancelled')
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
 `
 
 // TaskRetry puts a dead or cancelled task back to pending, due now, with a
@@ -1304,6 +1370,9 @@ func (q *Queries) TaskRetry(ctx context.Context, id int64) (Task, error) {
 		&i.Queue,
 		&i.Priority,
 		&i.UniqueKey,
+		&i.LockResource,
+		&i.Schedule,
+		&i.ScheduleTick,
 	)
 	return i, err
 }

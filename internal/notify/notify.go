@@ -35,6 +35,7 @@ const (
 	ChannelLease     = "leasehold_lease"     // every lease change: lease.Change JSON
 	ChannelTask      = "leasehold_task"      // what statements did to tasks: TasksInserted, TasksRequeued, TasksFinished, "claimed:<ms>", "cancelled:<id>"
 	ChannelGenerator = "leasehold_generator" // the generator switch: "STARTED" or "STOPPED"
+	ChannelSchedule  = "leasehold_schedule"  // schedules: "changed:<name>" (added, replaced, removed), "ticked:<name>"
 )
 
 // Notification is one notification as received.

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/schedule"
 	"github.com/leasehold/leasehold/task"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -20,6 +21,9 @@ import (
 type errorBody struct {
 	Error string       `json:"error"`
 	Lease *lease.Lease `json:"lease,omitempty"`
+	// Schedule is the schedule that holds the name on a 409 of POST
+	// /api/schedules.
+	Schedule *schedule.Schedule `json:"schedule,omitempty"`
 }
 
 // writeError is the one place where errors become statuses. Only errors the
@@ -29,6 +33,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		bad    *badRequest
 		tooBig *http.MaxBytesError
 		held   *lease.HeldError
+		exists *schedule.ExistsError
 	)
 	switch {
 	case errors.As(err, &bad):
@@ -40,6 +45,10 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 			Error: held.Lease.Resource + " is held by " + held.Lease.Holder + "; wait for its release or expiry and try again",
 			Lease: &held.Lease,
 		})
+	case errors.As(err, &exists):
+		encode(w, http.StatusConflict, errorBody{Error: exists.Error(), Schedule: &exists.Schedule})
+	case errors.Is(err, schedule.ErrNotFound):
+		encode(w, http.StatusNotFound, errorBody{Error: "no schedule has this name; list schedules with GET /api/schedules"})
 	case errors.Is(err, lease.ErrNotHeld):
 		encode(w, http.StatusNotFound, errorBody{Error: "the holder holds no active lease on this resource with that fence (expired, released, someone else's, or never acquired); acquire it again"})
 	case errors.Is(err, lease.ErrNotFound):

@@ -57,6 +57,7 @@ type newTaskRequest struct {
 	Queue       opt[string]     `json:"queue,omitzero"`
 	Priority    opt[int64]      `json:"priority,omitzero"`
 	UniqueKey   opt[string]     `json:"unique_key,omitzero"`
+	Lock        opt[string]     `json:"lock,omitzero"`
 	TTLSeconds  opt[int64]      `json:"ttl_seconds,omitzero"`
 	ScheduledAt *string         `json:"scheduled_at,omitempty"`
 	MaxAttempts *int64          `json:"max_attempts,omitempty"`
@@ -94,6 +95,7 @@ func (q newTaskRequest) newTask() (taskstore.NewTask, error) {
 		q.Kind.present("kind", func(v string) error { return checkName("kind", v) }),
 		q.Queue.present("queue", func(v string) error { return checkName("queue", v) }),
 		q.UniqueKey.present("unique_key", func(v string) error { return checkName("unique_key", v) }),
+		q.Lock.present("lock", func(v string) error { return checkName("lock", v) }),
 		q.Priority.present("priority", func(v int64) error {
 			if v < minPriority || v > maxPriority {
 				return badRequestf(`"priority" is %d; it must be between %d and %d (lower runs first; 0 is the default)`, v, minPriority, maxPriority)
@@ -106,7 +108,7 @@ func (q newTaskRequest) newTask() (taskstore.NewTask, error) {
 	}
 	nt := taskstore.NewTask{
 		TaskData: data, Kind: q.Kind.v, Queue: q.Queue.v, Priority: int16(q.Priority.v),
-		UniqueKey: q.UniqueKey.v, TTL: time.Duration(q.TTLSeconds.v) * time.Second,
+		UniqueKey: q.UniqueKey.v, TTL: time.Duration(q.TTLSeconds.v) * time.Second, Lock: q.Lock.v,
 	}
 	if q.ScheduledAt != nil {
 		at, err := time.Parse(time.RFC3339Nano, *q.ScheduledAt)

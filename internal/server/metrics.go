@@ -57,6 +57,7 @@ const (
 	HolderAPI       = "api"
 	HolderGenerator = "generator"
 	HolderReaper    = "reaper"
+	HolderScheduler = "scheduler"
 	HolderInstance  = "instance"
 	HolderTask      = "task"
 )
@@ -186,13 +187,13 @@ func (m *Metrics) initSeries() {
 			m.taskOps.WithLabelValues(op, o)
 		}
 	}
-	for _, h := range []string{HolderAPI, HolderGenerator, HolderReaper, HolderInstance} {
+	for _, h := range []string{HolderAPI, HolderGenerator, HolderReaper, HolderScheduler, HolderInstance} {
 		m.releaseAge.WithLabelValues(h)
 	}
-	for _, h := range []string{HolderGenerator, HolderReaper, HolderInstance} {
+	for _, h := range []string{HolderGenerator, HolderReaper, HolderScheduler, HolderInstance} {
 		m.won.WithLabelValues(h)
 	}
-	for _, h := range []string{HolderGenerator, HolderReaper, HolderInstance, HolderTask} {
+	for _, h := range []string{HolderGenerator, HolderReaper, HolderScheduler, HolderInstance, HolderTask} {
 		m.renewFailures.WithLabelValues(h)
 		m.lost.WithLabelValues(h, lostRefused)
 		m.lost.WithLabelValues(h, lostDeadline)

@@ -45,6 +45,13 @@ func addRoutes(mux *http.ServeMux, d Deps) {
 	mux.Handle("POST /api/tasks/{id}/cancel", handleTaskCancel(d))
 	mux.Handle("POST /api/tasks/{id}/retry", handleTaskRetry(d))
 
+	if d.Schedules != nil {
+		mux.Handle("POST /api/schedules", handleScheduleCreate(d))
+		mux.Handle("GET /api/schedules", handleScheduleList(d))
+		mux.Handle("GET /api/schedules/{name}", handleScheduleGet(d))
+		mux.Handle("PUT /api/schedules/{name}", handleScheduleReplace(d))
+		mux.Handle("DELETE /api/schedules/{name}", handleScheduleDelete(d))
+	}
 	mux.Handle("GET /api/generator", handleGeneratorGet(d))
 	mux.Handle("POST /api/generator/start", handleGeneratorSet(d, true))
 	mux.Handle("POST /api/generator/stop", handleGeneratorSet(d, false))

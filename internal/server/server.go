@@ -21,6 +21,7 @@ import (
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/internal/scheduler"
 )
 
 // Instance describes the replica serving the request.
@@ -47,6 +48,8 @@ type Deps struct {
 	Tasks     *taskstore.Store
 	Generator *generator.State
 	Instances *instance.Store
+	// Schedules serves /api/schedules; nil leaves those routes out.
+	Schedules *scheduler.Store
 	Instance  Instance
 	// DefaultTTL applies to acquisitions that name no ttl_seconds.
 	DefaultTTL time.Duration

@@ -30,6 +30,7 @@ func fromRow(r db.Task) task.Task {
 		LastHeartbeatAt: r.LastHeartbeatAt, MustHeartbeatBefore: r.MustHeartbeatBefore,
 		StartedAt: r.StartedAt, ProcessedAt: r.ProcessedAt, TaskOutput: r.TaskOutput,
 		LastError: deref(r.LastError), CreatedAt: r.CreatedAt, GeneratorFence: deref(r.GeneratorFence),
+		Lock: deref(r.LockResource), Schedule: deref(r.Schedule), ScheduleTick: r.ScheduleTick,
 	}
 	if len(r.EarlierAttempts) > 2 { // "[]" is the common case
 		// Written by task_attempt only: a row that does not parse is a bug,
@@ -71,6 +72,8 @@ type NewTask struct {
 	TTL         time.Duration // whole seconds; zero: the first claimer's default
 	ScheduledAt time.Time     // zero: now, by the database clock
 	MaxAttempts int32         // zero: task.DefaultMaxAttempts
+	// Lock, when set, gates the task on that resource's lease (task.Task.Lock).
+	Lock string
 }
 
 // Inserted is what became of one NewTask.
@@ -97,7 +100,7 @@ func insert(ctx context.Context, q *db.Queries, tasks []NewTask) ([]Inserted, er
 	p := db.TaskInsertParams{
 		TaskData: make([][]byte, n), Kinds: make([]string, n), Queues: make([]string, n),
 		Priorities: make([]int16, n), UniqueKeys: make([]string, n), TTLSeconds: make([]int32, n),
-		ScheduledAt: make([]string, n), MaxAttempts: make([]int32, n),
+		ScheduledAt: make([]string, n), MaxAttempts: make([]int32, n), Locks: make([]string, n),
 	}
 	for i, t := range tasks {
 		p.TaskData[i] = t.TaskData
@@ -110,6 +113,7 @@ func insert(ctx context.Context, q *db.Queries, tasks []NewTask) ([]Inserted, er
 			p.ScheduledAt[i] = t.ScheduledAt.Format(time.RFC3339Nano)
 		}
 		p.MaxAttempts[i] = or(t.MaxAttempts, task.DefaultMaxAttempts)
+		p.Locks[i] = t.Lock
 	}
 	rows, err := q.TaskInsert(ctx, p)
 	if err != nil {
@@ -373,7 +377,7 @@ func (s *Store) CompleteAndClaim(ctx context.Context, cs []Completion, claim Cla
 			State: task.StateRunning, ScheduledAt: r.ScheduledAt, Processor: r.Processor,
 			Fence: r.Fence, TTLSeconds: r.TTLSeconds, Attempts: r.Attempts, MaxAttempts: r.MaxAttempts,
 			LastHeartbeatAt: &at.started, MustHeartbeatBefore: &at.expires, StartedAt: &at.started,
-			CreatedAt: r.CreatedAt,
+			CreatedAt: r.CreatedAt, Lock: r.LockResource,
 		})
 	}
 	return idSet(done), claimed, nil

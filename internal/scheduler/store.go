@@ -1,0 +1,229 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/internal/db"
+	"github.com/leasehold/leasehold/schedule"
+)
+
+// Store reads and writes schedules.
+type Store struct {
+	q *db.Queries
+}
+
+// NewStore returns a Store on the pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{q: db.New(pool)} }
+
+// Create adds the schedule p. created is false when one of that name with
+// the same definition exists already (a retry): that one comes back. One
+// with another definition is an *schedule.ExistsError; a bad definition
+// an *schedule.InvalidError. Its first tick is the first after now, by the
+// database clock.
+func (s *Store) Create(ctx context.Context, p schedule.Params) (sc schedule.Schedule, created bool, err error) {
+	args, err := s.params(ctx, p)
+	if err != nil {
+		return schedule.Schedule{}, false, err
+	}
+	row, err := s.q.ScheduleCreate(ctx, db.ScheduleCreateParams(args))
+	if err == nil {
+		return fromRow(row, nil, nil, nil), true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return schedule.Schedule{}, false, fmt.Errorf("create schedule %q: %w", p.Name, err)
+	}
+	cur, err := s.Get(ctx, p.Name)
+	switch {
+	case errors.Is(err, schedule.ErrNotFound):
+		return schedule.Schedule{}, false, fmt.Errorf("create schedule %q: it was removed while being created; retry", p.Name)
+	case err != nil:
+		return schedule.Schedule{}, false, err
+	case cur.Same(p):
+		return cur, false, nil
+	}
+	return schedule.Schedule{}, false, &schedule.ExistsError{Schedule: cur}
+}
+
+// Replace adds the schedule p or replaces the definition of the one of
+// that name; its next tick is then the first after now. Its counters and
+// last task stay.
+func (s *Store) Replace(ctx context.Context, p schedule.Params) (sc schedule.Schedule, created bool, err error) {
+	args, err := s.params(ctx, p)
+	if err != nil {
+		return schedule.Schedule{}, false, err
+	}
+	row, err := s.q.ScheduleReplace(ctx, db.ScheduleReplaceParams(args))
+	if err != nil {
+		return schedule.Schedule{}, false, fmt.Errorf("replace schedule %q: %w", p.Name, err)
+	}
+	cur, err := s.Get(ctx, p.Name)
+	if err != nil {
+		// Removed right after: answer with what was written.
+		return fromRow(db.Schedule{
+			ID: row.ID, Name: row.Name, Cron: row.Cron, Zone: row.Zone, Kind: row.Kind, TaskData: row.TaskData,
+			Queue: row.Queue, Priority: row.Priority, UniqueTicks: row.UniqueTicks, LockResource: row.LockResource,
+			MaxAttempts: row.MaxAttempts, TTLSeconds: row.TTLSeconds, CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt,
+			NextTickAt: row.NextTickAt, LastTickAt: row.LastTickAt, LastTaskID: row.LastTaskID,
+			MissedTicks: row.MissedTicks, SkippedTicks: row.SkippedTicks,
+		}, nil, nil, nil), row.Inserted, nil
+	}
+	return cur, row.Inserted, nil
+}
+
+// params checks p and returns the row to write, its first tick computed
+// from the database clock.
+func (s *Store) params(ctx context.Context, p schedule.Params) (db.ScheduleCreateParams, error) {
+	if err := p.Validate(); err != nil {
+		return db.ScheduleCreateParams{}, err
+	}
+	p = p.WithDefaults()
+	spec, err := schedule.Parse(p.Cron, p.Zone)
+	if err != nil {
+		return db.ScheduleCreateParams{}, err
+	}
+	now, err := s.q.DBNow(ctx)
+	if err != nil {
+		return db.ScheduleCreateParams{}, fmt.Errorf("read the database clock: %w", err)
+	}
+	args := db.ScheduleCreateParams{
+		Name: p.Name, Cron: p.Cron, Zone: p.Zone, Kind: p.Kind, TaskData: p.TaskData, Queue: p.Queue,
+		Priority: p.Priority, UniqueTicks: p.Unique, MaxAttempts: int32(p.MaxAttempts), NextTickAt: spec.Next(now),
+	}
+	if p.Lock != "" {
+		args.LockResource = &p.Lock
+	}
+	if p.TTL != 0 {
+		ttl := int32(p.TTL / time.Second)
+		args.TTLSeconds = &ttl
+	}
+	return args, nil
+}
+
+// Get returns the schedule of that name, or schedule.ErrNotFound.
+func (s *Store) Get(ctx context.Context, name string) (schedule.Schedule, error) {
+	r, err := s.q.ScheduleGet(ctx, name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return schedule.Schedule{}, fmt.Errorf("%w: %q", schedule.ErrNotFound, name)
+	}
+	if err != nil {
+		return schedule.Schedule{}, fmt.Errorf("get schedule %q: %w", name, err)
+	}
+	return fromRow(db.Schedule{
+		ID: r.ID, Name: r.Name, Cron: r.Cron, Zone: r.Zone, Kind: r.Kind, TaskData: r.TaskData,
+		Queue: r.Queue, Priority: r.Priority, UniqueTicks: r.UniqueTicks, LockResource: r.LockResource,
+		MaxAttempts: r.MaxAttempts, TTLSeconds: r.TTLSeconds, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		NextTickAt: r.NextTickAt, LastTickAt: r.LastTickAt, LastTaskID: r.LastTaskID,
+		MissedTicks: r.MissedTicks, SkippedTicks: r.SkippedTicks,
+	}, r.LastTaskState, r.LastTaskProcessedAt, r.LastTaskError), nil
+}
+
+// List returns up to limit schedules in name order, after the name given
+// ("": from the first).
+func (s *Store) List(ctx context.Context, after string, limit int32) ([]schedule.Schedule, error) {
+	rows, err := s.q.ScheduleList(ctx, db.ScheduleListParams{AfterName: after, RowLimit: limit})
+	if err != nil {
+		return nil, fmt.Errorf("list schedules: %w", err)
+	}
+	out := make([]schedule.Schedule, len(rows))
+	for i, r := range rows {
+		out[i] = fromRow(db.Schedule{
+			ID: r.ID, Name: r.Name, Cron: r.Cron, Zone: r.Zone, Kind: r.Kind, TaskData: r.TaskData,
+			Queue: r.Queue, Priority: r.Priority, UniqueTicks: r.UniqueTicks, LockResource: r.LockResource,
+			MaxAttempts: r.MaxAttempts, TTLSeconds: r.TTLSeconds, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+			NextTickAt: r.NextTickAt, LastTickAt: r.LastTickAt, LastTaskID: r.LastTaskID,
+			MissedTicks: r.MissedTicks, SkippedTicks: r.SkippedTicks,
+		}, r.LastTaskState, r.LastTaskProcessedAt, r.LastTaskError)
+	}
+	return out, nil
+}
+
+// Delete removes the schedule of that name and returns it; its tasks stay.
+func (s *Store) Delete(ctx context.Context, name string) (schedule.Schedule, error) {
+	r, err := s.q.ScheduleDelete(ctx, name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return schedule.Schedule{}, fmt.Errorf("%w: %q", schedule.ErrNotFound, name)
+	}
+	if err != nil {
+		return schedule.Schedule{}, fmt.Errorf("delete schedule %q: %w", name, err)
+	}
+	return fromRow(r, nil, nil, nil), nil
+}
+
+func fromRow(r db.Schedule, lastState *string, lastProcessed *time.Time, lastError *string) schedule.Schedule {
+	s := schedule.Schedule{
+		Name: r.Name, Cron: r.Cron, Zone: r.Zone, Kind: r.Kind, TaskData: r.TaskData, Queue: r.Queue,
+		Priority: r.Priority, Unique: r.UniqueTicks, Lock: deref(r.LockResource), MaxAttempts: r.MaxAttempts,
+		TTLSeconds: deref(r.TTLSeconds), CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, NextTick: r.NextTickAt,
+		LastTick: r.LastTickAt, MissedTicks: r.MissedTicks, SkippedTicks: r.SkippedTicks,
+	}
+	if r.LastTaskID != nil && lastState != nil {
+		s.LastTask = &schedule.LastTask{ID: *r.LastTaskID, State: *lastState, ProcessedAt: lastProcessed, LastError: deref(lastError)}
+	}
+	return s
+}
+
+func deref[T any](p *T) T {
+	if p == nil {
+		var zero T
+		return zero
+	}
+	return *p
+}
+
+// due is one schedule as the scheduler sees it.
+type due struct {
+	id      int64
+	name    string
+	spec    *schedule.Spec
+	specErr error
+	next    time.Time
+}
+
+// times reads every schedule's next tick and the database clock.
+func (s *Store) times(ctx context.Context) ([]due, time.Time, error) {
+	rows, err := s.q.ScheduleTimes(ctx)
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("read the schedules: %w", err)
+	}
+	out := make([]due, len(rows))
+	var now time.Time
+	for i, r := range rows {
+		spec, err := schedule.Parse(r.Cron, r.Zone)
+		out[i] = due{id: r.ID, name: r.Name, spec: spec, specErr: err, next: r.NextTickAt}
+		now = r.DBNow
+	}
+	if len(rows) == 0 {
+		if now, err = s.q.DBNow(ctx); err != nil {
+			return nil, time.Time{}, fmt.Errorf("read the database clock: %w", err)
+		}
+	}
+	return out, now, nil
+}
+
+// enqueued is what one ScheduleEnqueue did.
+type enqueued struct {
+	ok      bool  // the compare-and-set held: the schedule moved on
+	taskID  int64 // 0: no task (a tick made already, or skipped)
+	skipped bool
+}
+
+// enqueue makes the task of tick, moving the schedule's next tick from
+// expect to next, under the holder's scheduler lease with fence.
+func (s *Store) enqueue(ctx context.Context, holder string, fence, id int64, expect, tick, next time.Time, missed int64) (enqueued, error) {
+	r, err := s.q.ScheduleEnqueue(ctx, db.ScheduleEnqueueParams{
+		Holder: holder, Fence: fence, ID: id, ExpectTick: expect, Tick: tick, NextTick: next, Missed: missed,
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return enqueued{}, nil
+	}
+	if err != nil {
+		return enqueued{}, fmt.Errorf("enqueue the tick %s: %w", tick.Format(time.RFC3339), err)
+	}
+	return enqueued{ok: true, taskID: r.TaskID, skipped: r.Skipped > 0}, nil
+}
