@@ -17,6 +17,7 @@ import (
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/reaper"
+	"github.com/leasehold/leasehold/internal/scheduler"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/lease"
@@ -53,6 +54,12 @@ type Config struct {
 	// does not register (for other programs to run). Without it such an
 	// insert fails with ErrUnknownKind: most often a typo.
 	AllowUnknownKinds bool
+	// Scheduler, on a client on a pool, makes Start campaign for the
+	// scheduler lease too: while this client holds it, it enqueues the
+	// ticks of every schedule (Client.Schedules), as a `leasehold serve`
+	// replica with the scheduler role does. Any number of processes may
+	// campaign; each tick is made one task whichever holds the lease.
+	Scheduler bool
 	// Logger receives the client's logs (nil: none). Warnings say when the
 	// database or service cannot be reached and when it is back; errors,
 	// what needs a human.
@@ -94,7 +101,8 @@ type Client struct {
 	leaseStore *leasing.Store
 	rest       *rest
 
-	leases *Leases
+	leases    *Leases
+	schedules *Schedules
 
 	// safetyPoll is the workers' last-resort poll (worker.Pool's SafetyPoll:
 	// zero for its default); tests turn it off to prove nobody needs it.
@@ -132,6 +140,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	c.store = taskstore.NewStore(pool)
 	c.leaseStore = leasing.NewStore(pool)
 	c.leases = &Leases{svc: storeLeases{store: c.leaseStore, c: c}, ttl: c.cfg.LeaseTTL}
+	c.schedules = &Schedules{store: scheduler.NewStore(pool)}
 	return c, nil
 }
 
@@ -147,8 +156,12 @@ func NewRemoteClient(remote RemoteConfig, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Scheduler {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, errNoScheduler)
+	}
 	c.rest = r
 	c.leases = &Leases{svc: restLeases{c: r}}
+	c.schedules = &Schedules{rest: r}
 	return c, nil
 }
 
@@ -219,7 +232,7 @@ func (c *Client) listen() (*notify.Listener, func()) {
 		cc.RuntimeParams["application_name"] = "leasehold " + c.cfg.ID + " listener"
 		l := notify.New(func(ctx context.Context) (*pgx.Conn, error) {
 			return pgx.ConnectConfig(ctx, cc.Copy())
-		}, c.log, notify.ChannelLease, notify.ChannelTask)
+		}, c.log, notify.ChannelLease, notify.ChannelTask, notify.ChannelSchedule)
 		ctx, cancel := context.WithCancel(context.Background())
 		c.listener, c.stopLn = l, cancel
 		c.listenWG.Go(func() { _ = l.Run(ctx) })
@@ -244,14 +257,15 @@ func (c *Client) listen() (*notify.Listener, func()) {
 // each claiming the next due task of the kinds the client registers (woken
 // by NOTIFY on a pool, long-polling a remote service), running it under its
 // lease, and recording what became of it. It returns at once; the workers
-// run until Stop. A client without Workers has nothing to start, and
-// Start returns nil.
+// run until Stop. A client without Workers (and without
+// Config.Scheduler) has nothing to start, and Start returns nil.
 //
 // A client on a pool also campaigns to be the reaper (the lease
 // "leasehold:reaper", shared with every leasehold process on the
 // database): the one elected puts a task whose worker died back in the
 // queue, and announces an expired lease, within a second of its expiry.
-// (Retention, the pruning of old tasks, stays the service's.)
+// (Retention, the pruning of old tasks, stays the service's.) With
+// Config.Scheduler it also campaigns for the scheduler lease.
 func (c *Client) Start(ctx context.Context) error {
 	c.lifecycle.Lock()
 	defer c.lifecycle.Unlock()
@@ -262,11 +276,27 @@ func (c *Client) Start(ctx context.Context) error {
 		return ErrStarted
 	}
 	c.started = true
-	if len(c.kinds) == 0 {
+	if len(c.kinds) == 0 && !c.cfg.Scheduler {
 		return nil
 	}
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	c.stopRun, c.abort = stop, make(chan struct{})
+	if c.cfg.Scheduler {
+		l, done := c.listen()
+		s := &scheduler.Scheduler{
+			Store: c.schedules.store, Leases: c.leaseStore, Listener: l, Instance: c.cfg.ID,
+			Keep: lease.KeepConfig{TTL: schedulerTTL}, Log: c.log,
+		}
+		c.running.Go(func() {
+			defer done()
+			if err := s.Run(runCtx); err != nil {
+				c.log.Error().Err(err).Msg("scheduler stopped")
+			}
+		})
+	}
+	if len(c.kinds) == 0 {
+		return nil
+	}
 	handler := func(ctx context.Context, t task.Task) (json.RawMessage, error) {
 		kw := c.funcs[t.Kind]
 		if kw == nil { // cannot happen: a pool claims the kinds it has
@@ -321,8 +351,12 @@ func (c *Client) Start(ctx context.Context) error {
 	return nil
 }
 
-// reaperTTL is the TTL of the reaper lease, as the service's.
-const reaperTTL = 5 * time.Second
+// reaperTTL and schedulerTTL are the TTLs of the reaper and scheduler
+// leases, as the service's.
+const (
+	reaperTTL    = 5 * time.Second
+	schedulerTTL = 5 * time.Second
+)
 
 // Stop stops the client gracefully: its workers claim nothing more, the
 // tasks they run may finish until ctx ends (or Config.ShutdownGrace passes,

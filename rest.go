@@ -129,8 +129,9 @@ func IsTransient(err error) bool {
 
 // errorBody is the service's answer to a request it refused.
 type errorBody struct {
-	Error string          `json:"error"`
-	Lease json.RawMessage `json:"lease"`
+	Error    string          `json:"error"`
+	Lease    json.RawMessage `json:"lease"`
+	Schedule json.RawMessage `json:"schedule"`
 }
 
 // refusal maps a status with a meaning of its own to its error; nil leaves

@@ -420,7 +420,8 @@ claimed AS (
     JOIN unnest(@claim_for::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     WHERE t.id = picked.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
-              t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource
+              t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource,
+              t.schedule, t.schedule_tick
 )
 -- The ids ride on the first row only: repeated on every row, the replica
 -- decoded the same array once per claimed task. The claimed columns come
@@ -437,6 +438,7 @@ SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM clai
        coalesce(claimed.must_heartbeat_before, 'epoch')::timestamptz AS must_heartbeat_before,
        coalesce(claimed.started_at, 'epoch')::timestamptz AS started_at,
        coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at,
-       coalesce(claimed.lock_resource, '')::text AS lock_resource
+       coalesce(claimed.lock_resource, '')::text AS lock_resource,
+       coalesce(claimed.schedule, '')::text AS schedule, claimed.schedule_tick
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true;

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 	// The zones are compiled in, so that a schedule's zone means the same
 	// on every replica, also in a container without /usr/share/zoneinfo.
 	_ "time/tzdata"
@@ -76,9 +77,11 @@ type Params struct {
 	Cron string
 	// Zone is the IANA time zone the cron fields are read in ("": UTC),
 	// e.g. "Europe/Berlin": "0 9 * * *" then ticks at 09:00 there in summer
-	// and in winter. Across a change of the clocks a tick whose local time
-	// does not exist that day is skipped, and one whose local time happens
-	// twice ticks once.
+	// and in winter. Across a change of the clocks it ticks as cron(8)
+	// does: a tick whose local time does not exist that day (02:30 when the
+	// clocks go from 02:00 to 03:00) runs at the change, and one whose
+	// local time happens twice runs once, the first time; a schedule whose
+	// hour field is "*" runs every hour the clock shows.
 	Zone string
 	// Kind, TaskData, Queue, Priority, Lock, MaxAttempts and TTL are those
 	// of each task it makes (TaskData nil: {}; Queue "": the default queue;
@@ -285,6 +288,9 @@ func checkName(field, v string) error {
 	if len(v) > 255 {
 		return invalid(field, "%q is %d bytes long; it must be at most 255 bytes", field, len(v))
 	}
+	if !utf8.ValidString(v) {
+		return invalid(field, "%q is not valid UTF-8; send the name as UTF-8 text", field)
+	}
 	for _, r := range v {
 		if r < 0x20 || (r >= 0x7f && r <= 0x9f) {
 			return invalid(field, "%q contains the control character %U; use printable characters only", field, r)
@@ -336,6 +342,9 @@ func Parse(expr, zone string) (*Spec, error) {
 	}
 	if ss, ok := sched.(*cron.SpecSchedule); ok {
 		ss.Location = loc
+		if loc != time.UTC {
+			sched = wallClock{spec: ss, loc: loc}
+		}
 	}
 	s := &Spec{expr: expr, sched: sched}
 	if s.Next(time.Now()).IsZero() {

@@ -349,7 +349,8 @@ claimed AS (
     JOIN unnest($7::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     WHERE t.id = picked.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
-              t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource
+              t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource,
+              t.schedule, t.schedule_tick
 )
 SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM claimed AS f)
              THEN done.ids END)::bigint[] AS completed_ids,
@@ -362,7 +363,8 @@ SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM clai
        coalesce(claimed.must_heartbeat_before, 'epoch')::timestamptz AS must_heartbeat_before,
        coalesce(claimed.started_at, 'epoch')::timestamptz AS started_at,
        coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at,
-       coalesce(claimed.lock_resource, '')::text AS lock_resource
+       coalesce(claimed.lock_resource, '')::text AS lock_resource,
+       coalesce(claimed.schedule, '')::text AS schedule, claimed.schedule_tick
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true
 `
@@ -401,6 +403,8 @@ type TaskCompleteAndClaimRow struct {
 	StartedAt           time.Time
 	CreatedAt           time.Time
 	LockResource        string
+	Schedule            string
+	ScheduleTick        *time.Time
 }
 
 // TaskCompleteAndClaim is TaskCompleteMany and a claim of due pending tasks
@@ -454,6 +458,8 @@ func (q *Queries) TaskCompleteAndClaim(ctx context.Context, arg TaskCompleteAndC
 			&i.StartedAt,
 			&i.CreatedAt,
 			&i.LockResource,
+			&i.Schedule,
+			&i.ScheduleTick,
 		); err != nil {
 			return nil, err
 		}

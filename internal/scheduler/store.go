@@ -15,11 +15,12 @@ import (
 
 // Store reads and writes schedules.
 type Store struct {
-	q *db.Queries
+	pool *pgxpool.Pool
+	q    *db.Queries
 }
 
 // NewStore returns a Store on the pool.
-func NewStore(pool *pgxpool.Pool) *Store { return &Store{q: db.New(pool)} }
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool, q: db.New(pool)} }
 
 // Create adds the schedule p. created is false when one of that name with
 // the same definition exists already (a retry): that one comes back. One

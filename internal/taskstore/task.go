@@ -377,7 +377,7 @@ func (s *Store) CompleteAndClaim(ctx context.Context, cs []Completion, claim Cla
 			State: task.StateRunning, ScheduledAt: r.ScheduledAt, Processor: r.Processor,
 			Fence: r.Fence, TTLSeconds: r.TTLSeconds, Attempts: r.Attempts, MaxAttempts: r.MaxAttempts,
 			LastHeartbeatAt: &at.started, MustHeartbeatBefore: &at.expires, StartedAt: &at.started,
-			CreatedAt: r.CreatedAt, Lock: r.LockResource,
+			CreatedAt: r.CreatedAt, Lock: r.LockResource, Schedule: r.Schedule, ScheduleTick: r.ScheduleTick,
 		})
 	}
 	return idSet(done), claimed, nil
