@@ -400,13 +400,15 @@ $$;
 --   * the end of an attempt (done, failed, dead, cancelled, handed back,
 --     lapsed and taken again) releases the lock's lease of that fence,
 --     unless it has expired already.
--- The task's lease thus never outlives the lock's: the claim's expiry is
--- now() + TTL and the lock's clock_timestamp() + TTL, and a renewal sets
--- both alike. Lease events and NOTIFYs follow from leases_changed.
+-- The task's lease is the lock's: the claim gives the task the lock's
+-- acquisition time as started_at and its expiry, and a renewal sets both
+-- alike. Lease events and NOTIFYs follow from leases_changed.
 CREATE FUNCTION task_lock_follow() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    got bigint;
+    got      bigint;
+    acquired timestamptz;
+    expiry   timestamptz;
 BEGIN
     IF OLD.state = 'running' AND (NEW.state <> 'running' OR NEW.fence IS DISTINCT FROM OLD.fence) THEN
         UPDATE leases AS l
@@ -429,11 +431,17 @@ BEGIN
             expired_at  = NULL,
             expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
         WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
-        RETURNING l.fence INTO got;
+        RETURNING l.fence, l.created_at, l.expires_at INTO got, acquired, expiry;
         IF got IS NULL THEN
             RETURN NULL; -- the lock is held: the task stays as it was
         END IF;
+        -- The attempt begins when the lock was acquired, not when the
+        -- statement did (it may have waited for the lock's row), and its
+        -- lease ends with the lock's.
         NEW.fence := got;
+        NEW.started_at := acquired;
+        NEW.last_heartbeat_at := acquired;
+        NEW.must_heartbeat_before := expiry;
     ELSIF NEW.state = 'running' AND NEW.must_heartbeat_before IS DISTINCT FROM OLD.must_heartbeat_before THEN
         UPDATE leases AS l
         SET renewed_at  = now(),
@@ -446,6 +454,62 @@ BEGIN
         END IF;
     END IF;
     RETURN NEW;
+END;
+$$;
+
+-- tasks_changed as in schema/0011, but for how it tells a claim: a row
+-- running that started at the statement's time or later. A gated task's
+-- claim starts when its lock's lease was acquired (task_lock_follow), which
+-- may be after the statement began (it waited for the lock's row).
+CREATE OR REPLACE FUNCTION tasks_changed() RETURNS trigger
+LANGUAGE plpgsql
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    claimed_by timestamptz;
+    requeued   boolean;
+    finished   boolean;
+    watched    boolean;
+    stopped    bigint[];
+BEGIN
+    SELECT min(n.must_heartbeat_before) FILTER (WHERE n.state = 'running' AND n.started_at >= now()),
+           bool_or(n.state = 'pending' AND ((n.earlier_attempts -> -1 ->> 'ended_at')::timestamptz = now()
+                                            OR n.scheduled_at = now())),
+           bool_or(n.state IN ('done', 'dead', 'cancelled') AND n.processed_at = now()),
+           array_agg(n.id) FILTER (WHERE n.state = 'cancelled' AND n.processed_at = now()
+                                     AND n.earlier_attempts -> -1 ->> 'outcome' = 'cancelled'
+                                     AND (n.earlier_attempts -> -1 ->> 'ended_at')::timestamptz = now())
+    INTO claimed_by, requeued, finished, stopped
+    FROM new_rows AS n;
+
+    IF requeued THEN
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    IF stopped IS NOT NULL THEN
+        PERFORM pg_notify('leasehold_task', 'cancelled:' || s.id) FROM unnest(stopped) AS s (id);
+    END IF;
+    IF claimed_by IS NULL AND NOT finished THEN
+        RETURN NULL; -- a heartbeat, or nothing
+    END IF;
+    watched := current_setting('transaction_isolation') <> 'read committed'
+               OR NOT pg_try_advisory_xact_lock_shared(7810756277295999348)
+               OR EXISTS (SELECT 1 FROM task_waiters WHERE all_changes);
+    -- The look for a running task that expires sooner: see schema/0009.
+    IF claimed_by IS NOT NULL AND (watched OR (
+            SELECT r.id FROM tasks AS r
+            WHERE r.state = 'running'
+              AND r.must_heartbeat_before > now()
+              AND r.must_heartbeat_before < claimed_by
+            ORDER BY r.id DESC
+            LIMIT 1) IS NULL) THEN
+        PERFORM pg_notify('leasehold_task', 'claimed:' || floor(extract(epoch FROM claimed_by) * 1000)::bigint);
+    END IF;
+    IF finished AND watched THEN
+        PERFORM pg_notify('leasehold_task', 'finished');
+    END IF;
+    RETURN NULL;
 END;
 $$;
 
@@ -558,6 +622,57 @@ DROP TRIGGER schedules_changed ON schedules;
 DROP FUNCTION schedules_changed();
 DROP TABLE schedules;
 DROP TRIGGER task_lock_follow ON tasks;
+CREATE OR REPLACE FUNCTION tasks_changed() RETURNS trigger
+LANGUAGE plpgsql
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    claimed_by timestamptz;
+    requeued   boolean;
+    finished   boolean;
+    watched    boolean;
+    stopped    bigint[];
+BEGIN
+    SELECT min(n.must_heartbeat_before) FILTER (WHERE n.state = 'running' AND n.started_at = now()),
+           bool_or(n.state = 'pending' AND ((n.earlier_attempts -> -1 ->> 'ended_at')::timestamptz = now()
+                                            OR n.scheduled_at = now())),
+           bool_or(n.state IN ('done', 'dead', 'cancelled') AND n.processed_at = now()),
+           array_agg(n.id) FILTER (WHERE n.state = 'cancelled' AND n.processed_at = now()
+                                     AND n.earlier_attempts -> -1 ->> 'outcome' = 'cancelled'
+                                     AND (n.earlier_attempts -> -1 ->> 'ended_at')::timestamptz = now())
+    INTO claimed_by, requeued, finished, stopped
+    FROM new_rows AS n;
+
+    IF requeued THEN
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    IF stopped IS NOT NULL THEN
+        PERFORM pg_notify('leasehold_task', 'cancelled:' || s.id) FROM unnest(stopped) AS s (id);
+    END IF;
+    IF claimed_by IS NULL AND NOT finished THEN
+        RETURN NULL; -- a heartbeat, or nothing
+    END IF;
+    watched := current_setting('transaction_isolation') <> 'read committed'
+               OR NOT pg_try_advisory_xact_lock_shared(7810756277295999348)
+               OR EXISTS (SELECT 1 FROM task_waiters WHERE all_changes);
+    -- The look for a running task that expires sooner: see schema/0009.
+    IF claimed_by IS NOT NULL AND (watched OR (
+            SELECT r.id FROM tasks AS r
+            WHERE r.state = 'running'
+              AND r.must_heartbeat_before > now()
+              AND r.must_heartbeat_before < claimed_by
+            ORDER BY r.id DESC
+            LIMIT 1) IS NULL) THEN
+        PERFORM pg_notify('leasehold_task', 'claimed:' || floor(extract(epoch FROM claimed_by) * 1000)::bigint);
+    END IF;
+    IF finished AND watched THEN
+        PERFORM pg_notify('leasehold_task', 'finished');
+    END IF;
+    RETURN NULL;
+END;
+$$;
 DROP FUNCTION task_lock_follow();
 DROP FUNCTION tasks_gated(text[], text[], integer);
 DROP INDEX tasks_gated_due_idx;

@@ -1,0 +1,391 @@
+package taskstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leasehold/leasehold/internal/db"
+	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+)
+
+// lockEvents returns the lease history of a resource, oldest first.
+func lockEvents(t *testing.T, l *leasing.Store, resource string) []lease.Event {
+	t.Helper()
+	evs, err := l.Events(context.Background(), lease.EventsParams{Resource: resource, Limit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}
+
+func leaseOf(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, resource string) (holder string, fence int64, expires time.Time, released *time.Time) {
+	t.Helper()
+	err := pool.QueryRow(context.Background(), `SELECT holder, fence, expires_at, released_at FROM leases WHERE resource = $1`, resource).
+		Scan(&holder, &fence, &expires, &released)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return
+}
+
+// TestGatedTaskHoldsItsLock: the claim of a gated task acquires its lock's
+// lease for the processor with the task's fence and expiry; a heartbeat
+// renews both; the completion releases both. The lease history says so.
+func TestGatedTaskHoldsItsLock(t *testing.T) {
+	t.Parallel()
+	pdb := pgtest.New(t)
+	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	ctx := context.Background()
+	tk := insert(t, s, taskstore.NewTask{Kind: "reindex", Lock: "db:index"})[0]
+	if tk.Lock != "db:index" {
+		t.Fatalf("inserted %+v, want lock db:index", tk)
+	}
+	got := claim(t, s, taskstore.ClaimParams{Processors: []string{"w1", "w2"}})
+	if len(got) != 1 || got[0].ID != tk.ID {
+		t.Fatalf("claimed %+v, want the one task", got)
+	}
+	run := got[0]
+	holder, fence, expires, released := leaseOf(t, pdb.Pool, "db:index")
+	if holder != run.Processor || fence != run.Fence || released != nil || expires.Before(*run.MustHeartbeatBefore) {
+		t.Errorf("lock's lease: holder %s fence %d expires %s released %v; want %s, fence %d, not before the task's %s",
+			holder, fence, expires, released, run.Processor, run.Fence, run.MustHeartbeatBefore)
+	}
+	beat, err := s.Heartbeat(ctx, run.ID, run.Processor, run.Fence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, expires, _ := leaseOf(t, pdb.Pool, "db:index"); !expires.Equal(*beat.MustHeartbeatBefore) {
+		t.Errorf("after a heartbeat the lock expires %s, the task %s; want the same", expires, beat.MustHeartbeatBefore)
+	}
+	if _, err := s.Complete(ctx, run.ID, run.Processor, run.Fence, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, released := leaseOf(t, pdb.Pool, "db:index"); released == nil {
+		t.Errorf("the lock is not released after the task completed")
+	}
+	var kinds []string
+	for _, e := range lockEvents(t, l, "db:index") {
+		if e.Fence != run.Fence || e.Holder != run.Processor {
+			t.Errorf("event %+v not of the task's attempt (fence %d, %s)", e, run.Fence, run.Processor)
+		}
+		kinds = append(kinds, string(e.Kind))
+	}
+	if want := []string{"acquired", "renewed", "released"}; !slices.Equal(kinds, want) {
+		t.Errorf("lock history %v, want %v", kinds, want)
+	}
+}
+
+// TestGatedTaskAndAnotherHolder: in either order, a gated task and another
+// holder of its lock (a leasehold exec, a REST client) never hold it at
+// once: a held lock keeps the task pending until its release, and a task
+// that runs keeps the lock from any other holder.
+func TestGatedTaskAndAnotherHolder(t *testing.T) {
+	t.Parallel()
+	pdb := pgtest.New(t)
+	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	ctx := context.Background()
+
+	// The other holder first.
+	script, err := l.Acquire(ctx, lease.AcquireParams{Resource: "nightly", Holder: "exec-script", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := insert(t, s, taskstore.NewTask{Kind: "report", Lock: "nightly"}, taskstore.NewTask{Kind: "other"})
+	got := claim(t, s, taskstore.ClaimParams{Processors: []string{"w1", "w2"}})
+	if len(got) != 1 || got[0].ID != tk[1].ID {
+		t.Fatalf("claimed %v while the lock is held; want only the ungated task %d", ids(got), tk[1].ID)
+	}
+	if _, err := l.Release(ctx, lease.ReleaseParams{Resource: "nightly", Holder: "exec-script"}); err != nil {
+		t.Fatal(err)
+	}
+	got = claim(t, s, taskstore.ClaimParams{Processors: []string{"w3"}})
+	if len(got) != 1 || got[0].ID != tk[0].ID || got[0].Fence <= script.Lease.Fence {
+		t.Fatalf("claimed %+v after the release; want task %d with a fence above the script's %d", got, tk[0].ID, script.Lease.Fence)
+	}
+	run := got[0]
+
+	// The task first: another holder is refused, shown the task's lease.
+	_, err = l.Acquire(ctx, lease.AcquireParams{Resource: "nightly", Holder: "exec-script", TTL: time.Minute})
+	var held *lease.HeldError
+	if !errors.As(err, &held) || held.Lease.Fence != run.Fence || held.Lease.Holder != run.Processor {
+		t.Fatalf("acquire while the task runs: %v; want held by %s with fence %d", err, run.Processor, run.Fence)
+	}
+	// A failure releases the lock, as every end of an attempt does.
+	if _, err := s.Fail(ctx, run.ID, run.Processor, run.Fence, "boom", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire(ctx, lease.AcquireParams{Resource: "nightly", Holder: "exec-script", TTL: time.Minute}); err != nil {
+		t.Fatalf("acquire after the task failed: %v", err)
+	}
+}
+
+// TestGatedHeartbeatNeedsTheLock: when the lock's lease is gone (released
+// by someone using the processor's name), the task's heartbeat is refused
+// as a lost lease: a gated task never runs on without its lock.
+func TestGatedHeartbeatNeedsTheLock(t *testing.T) {
+	t.Parallel()
+	pdb := pgtest.New(t)
+	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	ctx := context.Background()
+	insert(t, s, taskstore.NewTask{Kind: "k", Lock: "L"})
+	run := claim(t, s, taskstore.ClaimParams{Processors: []string{"w1"}})[0]
+	if _, err := l.Release(ctx, lease.ReleaseParams{Resource: "L", Holder: "w1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Heartbeat(ctx, run.ID, run.Processor, run.Fence); !errors.Is(err, task.ErrLeaseLost) {
+		t.Errorf("heartbeat without the lock: %v; want ErrLeaseLost", err)
+	}
+}
+
+// TestGatedLapseFreesTheLock: a gated task whose worker died (it claims and
+// is never heard of again) leaves its lock free at its lease's expiry,
+// within its TTL of the claim: another holder takes it then, and the
+// reaper's putting the task back does not touch the new holder's lease.
+func TestGatedLapseFreesTheLock(t *testing.T) {
+	t.Parallel()
+	pdb := pgtest.New(t)
+	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	ctx := context.Background()
+	insert(t, s, taskstore.NewTask{Kind: "k", Lock: "L", TTL: time.Second})
+	run := claim(t, s, taskstore.ClaimParams{Processors: []string{"w1"}})[0]
+	_, _, expires, _ := leaseOf(t, pdb.Pool, "L")
+	if ttl := expires.Sub(*run.StartedAt); ttl < time.Second || ttl > time.Second+100*time.Millisecond {
+		t.Errorf("the lock expires %v after the claim; want the task's TTL, 1s", ttl)
+	}
+	// Until then it is held.
+	var held *lease.HeldError
+	if _, err := l.Acquire(ctx, lease.AcquireParams{Resource: "L", Holder: "other", TTL: time.Minute}); !errors.As(err, &held) {
+		t.Fatalf("acquire before the expiry: %v; want held", err)
+	}
+	time.Sleep(time.Until(expires.Add(10 * time.Millisecond))) // the expiry itself is what the test waits for
+	acq, err := l.Acquire(ctx, lease.AcquireParams{Resource: "L", Holder: "other", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("acquire after the lock's expiry: %v", err)
+	}
+	freedAfter := acq.Lease.CreatedAt.Sub(*run.StartedAt)
+	t.Logf("the lock was taken by another holder %v after the dead worker's claim (TTL 1s)", freedAfter.Round(time.Millisecond))
+	if _, err := s.RequeueLapsed(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if holder, fence, _, released := leaseOf(t, pdb.Pool, "L"); holder != "other" || fence != acq.Lease.Fence || released != nil {
+		t.Errorf("after the lapsed task was put back the lock is %s/%d released %v; want the new holder's, untouched", holder, fence, released)
+	}
+	// While the new holder has it, the task waits; released, it runs with
+	// a greater fence.
+	if got := claim(t, s, taskstore.ClaimParams{Processors: []string{"w2"}}); len(got) != 0 {
+		t.Fatalf("claimed %+v while another holds the lock", got)
+	}
+	if _, err := l.Release(ctx, lease.ReleaseParams{Resource: "L", Holder: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	again := claim(t, s, taskstore.ClaimParams{Processors: []string{"w2"}})
+	if len(again) != 1 || again[0].Fence <= acq.Lease.Fence || again[0].Attempts != 2 {
+		t.Fatalf("claim after the release: %+v; want the task, attempt 2, fence above %d", again, acq.Lease.Fence)
+	}
+}
+
+// TestGatedNeverOverlap: many workers claiming at once, gated tasks on two
+// locks, and another holder taking the locks between them: the holding
+// intervals of each lock never overlap, and each task ran inside its own
+// holding of its lock, under its fence.
+func TestGatedNeverOverlap(t *testing.T) {
+	t.Parallel()
+	pdb := pgtest.New(t)
+	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const perLock = 40
+	locks := []string{"L1", "L2"}
+	var nts []taskstore.NewTask
+	for i := range perLock {
+		for _, lk := range locks {
+			nts = append(nts, taskstore.NewTask{Kind: "k", Lock: lk, TaskData: []byte(fmt.Sprintf(`{"i":%d}`, i))})
+		}
+	}
+	insert(t, s, nts...)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		done int
+	)
+	for w := range 6 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				mu.Lock()
+				finished := done == len(nts)
+				mu.Unlock()
+				if finished {
+					return
+				}
+				got, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{fmt.Sprintf("w%d", w)}, TTL: 30 * time.Second})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, tk := range got {
+					if _, err := s.Complete(ctx, tk.ID, tk.Processor, tk.Fence, nil); err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					done++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	// The other holder, as a leasehold exec would, between the tasks.
+	wg.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			mu.Lock()
+			finished := done == len(nts)
+			mu.Unlock()
+			if finished {
+				return
+			}
+			lk := locks[i%2]
+			if _, err := l.Acquire(ctx, lease.AcquireParams{Resource: lk, Holder: "script", TTL: time.Minute}); err == nil {
+				if _, err := l.Release(ctx, lease.ReleaseParams{Resource: lk, Holder: "script"}); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	})
+	wg.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("only %d of %d tasks done", done, len(nts))
+	}
+	for _, lk := range locks {
+		type holding struct {
+			fence      int64
+			holder     string
+			start, end time.Time
+		}
+		var hs []holding
+		open := map[int64]int{}
+		for _, e := range lockEvents(t, l, lk) {
+			switch e.Kind {
+			case "acquired":
+				open[e.Fence] = len(hs)
+				hs = append(hs, holding{fence: e.Fence, holder: e.Holder, start: e.At, end: e.ExpiresAt})
+			case "renewed":
+				hs[open[e.Fence]].end = e.ExpiresAt
+			case "released", "expired":
+				hs[open[e.Fence]].end = e.At
+			}
+		}
+		script := 0
+		for i := 1; i < len(hs); i++ {
+			if hs[i].start.Before(hs[i-1].end) {
+				t.Errorf("%s: holding %+v began before %+v ended", lk, hs[i], hs[i-1])
+			}
+			if hs[i].fence <= hs[i-1].fence {
+				t.Errorf("%s: fence %d after %d", lk, hs[i].fence, hs[i-1].fence)
+			}
+			if hs[i].holder == "script" {
+				script++
+			}
+		}
+		rows, err := pdb.Pool.Query(ctx, `SELECT fence, processor, started_at, processed_at FROM tasks WHERE lock_resource = $1`, lk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byFence := map[int64]holding{}
+		for _, h := range hs {
+			byFence[h.fence] = h
+		}
+		n := 0
+		for rows.Next() {
+			var (
+				fence      int64
+				processor  string
+				start, end time.Time
+			)
+			if err := rows.Scan(&fence, &processor, &start, &end); err != nil {
+				t.Fatal(err)
+			}
+			n++
+			h, ok := byFence[fence]
+			if !ok || h.holder != processor || start.Before(h.start.Add(-time.Millisecond)) || end.After(h.end) {
+				t.Errorf("%s: task under fence %d by %s ran %s–%s, outside its holding %+v", lk, fence, processor, start, end, h)
+			}
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		t.Logf("%s: %d tasks and %d holdings by the script, %d holdings in all, none overlapping", lk, n, script, len(hs))
+	}
+}
+
+// TestBusyLockCostsClaimsNothing: 10,000 tasks wait on one lock another
+// holder keeps; claims of other tasks read one entry of the gated tasks'
+// index each (the look that finds the lock busy), never the 10,000, and
+// take every ungated task.
+func TestBusyLockCostsClaimsNothing(t *testing.T) {
+	t.Parallel()
+	pdb := pgtest.New(t)
+	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	ctx := context.Background()
+	if _, err := l.Acquire(ctx, lease.AcquireParams{Resource: "busy", Holder: "script", TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pdb.Pool.Exec(ctx, `INSERT INTO tasks (task_data, kind, lock_resource) SELECT '{}', 'k', 'busy' FROM generate_series(1, 10000)`); err != nil {
+		t.Fatal(err)
+	}
+	const claims, ungated = 50, 200
+	var nts []taskstore.NewTask
+	for range ungated {
+		nts = append(nts, taskstore.NewTask{Kind: "k"})
+	}
+	insert(t, s, nts...)
+	if _, err := pdb.Pool.Exec(ctx, `ANALYZE tasks`); err != nil {
+		t.Fatal(err)
+	}
+
+	tx, err := pdb.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only what it counted
+	q := db.New(tx)
+	taken := 0
+	for i := range claims {
+		rows, err := q.TaskClaim(ctx, db.TaskClaimParams{
+			Processors: []string{fmt.Sprintf("a%d", i), fmt.Sprintf("b%d", i), fmt.Sprintf("c%d", i), fmt.Sprintf("d%d", i)},
+			TTLSeconds: 30, Discover: true,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.LockResource != nil {
+				t.Fatalf("claimed gated task %d while its lock is busy", r.ID)
+			}
+		}
+		taken += len(rows)
+	}
+	var scans, read int64
+	if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_numscans('tasks_gated_idx'::regclass), pg_stat_get_xact_tuples_returned('tasks_gated_idx'::regclass)`).Scan(&scans, &read); err != nil {
+		t.Fatal(err)
+	}
+	if taken != ungated {
+		t.Errorf("%d claims took %d ungated tasks, want all %d", claims, taken, ungated)
+	}
+	if read > claims {
+		t.Errorf("%d claims read %d entries of the gated tasks' index (%d scans); want at most one each, not the 10,000 waiting", claims, read, scans)
+	}
+	t.Logf("%d claims beside 10,000 tasks on a busy lock: %d scans of tasks_gated_idx reading %d entries in all", claims, scans, read)
+}
