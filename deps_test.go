@@ -7,19 +7,19 @@ import (
 )
 
 // TestLibraryDependencies: what a program that imports the library links
-// is the library's own packages, the standard library and pgx's, zerolog's
-// and x/sync's; never leasehold's harnesses (the benchmarks, the chaos
+// is the library's own packages, the standard library and pgx's, zerolog's,
+// x/sync's and the cron parser's (schedules); never leasehold's harnesses (the benchmarks, the chaos
 // soak, the local PostgreSQL, the demo's supervisor and front door), its
 // server or its tests' helpers.
 func TestLibraryDependencies(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}",
-		".", "./lease", "./task").Output()
+		".", "./lease", "./task", "./schedule").Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}
 	allowed := []string{
-		"github.com/leasehold/leasehold", "github.com/jackc/", "github.com/rs/zerolog",
+		"github.com/leasehold/leasehold", "github.com/jackc/", "github.com/rs/zerolog", "github.com/robfig/cron/v3",
 		"github.com/mattn/go-colorable", "github.com/mattn/go-isatty", "golang.org/x/sync/", "golang.org/x/sys/", "golang.org/x/text/",
 	}
 	forbidden := []string{

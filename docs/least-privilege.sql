@@ -25,6 +25,11 @@ GRANT SELECT, INSERT ON lease_events TO :"role";
 GRANT SELECT, UPDATE ON generator_state TO :"role";
 -- Each replica registers itself (an upsert).
 GRANT SELECT, INSERT, UPDATE ON instances TO :"role";
+-- Schedules are added and replaced in place, and their ticks moved on by
+-- the scheduler; they are removed through schedule_remove (schema/0012),
+-- which runs as its owner and is not PUBLIC's to execute.
+GRANT SELECT, INSERT, UPDATE ON schedules TO :"role";
+GRANT EXECUTE ON FUNCTION schedule_remove(text) TO :"role";
 -- /readyz compares the applied migrations with the binary's.
 GRANT SELECT ON leasehold_migrations TO :"role";
 -- Fences: nextval('lease_fence_seq'). The identity columns' own sequences

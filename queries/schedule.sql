@@ -41,8 +41,9 @@ ORDER BY s.name
 LIMIT @row_limit;
 
 -- name: ScheduleDelete :one
--- ScheduleDelete removes a schedule; its tasks stay.
-DELETE FROM schedules WHERE name = @name RETURNING *;
+-- ScheduleDelete removes a schedule (schedule_remove, schema/0012); its
+-- tasks stay.
+SELECT * FROM schedule_remove(@name::text);
 
 -- name: ScheduleTimes :many
 -- ScheduleTimes is what the scheduler reads: every schedule's definition

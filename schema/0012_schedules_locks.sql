@@ -617,7 +617,20 @@ CREATE TRIGGER schedules_changed
 AFTER INSERT OR UPDATE OR DELETE ON schedules
 FOR EACH ROW EXECUTE FUNCTION schedules_changed();
 
+-- schedule_remove removes the schedule of that name (DELETE
+-- /api/schedules/{name}) and returns it. The runtime role deletes nothing
+-- itself (docs/least-privilege.sql): it runs as its owner, with its
+-- search_path pinned, and only the role it is granted to may execute it.
+CREATE FUNCTION schedule_remove(schedule_name text) RETURNS SETOF schedules
+LANGUAGE sql SECURITY DEFINER
+SET search_path = public, pg_temp
+AS $$
+    DELETE FROM schedules WHERE name = schedule_name RETURNING *
+$$;
+REVOKE EXECUTE ON FUNCTION schedule_remove(text) FROM PUBLIC;
+
 -- +goose Down
+DROP FUNCTION schedule_remove(text);
 DROP TRIGGER schedules_changed ON schedules;
 DROP FUNCTION schedules_changed();
 DROP TABLE schedules;

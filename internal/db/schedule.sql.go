@@ -89,10 +89,11 @@ func (q *Queries) ScheduleCreate(ctx context.Context, arg ScheduleCreateParams) 
 }
 
 const scheduleDelete = `-- name: ScheduleDelete :one
-DELETE FROM schedules WHERE name = $1 RETURNING id, name, cron, zone, kind, task_data, queue, priority, unique_ticks, lock_resource, max_attempts, ttl_seconds, created_at, updated_at, next_tick_at, last_tick_at, last_task_id, missed_ticks, skipped_ticks
+SELECT id, name, cron, zone, kind, task_data, queue, priority, unique_ticks, lock_resource, max_attempts, ttl_seconds, created_at, updated_at, next_tick_at, last_tick_at, last_task_id, missed_ticks, skipped_ticks FROM schedule_remove($1::text)
 `
 
-// ScheduleDelete removes a schedule; its tasks stay.
+// ScheduleDelete removes a schedule (schedule_remove, schema/0012); its
+// tasks stay.
 func (q *Queries) ScheduleDelete(ctx context.Context, name string) (Schedule, error) {
 	row := q.db.QueryRow(ctx, scheduleDelete, name)
 	var i Schedule

@@ -33,12 +33,12 @@ type scheduleRequest struct {
 
 func (q scheduleRequest) validate() error {
 	return firstError(
-		q.Name.present("name", func(string) error { return nil }),
+		q.Name.present("name", func(v string) error { return checkName("name", v) }),
 		q.Cron.present("cron", func(string) error { return nil }),
 		q.Zone.present("zone", func(string) error { return nil }),
-		q.Kind.present("kind", func(string) error { return nil }),
-		q.Queue.present("queue", func(string) error { return nil }),
-		q.Lock.present("lock", func(string) error { return nil }),
+		q.Kind.present("kind", func(v string) error { return checkName("kind", v) }),
+		q.Queue.present("queue", func(v string) error { return checkName("queue", v) }),
+		q.Lock.present("lock", func(v string) error { return checkName("lock", v) }),
 		q.Unique.present("unique", func(bool) error { return nil }),
 		q.Priority.present("priority", func(v int64) error {
 			if v < minPriority || v > maxPriority {
@@ -171,9 +171,14 @@ func handleScheduleGet(d Deps) http.Handler {
 }
 
 // handleScheduleDelete serves DELETE /api/schedules/{name}: 200 and the
-// schedule removed (its tasks stay); 404 when there is none.
+// schedule removed (its tasks stay); 404 when there is none. The body says
+// nothing and is ignored, but is held to the 1 MiB of every body.
 func handleScheduleDelete(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := readBody(w, r); err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
 		name, err := pathName(r)
 		if err != nil {
 			writeError(w, r, d.Log, err)

@@ -26,10 +26,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	dbq "github.com/leasehold/leasehold/internal/db"
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/retention"
+	"github.com/leasehold/leasehold/internal/scheduler"
 	"github.com/leasehold/leasehold/internal/server"
 	"github.com/leasehold/leasehold/schema"
 )
@@ -178,6 +180,37 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	}
 	b.generator(t, "POST", "/api/generator/start", http.StatusAccepted)
 	b.generator(t, "GET", "/api/generator", http.StatusOK)
+
+	// Schedules: added, read, replaced, a tick enqueued under the
+	// scheduler lease, removed.
+	b.do(t, "POST", "/api/schedules", `{"name":"nightly","cron":"@every 1s","kind":"report"}`).want(t, "add a schedule", http.StatusCreated)
+	b.do(t, "PUT", "/api/schedules/nightly", `{"cron":"@every 1s","kind":"report","lock":"report:nightly"}`).want(t, "replace a schedule", http.StatusOK)
+	for _, path := range []string{"/api/schedules", "/api/schedules/nightly"} {
+		b.do(t, "GET", path, "").want(t, path, http.StatusOK)
+	}
+	sched, err := leasing.NewStore(app.Pool).Acquire(ctx, lease.AcquireParams{Resource: scheduler.Resource, Holder: "replica-a", TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		schedID int64
+		nextAt  time.Time
+	)
+	if err := app.Pool.QueryRow(ctx, `SELECT id, next_tick_at FROM schedules WHERE name = 'nightly'`).Scan(&schedID, &nextAt); err != nil {
+		t.Fatal(err)
+	}
+	if made, err := dbq.New(app.Pool).ScheduleEnqueue(ctx, dbq.ScheduleEnqueueParams{
+		Holder: "replica-a", Fence: sched.Lease.Fence, ID: schedID, ExpectTick: nextAt, Tick: nextAt, NextTick: nextAt.Add(time.Second),
+	}); err != nil || made.TaskID == 0 {
+		t.Errorf("enqueue a tick as the runtime role: %+v, %v", made, err)
+	}
+	// The tick's task is gated: its claim takes the lock's lease.
+	owner.sqlExec(t, `UPDATE tasks SET scheduled_at = now() WHERE schedule = 'nightly'`) // its tick came
+	gated, err := taskstore.NewStore(app.Pool).Claim(ctx, taskstore.ClaimParams{Processors: []string{"replica-a/w9"}, Kinds: []string{"report"}, TTL: 30 * time.Second})
+	if err != nil || len(gated) != 1 || gated[0].Lock != "report:nightly" {
+		t.Errorf("claim a gated task as the runtime role: %+v, %v", gated, err)
+	}
+	b.do(t, "DELETE", "/api/schedules/nightly", "").want(t, "remove a schedule", http.StatusOK)
 
 	// The worker's path the API does not take: a lapsed lease claimed
 	// again (the last attempt's task dies), and the hand-back at shutdown.
@@ -407,6 +440,8 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		wantRefused(t, app, sql)
 	}
 	wantOwnerFunctions(t, db, user, "waiter", "task_waiter_register", "task_waiter_unregister", "task_waiters_prune")
+	wantOwnerFunctions(t, db, user, "schedule", "schedule_remove")
+	wantRefused(t, app, `DELETE FROM schedules`)
 
 	// Every table is readable by the role (a new migration's table must be
 	// added to the grants), and none can be emptied.

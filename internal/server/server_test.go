@@ -22,6 +22,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/instance"
+	"github.com/leasehold/leasehold/internal/scheduler"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
 )
@@ -56,6 +57,7 @@ func testDeps(db pgtest.DB, opts ...option) server.Deps {
 		Tasks:      taskstore.NewStore(db.Pool),
 		Generator:  generator.NewState(db.Pool),
 		Instances:  instance.NewStore(db.Pool),
+		Schedules:  scheduler.NewStore(db.Pool),
 		Log:        zerolog.Nop(),
 		Metrics:    server.NewMetrics(func() bool { return true }, func() int64 { return 0 }),
 		Ready:      func(ctx context.Context) error { return db.Pool.Ping(ctx) },

@@ -45,6 +45,9 @@ type taskJSON struct {
 	LastError           *string         `json:"last_error"`
 	CreatedAt           string          `json:"created_at"`
 	GeneratorFence      *int64          `json:"generator_fence"`
+	Lock                *string         `json:"lock"`
+	Schedule            *string         `json:"schedule"`
+	ScheduleTick        *string         `json:"schedule_tick"`
 	EarlierAttempts     []attemptJSON   `json:"earlier_attempts"`
 }
 
