@@ -9,10 +9,12 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -280,6 +282,103 @@ func TestDashboardTasks(t *testing.T) {
 			return rows.length === 1 && rows[0].dataset.taskId === "%d"; })()`, dead.ID)))
 }
 
+// TestDashboardSchedules opens the schedules view of a replica that runs
+// the scheduler, with two schedules made through the API that tick every
+// second: one whose tasks do their work, holding a lock, and one whose
+// tasks fail at once. The last task cell follows each tick as the stream
+// reports it, without a reload; the outcomes show the state and the error;
+// the last task's detail shows its lock and its schedule; and Remove, with
+// its inline confirmation, takes the schedule out of the page and the
+// database.
+func TestDashboardSchedules(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the browser test starts Chromium and a replica; skipped with -short")
+	}
+	chromium := ensureChromium(t)
+	db := pgtest.New(t)
+	r := startReplica(t, buildLeasehold(t), db.URL)
+	ctx := newBrowser(t, chromium)
+
+	// "sleep" is the kind the replica's own workers run.
+	const name, lock, broken = "report:every-second", "printer:3", "broken-every-second"
+	r.mustCall(t, "POST", "/api/schedules", map[string]any{"name": name, "cron": "@every 1s", "kind": "sleep",
+		"task_data": map[string]any{"sleep_duration_seconds": 0}, "lock": lock}, http.StatusCreated)
+	r.mustCall(t, "POST", "/api/schedules", map[string]any{"name": broken, "cron": "@every 1s", "kind": "sleep",
+		"task_data": map[string]any{"nap": 1}, "max_attempts": 1}, http.StatusCreated)
+	row := fmt.Sprintf(`#schedule-rows tr[data-schedule=%q]`, name)
+	brokenRow := fmt.Sprintf(`#schedule-rows tr[data-schedule=%q]`, broken)
+	lastTask := fmt.Sprintf(`document.querySelector(%q)?.dataset.taskId`, row+` td.sched-last-task`)
+
+	step(ctx, t, "the schedules view with both schedules",
+		chromedp.Navigate(r.url+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`#connection.connected`)),
+		chromedp.Evaluate[chromedp.Void](`window.__sameDocument = true`),
+		chromedp.Click(chromedp.CSS(`#nav-schedules`)),
+		chromedp.WaitVisible(chromedp.CSS(`#schedules-view`)),
+		chromedp.WaitVisible(chromedp.CSS(row)),
+		chromedp.WaitVisible(chromedp.CSS(brokenRow)),
+		waitTrue(fmt.Sprintf(`(() => { const tr = document.querySelector(%q);
+			return tr.querySelector(".sched-cron").textContent.startsWith("@every 1s · UTC") && tr.querySelector(".sched-kind").textContent === "sleep" &&
+				tr.querySelector(".sched-lock").textContent === %q && tr.querySelector(".sched-next").textContent !== ""; })()`, row, lock)))
+
+	// The last task cell follows the ticks: a task, then a later one.
+	step(ctx, t, "a first tick's task in the last task cell", waitTrue(lastTask+` > 0`))
+	first := step1(ctx, t, "the last task's id", chromedp.Evaluate[string](lastTask))
+	step(ctx, t, "the next tick's task in the last task cell, without a reload",
+		waitTrue(fmt.Sprintf(`Number(%s) > %s`, lastTask, first)),
+		waitTrue(`window.__sameDocument === true`))
+	// What the page showed is the schedule's last task, or an earlier one.
+	shown := mustInt(t, step1(ctx, t, "the last task's id", chromedp.Evaluate[string](lastTask)))
+	var got struct {
+		LastTask *struct {
+			ID int64 `json:"id"`
+		} `json:"last_task"`
+	}
+	mustDecode(t, r.mustCall(t, "GET", "/api/schedules/"+url.PathEscape(name), nil, http.StatusOK), &got)
+	if got.LastTask == nil || got.LastTask.ID < shown {
+		t.Errorf("the API's last task %+v, after the page showed task %d", got.LastTask, shown)
+	}
+
+	// The outcomes: a task done, and the broken schedule's dead with its error.
+	step(ctx, t, "the outcome of a task that did its work",
+		waitTrue(fmt.Sprintf(`document.querySelector(%q)?.dataset.state === "done"`, row+` td.sched-outcome`)))
+	step(ctx, t, "the broken schedule's outcome, dead with its error",
+		waitTrue(fmt.Sprintf(`(() => { const td = document.querySelector(%q);
+			return td?.dataset.state === "dead" && td.querySelector(".sched-error")?.textContent.includes("sleep_duration_seconds"); })()`, brokenRow+` td.sched-outcome`)))
+	saveScreenshot(ctx, t, "dashboard-schedules.png")
+
+	// The last task's detail in the tasks view: its lock and its schedule,
+	// which leads back to the schedule's row.
+	step(ctx, t, "the last task's detail with its lock and its schedule",
+		chromedp.Click(chromedp.CSS(row+` td.sched-last-task a`)),
+		chromedp.WaitVisible(chromedp.CSS(`#tasks-view`)),
+		chromedp.WaitVisible(chromedp.CSS(`#task-detail-body`)),
+		waitTrue(fmt.Sprintf(`(() => { const fact = (k) => document.querySelector('#td-facts dd[data-fact="' + k + '"]')?.textContent;
+			return fact("lock") === %q && fact("schedule") === %q && /\d/.test(fact("schedule tick") ?? ""); })()`, lock, name)),
+		chromedp.Click(chromedp.CSS(`#td-facts dd[data-fact="schedule"] a`)),
+		chromedp.WaitVisible(chromedp.CSS(`#schedules-view`)),
+		chromedp.WaitVisible(chromedp.CSS(row+`.selected`)))
+
+	step(ctx, t, "Remove on the schedule, confirmed",
+		chromedp.Click(chromedp.CSS(row+` button.schedule-remove`)),
+		chromedp.WaitVisible(chromedp.CSS(row+` button.confirm-yes`)),
+		chromedp.Click(chromedp.CSS(row+` button.confirm-yes`)))
+	step(ctx, t, "the removed schedule's row gone, the other's still there",
+		waitTrue(fmt.Sprintf(`document.querySelector(%q) === null && document.querySelector(%q) !== null`, row, brokenRow)),
+		waitTrue(`document.getElementById("schedules-error").textContent === ""`),
+		waitTrue(`window.__sameDocument === true`))
+	r.mustCall(t, "GET", "/api/schedules/"+url.PathEscape(name), nil, http.StatusNotFound)
+}
+
+func mustInt(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatalf("%q is not a whole number: %v", s, err)
+	}
+	return n
+}
+
 // restTask is the part of a task the browser tests read.
 type restTask struct {
 	ID        int64   `json:"id"`
@@ -467,6 +566,9 @@ func pageState(ctx context.Context) string {
 		signinShown: !document.getElementById("signin")?.hidden,
 		tasksError: document.getElementById("tasks-error")?.textContent,
 		taskRows: [...document.querySelectorAll("#task-rows tr")].map(tr => tr.dataset.taskId + ":" + tr.dataset.state + ":" + tr.querySelector("td.actions")?.textContent),
+		schedulesError: document.getElementById("schedules-error")?.textContent,
+		scheduleRows: [...document.querySelectorAll("#schedule-rows tr")].map(tr => tr.dataset.schedule + ":" +
+			tr.querySelector("td.sched-last-task")?.dataset.taskId + ":" + tr.querySelector("td.sched-outcome")?.dataset.state + ":" + tr.querySelector("td.actions")?.textContent),
 	})`))
 	if err != nil {
 		return "(the page's state could not be read: " + err.Error() + ")"

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -38,6 +39,21 @@ const (
 	// maxTasksRetry bounds the wait before reading the task state again
 	// after a read failed.
 	maxTasksRetry = 5 * time.Second
+	// scheduleBatch gathers the schedule notifications of one moment: the
+	// schedules that tick at the same minute cost a handful of messages,
+	// each (kind, name) once.
+	scheduleBatch = 10 * time.Millisecond
+	// maxScheduleMsgs bounds the schedule messages of one batch: past it
+	// one message without a name stands for them all, so that a thousand
+	// schedules ticking together never overflow a client's send buffer.
+	maxScheduleMsgs = 32
+)
+
+// The kinds of a schedule message: the payloads of notify.ChannelSchedule
+// are "<kind>:<name>".
+const (
+	scheduleChanged = "changed" // added, replaced or removed
+	scheduleTicked  = "ticked"  // a tick was made a task (or skipped)
 )
 
 // Snapshot sizes (the /ws protocol).
@@ -108,7 +124,30 @@ type (
 		Type      string              `json:"type"`
 		Instances []instance.Instance `json:"instances"`
 	}
+	// scheduleMsg says that a schedule changed or ticked: a hint to read
+	// the schedules again (GET /api/schedules), since it carries no more
+	// than the name. A nil Name ("name": null, kind "changed") stands for
+	// any schedule: sent after the listener reconnected (notifications may
+	// have been lost) and for a batch too large to send one by one.
+	scheduleMsg struct {
+		Type string  `json:"type"`
+		Kind string  `json:"kind"`
+		Name *string `json:"name"`
+	}
 )
+
+// scheduleChange is one notification of notify.ChannelSchedule.
+type scheduleChange struct{ kind, name string }
+
+// parseScheduleChange reads a "changed:<name>" or "ticked:<name>" payload
+// (a name may hold colons too).
+func parseScheduleChange(payload string) (scheduleChange, error) {
+	kind, name, _ := strings.Cut(payload, ":")
+	if (kind != scheduleChanged && kind != scheduleTicked) || name == "" {
+		return scheduleChange{}, fmt.Errorf("schedule notification %q is neither changed:<name> nor ticked:<name>", payload)
+	}
+	return scheduleChange{kind: kind, name: name}, nil
+}
 
 // feed turns notifications into messages. Its state belongs to its one
 // goroutine.
@@ -144,6 +183,10 @@ type feed struct {
 	pending    []pendingKind // read with stats, at its cadence
 	statsAt    time.Time
 	statsOwed  bool // the last tasks message reused stale counts
+
+	// schedules are the schedule notifications waiting for scheduleBatch,
+	// in order, each once.
+	schedules []scheduleChange
 }
 
 func newFeed(h *Hub) *feed {
@@ -158,6 +201,10 @@ func (f *feed) run(ctx context.Context) {
 	defer taskSub.Close()
 	genSub := f.h.d.Listener.Subscribe(notify.ChannelGenerator, 16)
 	defer genSub.Close()
+	// Room for a minute's worth of ticks of many schedules; past it the
+	// subscription resyncs, which is one message for them all.
+	schedSub := f.h.d.Listener.Subscribe(notify.ChannelSchedule, 1024)
+	defer schedSub.Close()
 	defer f.waiter.UnregisterWithin(ctx, time.Second) // briefly: the row goes with the LISTEN session anyway
 
 	// Where the event history ends now: what is missed from here on is
@@ -168,7 +215,7 @@ func (f *feed) run(ctx context.Context) {
 		f.h.d.Log.Warn().Err(err).Msg("reading the lease event history")
 	}
 
-	var leaseTimer, tasksTimer <-chan time.Time
+	var leaseTimer, tasksTimer, scheduleTimer <-chan time.Time
 	armLease := func() {
 		if leaseTimer == nil {
 			leaseTimer = time.After(leaseBatch)
@@ -215,12 +262,30 @@ func (f *feed) run(ctx context.Context) {
 		case <-genSub.C():
 			f.generator = true
 			armLease()
+		case n := <-schedSub.C():
+			ch, err := parseScheduleChange(n.Payload)
+			if err != nil {
+				f.h.d.Log.Warn().Err(err).Msg("ignoring schedule notification")
+				continue
+			}
+			// Past maxScheduleMsgs the batch is one message: no need to
+			// keep more.
+			if len(f.schedules) <= maxScheduleMsgs && !slices.Contains(f.schedules, ch) {
+				f.schedules = append(f.schedules, ch)
+			}
+			if scheduleTimer == nil {
+				scheduleTimer = time.After(scheduleBatch)
+			}
 		case <-leaseSub.Resync():
 			f.resync(armLease, armTasks)
 		case <-taskSub.Resync():
 			f.resync(armLease, armTasks)
 		case <-genSub.Resync():
 			f.resync(armLease, armTasks)
+		case <-schedSub.Resync():
+			// What was lost is unknown: any schedule may have changed. The
+			// batch under way goes as it is (named, as clients expect).
+			f.send(ctx, scheduleMsg{Type: "schedule", Kind: scheduleChanged})
 		case <-leaseTimer:
 			leaseTimer = nil
 			f.flushLeases(ctx)
@@ -228,6 +293,9 @@ func (f *feed) run(ctx context.Context) {
 			tasksTimer = nil
 			f.flushTasks(ctx)
 			armTasks()
+		case <-scheduleTimer:
+			scheduleTimer = nil
+			f.flushSchedules(ctx)
 		case <-f.h.snapshotMe:
 			f.sendSnapshot(ctx)
 			armTasks()
@@ -325,6 +393,20 @@ func (f *feed) flushLeases(ctx context.Context) {
 		} else {
 			f.send(ctx, instancesMsg{Type: "instances", Instances: nonNil(is)})
 		}
+	}
+}
+
+// flushSchedules sends the gathered schedule notifications, one message
+// each, or one for them all when there are more than maxScheduleMsgs.
+func (f *feed) flushSchedules(ctx context.Context) {
+	changes := f.schedules
+	f.schedules = nil
+	if len(changes) > maxScheduleMsgs {
+		f.send(ctx, scheduleMsg{Type: "schedule", Kind: scheduleChanged})
+		return
+	}
+	for _, c := range changes {
+		f.send(ctx, scheduleMsg{Type: "schedule", Kind: c.kind, Name: &c.name})
 	}
 }
 

@@ -47,7 +47,8 @@ type Deps struct {
 	Generator *generator.State
 	Instances *instance.Store
 	// Listener is the process's LISTEN connection, listening on
-	// notify.ChannelLease, ChannelTask and ChannelGenerator.
+	// notify.ChannelLease, ChannelTask, ChannelGenerator and
+	// ChannelSchedule.
 	Listener *notify.Listener
 	// Instance is this replica's id, sent as the snapshot's this_instance.
 	Instance string

@@ -63,7 +63,7 @@ func startReplica(t testing.TB, db pgtest.DB, name string, o options) *replica {
 	if connectListener == nil {
 		connectListener = func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, db.URL) }
 	}
-	listener := notify.New(connectListener, zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
+	listener := notify.New(connectListener, zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator, notify.ChannelSchedule)
 	h := hub.New(hub.Deps{
 		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: name,
@@ -159,6 +159,8 @@ type message struct {
 	Instances    []instance.Instance `json:"instances"`
 	DBNow        *time.Time          `json:"db_now"`
 	Status       string              `json:"status"`
+	// Name is a schedule message's; null (nil) stands for any schedule.
+	Name *string `json:"name"`
 	tasksBody
 	raw []byte
 }

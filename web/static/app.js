@@ -4,11 +4,13 @@
 // serves the page. The overview never asks for all tasks: the server sends
 // counts and the newest items. The tasks view (#tasks, tasks.js) reads
 // pages of tasks through the REST API, again whenever the stream says
-// tasks changed.
+// tasks changed; the schedules view (#schedules, schedules.js) reads the
+// schedules whenever the stream says a schedule or one of its tasks did.
 
 import { Stream } from "./stream.js";
 import { css, series, timeline } from "./charts.js";
 import { createTasksView, parseRoute, routeHash } from "./tasks.js";
+import { createSchedulesView, parseRoute as parseScheduleRoute } from "./schedules.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -474,6 +476,7 @@ function renderInstances() {
   const holders = {
     generator: state.generator?.status === "STARTED" ? state.generator?.holder : null,
     reaper: activeHolder("leasehold:reaper"),
+    scheduler: activeHolder("leasehold:scheduler"),
   };
   const rows = [...state.instances].sort((a, b) => (a.id < b.id ? -1 : 1)).map((inst) => {
     const seen = t - ms(inst.last_seen_at);
@@ -497,9 +500,10 @@ function activeHolder(resource) {
 // ---- Messages --------------------------------------------------------------
 function onMessage(msg) {
   switch (msg.type) {
-    case "snapshot": applySnapshot(msg); return tasksView.hint();
+    case "snapshot": applySnapshot(msg); tasksView.hint(); return schedulesView.hint();
     case "lease": return applyLease(msg);
-    case "tasks": setTasks(msg); return tasksView.hint();
+    case "tasks": setTasks(msg); tasksView.hint(); return schedulesView.tasksChanged(msg);
+    case "schedule": return schedulesView.hint();
     case "generator": return setGenerator(msg);
     case "instances": state.instances = msg.instances ?? []; return renderInstances();
     case "instance": return upsertInstance(msg.instance);
@@ -544,7 +548,7 @@ function applyLease(msg) {
   const ev = msg.event ?? { id: `local-${lease.id}-${lease.fence}-${msg.kind}-${lease.expires_at}`, at: new Date(now()).toISOString(), lease_id: lease.id, resource: lease.resource, holder: lease.holder, fence: lease.fence, kind: msg.kind, expires_at: lease.expires_at };
   addEvent(ev);
   leaseSummary();
-  if (lease.resource === "leasehold:reaper") renderInstances();
+  if (lease.resource === "leasehold:reaper" || lease.resource === "leasehold:scheduler") renderInstances();
 }
 
 function upsertInstance(inst) {
@@ -587,6 +591,7 @@ $("signin").addEventListener("submit", async (e) => {
   $("signin").hidden = true;
   stream.resume();
   tasksView.reload();
+  schedulesView.reload();
 });
 
 // ---- Connection ------------------------------------------------------------
@@ -624,26 +629,29 @@ const stream = new Stream(wsURL.href, {
 
 // ---- Views -----------------------------------------------------------------
 // The overview at #, the tasks view at #tasks (its filters and task in the
-// hash too, so that both can be linked to and Back works).
-const tasksView = createTasksView({
-  $, el, api, errorText, now, age,
-  signIn: () => { $("signin").hidden = false; },
-});
+// hash too, so that both can be linked to and Back works), the schedules
+// view at #schedules.
+const signIn = () => { $("signin").hidden = false; };
+const tasksView = createTasksView({ $, el, api, errorText, now, age, signIn });
+const schedulesView = createSchedulesView({ $, el, api, errorText, now, age, signIn });
 
 function route() {
   const tasks = parseRoute(location.hash);
-  $("overview").hidden = tasks !== null;
-  $("tasks-view").hidden = tasks === null;
-  $("lease-filter").hidden = tasks !== null;
-  for (const [id, on] of [["nav-overview", tasks === null], ["nav-tasks", tasks !== null]]) {
+  const schedules = parseScheduleRoute(location.hash);
+  const view = tasks ? "tasks" : schedules ? "schedules" : "overview";
+  $("overview").hidden = view !== "overview";
+  $("tasks-view").hidden = view !== "tasks";
+  $("schedules-view").hidden = view !== "schedules";
+  $("lease-filter").hidden = view !== "overview";
+  for (const [id, on] of [["nav-overview", view === "overview"], ["nav-tasks", view === "tasks"], ["nav-schedules", view === "schedules"]]) {
     if (on) $(id).setAttribute("aria-current", "page");
     else $(id).removeAttribute("aria-current");
   }
   if (tasks) tasksView.open(tasks);
-  else {
-    tasksView.close();
-    tick(); // the charts were not drawn while hidden
-  }
+  else tasksView.close();
+  if (schedules) schedulesView.open(schedules);
+  else schedulesView.close();
+  if (view === "overview") tick(); // the charts were not drawn while hidden
 }
 window.addEventListener("hashchange", route);
 $("pending-kinds").addEventListener("click", (e) => {
@@ -686,6 +694,7 @@ function frame() {
 function tick() {
   const t = now();
   tasksView.tick(t);
+  schedulesView.tick(t);
   if ($("overview").hidden) return;
   for (const td of $("running").querySelectorAll("td[data-since]")) td.textContent = age(t - ms(td.dataset.since));
   drawPendingWaits(t);

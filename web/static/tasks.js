@@ -453,7 +453,13 @@ export function createTasksView({ $, el, api, errorText, now, age, signIn }) {
       ["unique key", t.unique_key ?? "–"], ["last error", t.last_error ?? "–"],
     ];
     if (t.generator_fence) facts.push(["generator fence", t.generator_fence]);
-    $("td-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { title: String(v), text: String(v), "data-fact": k })]));
+    // A task holding a lock holds its resource's lease while it runs; a
+    // scheduled one links to its schedule in the schedules view.
+    if (t.lock) facts.push(["lock", t.lock]);
+    if (t.schedule) facts.push(["schedule", t.schedule, "#schedules?" + new URLSearchParams({ name: t.schedule })]);
+    if (t.schedule_tick) facts.push(["schedule tick", stamp(t.schedule_tick), "", t.schedule_tick]);
+    $("td-facts").replaceChildren(...facts.flatMap(([k, v, href, title]) => [el("dt", { text: k }),
+      el("dd", { title: title ?? String(v), "data-fact": k }, href ? el("a", { class: "plain", href, text: String(v) }) : String(v))]));
     const actions = $("td-actions");
     if (actions.dataset.taskId !== String(t.id)) {
       actions.dataset.taskId = String(t.id);
