@@ -29,6 +29,7 @@ import (
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/scheduler"
 	"github.com/leasehold/leasehold/internal/server"
 )
 
@@ -38,6 +39,11 @@ import (
 var notDriven = map[string]string{
 	"POST /api/generator/start 400": "the body could not be read: a broken connection",
 	"POST /api/generator/stop 400":  "the body could not be read: a broken connection",
+}
+
+// withSchedules serves /api/schedules from db.
+func withSchedules(db pgtest.DB) option {
+	return func(d *server.Deps) { d.Schedules = scheduler.NewStore(db.Pool) }
 }
 
 // serve starts a server on deps until the test ends.
@@ -58,7 +64,7 @@ type liveHub struct {
 func startHub(t *testing.T, db pgtest.DB) liveHub {
 	t.Helper()
 	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, db.URL) },
-		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
+		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator, notify.ChannelSchedule)
 	connected := listener.Subscribe(notify.ChannelGenerator, 1) // resynced once every channel is listened to
 	defer connected.Close()
 	h := hub.New(hub.Deps{
@@ -97,7 +103,7 @@ func TestOpenAPIConformance(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	live := startHub(t, db)
-	primary := serve(t, db, testDeps(db, func(d *server.Deps) { d.Hub = live.hub }))
+	primary := serve(t, db, testDeps(db, withSchedules(db), func(d *server.Deps) { d.Hub = live.hub }))
 
 	// The document served is the one in the repository.
 	resp := primary.do(t, "GET", "/api/openapi.json", "").want(t, "GET /api/openapi.json", http.StatusOK)
@@ -114,6 +120,7 @@ func TestOpenAPIConformance(t *testing.T) {
 	t.Run("websocket", func(t *testing.T) { c.t = t; conformWebsocket(c, primary, live) })
 	t.Run("leases", func(t *testing.T) { c.t = t; conformLeases(c, primary) })
 	t.Run("tasks", func(t *testing.T) { c.t = t; conformTasks(c, primary) })
+	t.Run("schedules", func(t *testing.T) { c.t = t; conformSchedules(c, primary) })
 	t.Run("others", func(t *testing.T) { c.t = t; conformOthers(c, primary) })
 	t.Run("bad requests", func(t *testing.T) { c.t = t; conformBadRequests(c, primary) })
 	t.Run("token", func(t *testing.T) { c.t = t; conformToken(c, db) })
@@ -183,8 +190,8 @@ func conformWebsocket(c *conformance, b bundle, live liveHub) {
 	}
 	next("snapshot")
 
-	// A lease, then the instance that holds its instance lease, a task and
-	// the generator: each change its message.
+	// A lease, then the instance that holds its instance lease, a task, the
+	// generator and a schedule: each change its message.
 	c.send(b, exchange{op: "POST /api/leases", path: "/api/leases", body: `{"resource": "ws:demo", "holder": "a"}`, want: http.StatusCreated})
 	next("lease")
 	if err := instance.NewStore(b.db.Pool).Register(t.Context(), instance.Instance{ID: "replica-x", Addr: "127.0.0.1:8081", Roles: []string{"api", "worker"}, Version: "test"}); err != nil {
@@ -197,6 +204,8 @@ func conformWebsocket(c *conformance, b bundle, live liveHub) {
 	c.send(b, exchange{op: "POST /api/generator/start", path: "/api/generator/start", want: http.StatusAccepted})
 	next("generator")
 	c.send(b, exchange{op: "POST /api/generator/stop", path: "/api/generator/stop", want: http.StatusAccepted})
+	c.send(b, exchange{op: "POST /api/schedules", path: "/api/schedules", body: `{"name": "ws-demo", "cron": "@daily", "kind": "report"}`, want: http.StatusCreated})
+	next("schedule")
 	for _, branch := range c.doc.deref(t, msgs)["oneOf"].([]any) {
 		name := strings.TrimPrefix(branch.(map[string]any)["$ref"].(string), "#/components/schemas/")
 		typ := c.doc.deref(t, branch)["properties"].(map[string]any)["type"].(map[string]any)["const"].(string)
@@ -411,6 +420,116 @@ func conformTasks(c *conformance, b bundle) {
 	send("GET /api/tasks/stats", "/api/tasks/stats", "", http.StatusOK)
 }
 
+// conformSchedules: the schedule routes' successes, the 409 of a name
+// taken, 404s and bad input; and what a lock and a schedule show of a task
+// (its lock held under the task's fence, the schedule's last task).
+func conformSchedules(c *conformance, b bundle) {
+	t := c.t
+	send := func(op, path, body string, want int) response {
+		t.Helper()
+		return c.send(b, exchange{op: op, path: path, body: body, want: want})
+	}
+	bad := func(op, path, body string) {
+		t.Helper()
+		c.send(b, exchange{op: op, path: path, body: body, invalid: true, want: http.StatusBadRequest})
+	}
+	// refused is bad input no schema can tell from good (a cron expression,
+	// a zone, a name against the path's): the server's 400 says what to fix.
+	refused := func(op, path, body string) {
+		t.Helper()
+		c.send(b, exchange{op: op, path: path, body: body, want: http.StatusBadRequest})
+	}
+	const create, list, get, replace, remove = "POST /api/schedules", "GET /api/schedules",
+		"GET /api/schedules/{name}", "PUT /api/schedules/{name}", "DELETE /api/schedules/{name}"
+
+	nightly := `{"name": "nightly-report", "cron": "0 3 * * *", "zone": "Europe/Berlin", "kind": "report",
+		"task_data": {"report": "daily"}, "queue": "reports", "priority": -5, "unique": true, "lock": "db:reports",
+		"max_attempts": 3, "ttl_seconds": 120}`
+	send(create, "/api/schedules", nightly, http.StatusCreated)
+	send(create, "/api/schedules", nightly, http.StatusOK) // a retry
+	taken := fields(t, send(create, "/api/schedules", `{"name": "nightly-report", "cron": "0 4 * * *", "kind": "report"}`, http.StatusConflict))
+	if s, _ := taken["schedule"].(map[string]any); s["cron"] != "0 3 * * *" {
+		t.Errorf("409 of a taken name: %v, want the schedule that holds it", taken)
+	}
+	bad(create, "/api/schedules", `{"cron": "@daily", "kind": "report"}`)
+	bad(create, "/api/schedules", `{"name": "n", "kind": "report"}`)
+	bad(create, "/api/schedules", `{"name": "n", "cron": "@daily"}`)
+	bad(create, "/api/schedules", `{"name": "n", "cron": "", "kind": "report"}`)
+	bad(create, "/api/schedules", `{"name": "a\nb", "cron": "@daily", "kind": "report"}`)
+	bad(create, "/api/schedules", `{"name": "n", "cron": "@daily", "kind": "report", "lock": "c1\u0085"}`)
+	bad(create, "/api/schedules", `{"name": "n", "cron": "@daily", "kind": "report", "task_data": []}`)
+	bad(create, "/api/schedules", `{"name": "n", "cron": "@daily", "kind": "report", "priority": 40000}`)
+	bad(create, "/api/schedules", `{"name": "n", "cron": "@daily", "kind": "report", "max_attempts": 0}`)
+	bad(create, "/api/schedules", `{"name": "n", "cron": "@daily", "kind": "report", "ttl_seconds": 3601}`)
+	bad(create, "/api/schedules", `{"name": "n", "cron": "@daily", "kind": "report", "unique": "yes"}`)
+	bad(create, "/api/schedules", `{"name": "n", "cron": "@daily", "kind": "report", "zone": null}`)
+	for _, cron := range []string{"61 * * * *", "* * * * * *", "@every 500ms", "0 0 31 2 *", "CRON_TZ=Europe/Berlin 0 3 * * *"} {
+		refused(create, "/api/schedules", fmt.Sprintf(`{"name": "n", "cron": %q, "kind": "report"}`, cron))
+	}
+	refused(create, "/api/schedules", `{"name": "n", "cron": "@daily", "zone": "Mars/Olympus", "kind": "report"}`)
+	refused(create, "/api/schedules", `{"name": "n", "cron": "@daily", "zone": "Local", "kind": "report"}`)
+	send(get, "/api/schedules/n", "", http.StatusNotFound) // none of them made it
+
+	const hourly = "/api/schedules/hourly-cleanup"
+	send(replace, hourly, `{"cron": "@hourly", "kind": "cleanup"}`, http.StatusCreated)
+	send(replace, hourly, `{"name": "hourly-cleanup", "cron": "@every 90s", "kind": "cleanup", "zone": "UTC"}`, http.StatusOK)
+	bad(replace, hourly, `{"cron": "@hourly"}`)
+	bad(replace, "/api/schedules/a%0Ab", `{"cron": "@hourly", "kind": "cleanup"}`)
+	refused(replace, hourly, `{"name": "other", "cron": "@hourly", "kind": "cleanup"}`)
+	refused(replace, hourly, `{"cron": "@every 0s", "kind": "cleanup"}`)
+
+	send(get, "/api/schedules/nightly-report", "", http.StatusOK)
+	send(get, "/api/schedules/nobody", "", http.StatusNotFound)
+	bad(get, "/api/schedules/a%0Ab", "")
+	bad(get, "/api/schedules/"+strings.Repeat("n", 256), "")
+	send(list, "/api/schedules", "", http.StatusOK)
+	if page := send(list, "/api/schedules?limit=1&after_name=hourly-cleanup", "", http.StatusOK); !strings.Contains(string(page.body), `"nightly-report"`) {
+		t.Errorf("GET /api/schedules after hourly-cleanup: %s, want nightly-report", page)
+	}
+	bad(list, "/api/schedules?limit=10001", "")
+	bad(list, "/api/schedules?after_name=a%0A", "")
+
+	// A task of a lock: its claim takes the lock's lease under the task's
+	// fence (another holder is refused it), its cancellation releases it.
+	const createTask, claim = "POST /api/tasks", "POST /api/tasks/next"
+	bad(createTask, "/api/tasks", `{"task_data": {}, "lock": ""}`)
+	bad(createTask, "/api/tasks", `{"task_data": {}, "lock": "a\tb"}`)
+	gated := fields(t, send(createTask, "/api/tasks", `{"kind": "reindex", "queue": "gated", "lock": "db:reports", "task_data": {}}`, http.StatusCreated))
+	running := fields(t, send(claim, "/api/tasks/next", `{"processor": "p5", "kinds": ["reindex"], "queues": ["gated"]}`, http.StatusOK))
+	if running["id"] != gated["id"] || running["lock"] != "db:reports" {
+		t.Fatalf("claimed %v with lock %v; want the task %v of the lock db:reports", running["id"], running["lock"], gated["id"])
+	}
+	held := fields(t, send("POST /api/leases", "/api/leases", `{"resource": "db:reports", "holder": "a-script"}`, http.StatusConflict))
+	if l, _ := held["lease"].(map[string]any); l["holder"] != "p5" || l["fence"] != running["fence"] {
+		t.Errorf("the lock's lease: %v; want the task's processor p5 and fence %v", held["lease"], running["fence"])
+	}
+	taskPath := fmt.Sprintf("/api/tasks/%v", gated["id"])
+	send("POST /api/tasks/{id}/cancel", taskPath+"/cancel", `{"reason": "not tonight"}`, http.StatusAccepted)
+	send("POST /api/leases", "/api/leases", `{"resource": "db:reports", "holder": "a-script"}`, http.StatusCreated)
+
+	// What the scheduler writes when it makes a tick a task (no scheduler
+	// runs here): the task names its schedule and tick, the schedule its
+	// last task, whose outcome the schedule then shows.
+	if _, err := b.db.Pool.Exec(t.Context(), `UPDATE tasks SET schedule = 'nightly-report', schedule_tick = scheduled_at WHERE id = $1`, gated["id"].(json.Number).String()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Pool.Exec(t.Context(), `UPDATE schedules SET last_task_id = $1, last_tick_at = now() WHERE name = 'nightly-report'`, gated["id"].(json.Number).String()); err != nil {
+		t.Fatal(err)
+	}
+	if made := fields(t, send("GET /api/tasks/{id}", taskPath, "", http.StatusOK)); made["schedule"] != "nightly-report" || made["schedule_tick"] == nil {
+		t.Errorf("the tick's task: schedule %v, schedule_tick %v; want nightly-report and its tick", made["schedule"], made["schedule_tick"])
+	}
+	s := fields(t, send(get, "/api/schedules/nightly-report", "", http.StatusOK))
+	if last, _ := s["last_task"].(map[string]any); last["id"] != gated["id"] || last["state"] != "cancelled" || last["last_error"] != "not tonight" {
+		t.Errorf("last_task %v; want the cancelled task %v", s["last_task"], gated["id"])
+	}
+	send(list, "/api/schedules", "", http.StatusOK)
+
+	send(remove, hourly, "", http.StatusOK)
+	send(remove, hourly, "", http.StatusNotFound)
+	bad(remove, "/api/schedules/a%0Ab", "")
+}
+
 // conformOthers: generator, instances, session, health, metrics and the page.
 func conformOthers(c *conformance, b bundle) {
 	send := func(op, path, body string, want int) response {
@@ -522,7 +641,7 @@ func withField(t *testing.T, body, name string, value any) string {
 func conformToken(c *conformance, db pgtest.DB) {
 	t := c.t
 	const token = "s3cret" // the example of POST /api/session
-	b := serve(t, db, testDeps(db, withToken(token)))
+	b := serve(t, db, testDeps(db, withToken(token), withSchedules(db)))
 	for _, key := range slices.Sorted(maps.Keys(c.doc.ops)) {
 		x := c.doc.example(t, key)
 		if !c.doc.secured(c.doc.ops[key]) {
@@ -558,7 +677,7 @@ func conformToken(c *conformance, db pgtest.DB) {
 // document says is limited answers 429 with Retry-After, and the others
 // answer as ever.
 func conformRateLimit(c *conformance, db pgtest.DB) {
-	b := serve(c.t, db, testDeps(db, withRateLimit(0.001, 1)))
+	b := serve(c.t, db, testDeps(db, withRateLimit(0.001, 1), withSchedules(db)))
 	c.send(b, exchange{op: "GET /api/tasks/stats", path: "/api/tasks/stats", want: http.StatusOK})
 	for _, key := range slices.Sorted(maps.Keys(c.doc.ops)) {
 		x := c.doc.example(c.t, key)
@@ -580,7 +699,7 @@ func conformDatabaseDown(c *conformance) {
 	}
 	t.Cleanup(pool.Close)
 	down := pgtest.DB{Pool: pool}
-	b := serve(t, down, testDeps(down))
+	b := serve(t, down, testDeps(down, withSchedules(down)))
 	for _, key := range slices.Sorted(maps.Keys(c.doc.ops)) {
 		if key == "GET /ws" {
 			continue // its 503 is the hub's shutting down, driven with the websocket

@@ -587,9 +587,10 @@ func TestOpenAPIDeclaresClientErrors(t *testing.T) {
 }
 
 // TestOpenAPINamePattern: every name the API reads (resource, holder,
-// processor, kind, queue, unique_key, in a body or a query) carries the
-// rule of contract §3 as its pattern: no control characters (C0, DEL and
-// C1, what the server's check refuses), besides its length.
+// processor, kind, queue, unique_key, lock, a schedule's name, in a body,
+// a path or a query) carries the rule of contract §3 as its pattern: no
+// control characters (C0, DEL and C1, what the server's check refuses),
+// besides its length.
 func TestOpenAPINamePattern(t *testing.T) {
 	t.Parallel()
 	data, err := os.ReadFile("openapi.json")
@@ -601,9 +602,10 @@ func TestOpenAPINamePattern(t *testing.T) {
 	schemas := doc.root["components"].(map[string]any)["schemas"].(map[string]any)
 	names := map[string]any{}
 	for _, schema := range []string{"AcquireRequest", "RenewRequest", "ReleaseRequest", "NewTask", "ClaimRequest",
-		"HeartbeatRequest", "CompleteRequest", "FailRequest", "SnoozeRequest", "RequeueRequest", "CancelRequest"} {
+		"HeartbeatRequest", "CompleteRequest", "FailRequest", "SnoozeRequest", "RequeueRequest", "CancelRequest",
+		"ScheduleRequest", "ScheduleReplaceRequest"} {
 		props := schemas[schema].(map[string]any)["properties"].(map[string]any)
-		for _, name := range []string{"resource", "holder", "processor", "kind", "queue", "unique_key"} {
+		for _, name := range []string{"resource", "holder", "processor", "kind", "queue", "unique_key", "lock", "name"} {
 			if p, ok := props[name]; ok {
 				names[schema+"."+name] = p
 			}
@@ -614,11 +616,11 @@ func TestOpenAPINamePattern(t *testing.T) {
 			}
 		}
 	}
-	if len(names) != 18 {
-		t.Errorf("found %d names in the request schemas, want 18: %v", len(names), slices.Sorted(maps.Keys(names)))
+	if len(names) != 27 {
+		t.Errorf("found %d names in the request schemas, want 27: %v", len(names), slices.Sorted(maps.Keys(names)))
 	}
 	params := doc.root["components"].(map[string]any)["parameters"].(map[string]any)
-	for _, name := range []string{"Prefix", "EventResource", "TaskKind", "TaskQueue"} {
+	for _, name := range []string{"Prefix", "EventResource", "TaskKind", "TaskQueue", "ScheduleName", "AfterName"} {
 		names["?"+name] = params[name].(map[string]any)["schema"]
 	}
 	for _, where := range slices.Sorted(maps.Keys(names)) {
