@@ -54,8 +54,9 @@ func (s *soak) createAppTasks(ctx context.Context) {
 }
 
 // controlTasks is an operator at work: now and then it cancels one of the applications'
-// recent tasks (whether pending or running: a running one's worker must stop) and, half
-// the time, retries it a moment later.
+// recent tasks, or one of the recent lease-gated tasks (whether pending or running: a
+// running one's worker must stop, and its lock is freed) and, half the time, retries it
+// a moment later.
 func (s *soak) controlTasks(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(s.opts.Seed, 4))
 	for {
@@ -65,10 +66,14 @@ func (s *soak) controlTasks(ctx context.Context) {
 		case <-time.After(500*time.Millisecond + jitter(rng, time.Second)):
 		}
 		s.mu.Lock()
-		n := len(s.appCreated)
+		recent := s.appCreated
+		if rng.IntN(3) == 0 {
+			recent = s.gated
+		}
+		n := len(recent)
 		var id int64
 		if n > 0 {
-			id = s.appCreated[n-1-rng.IntN(min(n, 20))]
+			id = recent[n-1-rng.IntN(min(n, 20))]
 		}
 		s.mu.Unlock()
 		addr := s.anyReplica(rng.IntN(len(s.replicas)))

@@ -1,6 +1,7 @@
 // Package chaos is a soak of leasehold as it runs in production: replicas of the real
 // binary, each a process of its own, on a PostgreSQL cluster of their own, loaded by the
-// generator, by API clients creating tasks and by lease clients contending for shared
+// generator, by schedules, by API clients creating tasks (lease-gated ones among them, on
+// locks that lease clients contend for too) and by lease clients contending for shared
 // resources, while faults are injected at random intervals, one at a time:
 //
 //	kill        kill -9 of a replica, preferably one running tasks; measures how long until
@@ -15,9 +16,10 @@
 //	            moment later; the down window is an outage for the checker
 //
 // A replica that exits, of a fault or of a simulated crash, is restarted, as a hosting
-// platform would. At the end the faults and the load stop, the replicas drain the queue
-// and stop, and internal/checker verifies the guarantees of the contract (§5) over the
-// whole history the database recorded. The lease clients also check mutual exclusion from
+// platform would. At the end the faults and the load stop, the schedules are removed once
+// the scheduler has made every tick due, the replicas drain the queue and stop, and
+// internal/checker verifies the guarantees of the contract (§5, and §9's for schedules and
+// lease-gated tasks) over the whole history the database recorded. The lease clients also check mutual exclusion from
 // the outside: no client is granted a resource while another could rightly believe, by
 // its own clock, that it still holds it.
 package chaos
@@ -239,6 +241,11 @@ type soak struct {
 	appCreated []int64
 	appStats   AppStats
 	grants     []grant // the lease clients' acquisitions
+	// gated are the ids of the lease-gated tasks the soak created, answered 201.
+	gated []int64
+	// schedules are the soak's schedules as the checker judges them: from their
+	// creation, then from their removal.
+	schedules []checker.Schedule
 }
 
 // Run runs a soak and returns its report. It returns an error, and no report, only when the
@@ -345,6 +352,9 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	if err := s.setGenerator(ctx, true); err != nil {
 		return nil, err
 	}
+	if err := s.createSchedules(ctx); err != nil {
+		return nil, err
+	}
 
 	s.log.Info().Dur("duration", s.opts.Duration).Dur("fault_interval", s.opts.FaultInterval).
 		Msgf("chaos: load and faults for %v, a fault every %v on average", s.opts.Duration, s.opts.FaultInterval)
@@ -356,6 +366,7 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	wg.Go(func() { s.createTasks(phase) })
 	wg.Go(func() { s.createAppTasks(phase) })
 	wg.Go(func() { s.controlTasks(phase) })
+	wg.Go(func() { s.createGatedTasks(phase) })
 	for i := range leaseClients {
 		wg.Go(func() { s.leaseClient(phase, i) })
 	}
@@ -373,6 +384,7 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 		s.problem("could not stop the generator: %v", err)
 	}
 	cancel()
+	s.removeSchedules(endCtx)
 	if !interrupted {
 		drained := s.drain(ctx)
 		s.mu.Lock()
@@ -398,6 +410,12 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 		Outages:         slices.Clone(s.report.Outages),
 		ExpectedTasks:   slices.Clone(s.created),
 		AllowUnfinished: interrupted,
+	}
+	for _, sc := range s.schedules {
+		// A schedule whose removal failed is still ticking: only its duplicates are judged.
+		if !sc.End.IsZero() && !sc.Next.IsZero() {
+			opts.Schedules = append(opts.Schedules, sc)
+		}
 	}
 	s.mu.Unlock()
 	s.log.Info().Int("expected_tasks", len(opts.ExpectedTasks)).Int("outages", len(opts.Outages)).Msg("chaos: checking the history")
@@ -471,13 +489,18 @@ func (s *soak) countTasks(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var done, dead, cancelled, unfinished, generated int
+	var g GatedStats
 	err := s.pool.QueryRow(ctx, `
 		SELECT count(*) FILTER (WHERE state = 'done'),
 		       count(*) FILTER (WHERE state = 'dead'),
 		       count(*) FILTER (WHERE state = 'cancelled'),
 		       count(*) FILTER (WHERE state IN ('pending', 'running')),
-		       count(*) FILTER (WHERE generator_fence IS NOT NULL)
-		FROM tasks`).Scan(&done, &dead, &cancelled, &unfinished, &generated)
+		       count(*) FILTER (WHERE generator_fence IS NOT NULL),
+		       count(*) FILTER (WHERE lock_resource IS NOT NULL),
+		       count(*) FILTER (WHERE lock_resource IS NOT NULL AND state = 'done'),
+		       count(*) FILTER (WHERE lock_resource IS NOT NULL AND schedule IS NOT NULL),
+		       count(*) FILTER (WHERE schedule IS NOT NULL)
+		FROM tasks`).Scan(&done, &dead, &cancelled, &unfinished, &generated, &g.Tasks, &g.Done, &g.Scheduled, &g.ScheduleTasks)
 	if err != nil {
 		return err
 	}
@@ -486,6 +509,8 @@ func (s *soak) countTasks(ctx context.Context) error {
 	s.report.TasksDone, s.report.TasksDead, s.report.TasksUnfinished, s.report.TasksGenerated = done, dead, unfinished, generated
 	s.report.TasksCancelled = cancelled
 	s.report.TasksCreated = len(s.created)
+	g.Created = len(s.gated)
+	s.report.Gated = g
 	return nil
 }
 

@@ -86,13 +86,32 @@ func TestChaosShort(t *testing.T) {
 			t.Errorf("checker: %d acquisitions, want at least the clients' %d and one per task done (%d)",
 				c.Acquisitions, rep.LeaseGrants, rep.TasksDone)
 		}
+		if c.GatedTasks != rep.Gated.Tasks || c.GatedAttempts < rep.Gated.Done || rep.Gated.Done == 0 || rep.Gated.Scheduled == 0 {
+			t.Errorf("checker: %d gated tasks, %d attempts; the soak counted %+v; want some done, some of schedules",
+				c.GatedTasks, c.GatedAttempts, rep.Gated)
+		}
+		if len(c.Schedules) != len(schedules) {
+			t.Errorf("checker: ticks of %d schedule(s), want the soak's %d", len(c.Schedules), len(schedules))
+		}
+		made := 0
+		for _, st := range c.Schedules {
+			made += st.Made
+			// The one of five fields ticks once a minute, maybe not at all in 45 s.
+			if st.Cron != "* * * * *" && (st.Expected == 0 || st.Made == 0) {
+				t.Errorf("schedule %s: %d tick(s) expected, %d made; want some", st.Name, st.Expected, st.Made)
+			}
+		}
+		if made != rep.Gated.ScheduleTasks {
+			t.Errorf("checker: %d tasks of the soak's schedules, the soak counted %d", made, rep.Gated.ScheduleTasks)
+		}
 	}
 
 	var md bytes.Buffer
 	if err := rep.WriteMarkdown(&md); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# Chaos soak: ", "## Violations", "## Faults", "| kill |", "| db-restart | PostgreSQL |"} {
+	for _, want := range []string{"# Chaos soak: ", "## Violations", "## Faults", "| kill |", "| db-restart | PostgreSQL |",
+		"| schedule chaos-every-1s: ticks expected / made / missed / skipped | ", "| lease-gated tasks | "} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("markdown report: no %q in\n%s", want, md.String())
 		}

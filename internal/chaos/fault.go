@@ -116,7 +116,9 @@ func (s *soak) logFault(f Fault, format string, args ...any) {
 
 // kill is kill -9 of r; it measures how long until each task r was running is claimed
 // again by a worker. Tasks still running under the lease of an earlier process of r (one
-// that crashed) are left out: their claim or last heartbeat is older than r's start.
+// that crashed) are left out: their claim or last heartbeat is older than r's start. So
+// are lease-gated tasks: a claim takes one again only once its lock is free, which a
+// lease client may hold for seconds after the lapse (their reclaim is the drain's).
 func (s *soak) kill(ctx context.Context, r *replica) (Fault, bool) {
 	var at time.Time
 	var ids, fences []int64
@@ -124,7 +126,7 @@ func (s *soak) kill(ctx context.Context, r *replica) (Fault, bool) {
 		SELECT clock_timestamp(), coalesce(array_agg(id ORDER BY id), '{}'), coalesce(array_agg(fence ORDER BY id), '{}')
 		FROM tasks
 		WHERE state = 'running' AND starts_with(processor, $1) AND must_heartbeat_before > clock_timestamp()
-		  AND last_heartbeat_at >= $2`,
+		  AND last_heartbeat_at >= $2 AND lock_resource IS NULL`,
 		r.name+"/", r.startedAt()).Scan(&at, &ids, &fences)
 	pid, kerr := s.sup.Kill(r.name)
 	if kerr != nil {
@@ -215,9 +217,10 @@ func (s *soak) watchReclaim(ctx context.Context, victim string, ids, fences []in
 }
 
 // pause stops r with SIGSTOP for longer than the lease TTL, then continues it: it wakes up
-// a stale holder of its task leases and, when the pause outlasts roleLeaseTTL, of the
-// generator or reaper lease it held. Should r be the reaper, no expiry can be announced
-// while it is stopped and its reaper lease lives on: the pause is an outage for the checker.
+// a stale holder of its task leases and locks and, when the pause outlasts roleLeaseTTL,
+// of the generator, reaper or scheduler lease it held. Should r be the reaper, no expiry
+// can be announced while it is stopped and its reaper lease lives on: the pause is an
+// outage for the checker.
 func (s *soak) pause(ctx context.Context, rng *rand.Rand, r *replica) (Fault, bool) {
 	d := s.opts.LeaseTTL + 500*time.Millisecond + jitter(rng, max(s.opts.LeaseTTL, roleLeaseTTL))
 	var reaperHolder string
@@ -299,9 +302,10 @@ func (s *soak) disconnect(ctx context.Context, r *replica) (Fault, bool) {
 // term sends SIGTERM to r (it is restarted once it has exited) and measures how long until
 // every lease it held is free. A lease it left live behind it when it exited breaks the
 // guarantee that a clean shutdown releases its leases. Its leases are those of the leases
-// table held in its name and its task leases (the running tasks of its workers, named
-// "<replica>/…"), each acquired or renewed since it started: an earlier process of r that
-// crashed may have left leases of the same name to lapse.
+// table held in its name or in its workers' (the locks of its lease-gated tasks, held by
+// "<replica>/…") and its task leases (the running tasks of its workers), each acquired or
+// renewed since it started: an earlier process of r that crashed may have left leases of
+// the same name to lapse.
 func (s *soak) term(ctx context.Context, r *replica) (Fault, bool) {
 	at, leases, err := s.heldBy(ctx, r)
 	exited := r.current()
@@ -357,7 +361,7 @@ func (s *soak) heldBy(ctx context.Context, r *replica) (time.Time, []heldLease, 
 	err := s.pool.QueryRow(ctx, `
 		WITH h AS (
 		    SELECT resource, 0::bigint AS task, fence FROM leases
-		    WHERE holder = $1 AND released_at IS NULL AND expires_at > clock_timestamp()
+		    WHERE (holder = $1 OR starts_with(holder, $1 || '/')) AND released_at IS NULL AND expires_at > clock_timestamp()
 		      AND coalesce(renewed_at, created_at) >= $2
 		    UNION ALL
 		    SELECT '', id, fence FROM tasks

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/checker"
+	"github.com/leasehold/leasehold/task"
 )
 
 // The soak's own load, besides the generator.
@@ -41,6 +42,35 @@ func (s *soak) createTasks(ctx context.Context) {
 		}
 		return batch
 	}, nil)
+}
+
+// createGatedTasks creates lease-gated tasks over the API of random replicas until ctx
+// ends: a batch of one or two every 400 ms to 1.2 s, each on one of gateLocks, of a kind
+// that the replicas, the applications or the work processes run, short enough that a
+// lock, which runs one task at a time, keeps up.
+func (s *soak) createGatedTasks(ctx context.Context) {
+	rng := rand.New(rand.NewPCG(s.opts.Seed, 5))
+	type body struct {
+		Kind     string `json:"kind"`
+		TaskData any    `json:"task_data"`
+		Lock     string `json:"lock"`
+	}
+	s.postTasks(ctx, rng, 400*time.Millisecond, func() any {
+		batch := make([]body, 1+rng.IntN(2))
+		for i := range batch {
+			batch[i].Lock = gateLocks[rng.IntN(len(gateLocks))]
+			switch rng.IntN(3) {
+			case 0:
+				batch[i].Kind = task.DefaultKind
+				batch[i].TaskData = map[string]float64{"sleep_duration_seconds": float64(rng.IntN(300)) / 1000}
+			case 1:
+				batch[i].Kind, batch[i].TaskData = KindFlaky, FlakyArgs{SleepMS: rng.IntN(300), FailFirst: rng.IntN(4) == 0}
+			default:
+				batch[i].Kind, batch[i].TaskData = KindShell, ShellArgs{SleepMS: rng.IntN(300), FailFirst: rng.IntN(4) == 0}
+			}
+		}
+		return batch
+	}, &s.gated)
 }
 
 // postTasks posts a batch of tasks from next to a random replica every every to 3×every
@@ -122,7 +152,7 @@ func (s *soak) leaseClient(ctx context.Context, n int) {
 		if addr == "" {
 			continue
 		}
-		resource := fmt.Sprintf("chaos:shared-%d", 1+rng.IntN(sharedResources))
+		resource := sharedResource(1 + rng.IntN(sharedResources))
 		var l leaseJSON
 		sent := time.Now()
 		status, err := s.call(ctx, addr, http.MethodPost, "/api/leases",

@@ -86,7 +86,7 @@ func (s *soak) child(r *replica, b *frontdoor.Backend) supervise.Child {
 				"--workers", strconv.Itoa(workers),
 				"--lease-ttl", s.opts.LeaseTTL.String(),
 				"--shutdown-grace", shutdownGrace.String(),
-				"--roles", "api,worker,generator,reaper",
+				"--roles", "api,worker,generator,reaper,scheduler",
 				"--generator-rate", generatorRate,
 				"--generator-sleep", generatorSleep,
 				"--sim-crash-rate", simCrashRate,

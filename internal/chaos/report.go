@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,6 +70,11 @@ type Report struct {
 
 	// Apps is what became of the tasks of the applications on the library.
 	Apps AppStats
+	// Schedules are the soak's schedules, in the order created; their ticks are in
+	// Check.Schedules, by name.
+	Schedules []ScheduleRun
+	// Gated is what became of the lease-gated tasks.
+	Gated GatedStats
 
 	// Reclaim is the longest wait from a kill -9 to a task the victim was running being
 	// claimed again; Release, from a SIGTERM to the last of the victim's leases being free.
@@ -82,6 +88,16 @@ type Report struct {
 	// Problems are failures of the soak that are not broken guarantees: a queue that did
 	// not drain, a killed replica's task never claimed again, the checker failing.
 	Problems []string
+}
+
+// GatedStats count the lease-gated tasks.
+type GatedStats struct {
+	Created int // by the soak over the API, answered 201
+	// Tasks are all of them (the gated schedules' included), Done those done,
+	// Scheduled those the gated schedules made.
+	Tasks, Done, Scheduled int
+	// ScheduleTasks are the tasks every schedule made, gated or not.
+	ScheduleTasks int
 }
 
 // AllViolations returns the checker's violations and the soak's own.
@@ -133,7 +149,7 @@ func (r *Report) summary() [][2]string {
 	if !r.Drained {
 		drained = fmt.Sprintf("no (%d task(s) left pending or running)", r.TasksUnfinished)
 	}
-	return [][2]string{
+	rows := [][2]string{
 		{"result", r.verdict()},
 		{"started", r.Started.UTC().Format(time.RFC3339)},
 		{"duration", fmt.Sprintf("%v of load and faults", r.Elapsed.Round(time.Second))},
@@ -157,11 +173,55 @@ func (r *Report) summary() [][2]string {
 		{"tasks created over the API (201)", fmt.Sprint(r.TasksCreated)},
 		{"queue drained", drained},
 		{"leases acquired by the soak's clients", fmt.Sprint(r.LeaseGrants)},
+		{"lease-gated tasks", r.gatedRow()},
 		{"lease acquisitions in the history", acquisitions},
 		{"violations", fmt.Sprint(len(r.AllViolations()))},
 		{"longest kill -9 → its task claimed again", r.Reclaim.String()},
 		{"longest SIGTERM → its leases free", r.Release.String()},
 	}
+	// After the leases, before the violations.
+	at := slices.IndexFunc(rows, func(row [2]string) bool { return row[0] == "violations" })
+	return slices.Insert(rows, at, r.scheduleRows()...)
+}
+
+// gatedRow is the report's figure of the lease-gated tasks.
+func (r *Report) gatedRow() string {
+	attempts := "n/a"
+	if r.Check != nil {
+		attempts = fmt.Sprint(r.Check.GatedAttempts)
+	}
+	return fmt.Sprintf("%d created over the API (201) on %s (the first two the lease clients' too), %d made by the gated schedules; "+
+		"%d in all, %d done; %s attempts, each inside a holding of its lock", r.Gated.Created, strings.Join(gateLocks, ", "),
+		r.Gated.Scheduled, r.Gated.Tasks, r.Gated.Done, attempts)
+}
+
+// scheduleRows are the report's figures of the schedules: one row each, with its ticks
+// as the checker counted them.
+func (r *Report) scheduleRows() [][2]string {
+	var rows [][2]string
+	for _, s := range r.Schedules {
+		what := s.Cron
+		if s.Zone != "" && s.Zone != "UTC" {
+			what += " in " + s.Zone
+		}
+		what += ", kind " + s.Kind
+		if s.Lock != "" {
+			what += ", lock " + s.Lock
+		}
+		if s.Unique {
+			what += ", unique"
+		}
+		ticks := "not counted"
+		if r.Check != nil {
+			if i := slices.IndexFunc(r.Check.Schedules, func(t checker.ScheduleTicks) bool { return t.Name == s.Name }); i >= 0 {
+				t := r.Check.Schedules[i]
+				ticks = fmt.Sprintf("%d / %d / %d / %d%s", t.Expected, t.Made, t.Missed, t.Skipped, t.InFlight())
+			}
+		}
+		rows = append(rows, [2]string{"schedule " + s.Name + ": ticks expected / made / missed / skipped",
+			fmt.Sprintf("%s (%s)", ticks, what)})
+	}
+	return rows
 }
 
 // WriteText writes the report for a terminal.

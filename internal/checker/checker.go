@@ -1,13 +1,14 @@
 // Package checker verifies the guarantees of contract §5 after the fact, from what the
 // database recorded: the lease history (lease_events) and the tasks, whose rows carry their
-// own leases.
+// own leases, and the locks and schedule ticks of the tasks.
 //
 // Check reads the history; Verify judges it. Verify is a pure function of a
 // History, so every rule can be tested on a hand-made one. Check does not
 // build a History: it streams the rows through the same steps as Verify, one
 // resource at a time, then one task at a time, and keeps only what the
-// cross-resource rules need (the fences, and the holding intervals of the
-// generator and the reaper), so a history of millions of events and tasks
+// cross-resource rules need (the fences, the holding intervals of the
+// generator, of the reaper and of the resources that gate tasks, and the
+// schedules' ticks), so a history of millions of events and tasks
 // fits in memory.
 //
 // A holding interval is one acquisition of a resource, up to its release or
@@ -46,6 +47,16 @@
 //     announced within Options.ExpiryBound of its expires_at, and never
 //     before it (§5.5); a task lease's lapse is announced when a reaper
 //     puts the task back, or a claim takes it.
+//   - RuleLockHeld: every attempt of a lease-gated task held its lock's
+//     lease, acquired by its claim with its fence, throughout, and no
+//     other holder of the lock (a lease's or another gated task's) held
+//     it meanwhile (§9). The lock's holdings are in the lease history
+//     like any lease's, so RuleOverlap judges them against each other.
+//   - RuleScheduleDuplicate, RuleScheduleTick, RuleScheduleCount,
+//     RuleScheduleBehind: a schedule made at most one task per tick, each
+//     for one of its ticks and not before it fell due; every tick it
+//     passed was made, missed or skipped, and it passed every tick due by
+//     its end but the last (§9).
 //
 // Each rule's doc comment gives the exact comparison it makes.
 package checker
@@ -84,6 +95,11 @@ type Options struct {
 	ExpectedTasks []int64
 	// AllowUnfinished lets tasks still be pending or running (a check taken mid-run).
 	AllowUnfinished bool
+	// Schedules are schedules whose ticks to judge (RuleScheduleTick,
+	// RuleScheduleCount, RuleScheduleBehind), as the caller knew them: the
+	// history has the tasks they made, but not when they began and ended.
+	// Every schedule's tasks are judged by RuleScheduleDuplicate.
+	Schedules []Schedule
 }
 
 // DefaultExpiryBound is the ExpiryBound of contract §5.5.
@@ -118,7 +134,11 @@ func Check(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Report, erro
 	if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&readAt); err != nil {
 		return nil, fmt.Errorf("check: read the database clock: %w", err)
 	}
-	v := newVerifier(opts, readAt)
+	locks, err := lockResources(ctx, tx)
+	if err != nil {
+		return nil, fmt.Errorf("check: read the tasks' locks: %w", err)
+	}
+	v := newVerifier(opts, readAt, locks)
 	if err := streamEvents(ctx, tx, v.resource); err != nil {
 		return nil, fmt.Errorf("check: read lease_events: %w", err)
 	}
@@ -160,11 +180,22 @@ func streamEvents(ctx context.Context, tx pgx.Tx, each func([]lease.Event)) erro
 	return nil
 }
 
+// lockResources returns the resources that gate tasks, whose holdings
+// RuleLockHeld needs once the tasks are read.
+func lockResources(ctx context.Context, tx pgx.Tx) ([]string, error) {
+	rows, err := tx.Query(ctx, `SELECT DISTINCT lock_resource FROM tasks WHERE lock_resource IS NOT NULL`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // streamTasks calls each with every task, in id order.
 func streamTasks(ctx context.Context, tx pgx.Tx, each func(Task)) error {
 	rows, err := tx.Query(ctx, `
 		SELECT id, state, coalesce(processor, ''), coalesce(fence, 0), started_at, must_heartbeat_before,
-		       processed_at, created_at, coalesce(generator_fence, 0), earlier_attempts
+		       processed_at, created_at, coalesce(generator_fence, 0), earlier_attempts,
+		       coalesce(lock_resource, ''), coalesce(schedule, ''), schedule_tick
 		FROM tasks
 		ORDER BY id`)
 	if err != nil {
@@ -173,15 +204,15 @@ func streamTasks(ctx context.Context, tx pgx.Tx, each func(Task)) error {
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			t                           Task
-			started, expires, processed *time.Time
-			earlier                     []byte
+			t                                 Task
+			started, expires, processed, tick *time.Time
+			earlier                           []byte
 		)
 		if err := rows.Scan(&t.ID, &t.State, &t.Processor, &t.Fence, &started, &expires,
-			&processed, &t.CreatedAt, &t.GeneratorFence, &earlier); err != nil {
+			&processed, &t.CreatedAt, &t.GeneratorFence, &earlier, &t.Lock, &t.Schedule, &tick); err != nil {
 			return err
 		}
-		t.StartedAt, t.ExpiresAt, t.ProcessedAt = orZero(started), orZero(expires), orZero(processed)
+		t.StartedAt, t.ExpiresAt, t.ProcessedAt, t.ScheduleTick = orZero(started), orZero(expires), orZero(processed), orZero(tick)
 		if err := json.Unmarshal(earlier, &t.Attempts); err != nil {
 			return fmt.Errorf("task %d: earlier_attempts is not a list of attempts: %w", t.ID, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -45,8 +46,31 @@ type Report struct {
 	TasksCancelled int
 	TasksOther     int
 	// Generated are the tasks inserted by the generator.
-	Generated  int
+	Generated int
+	// GatedTasks are the tasks gated by a lock; GatedAttempts, their
+	// attempts, each judged by RuleLockHeld.
+	GatedTasks    int
+	GatedAttempts int
+	// Schedules are the ticks of each schedule of Options.Schedules, in
+	// their order.
+	Schedules  []ScheduleTicks
 	Violations []Violation
+}
+
+// InFlight says, for a report, which ticks at the schedule's end were in
+// flight: "" when none was.
+func (s ScheduleTicks) InFlight() string {
+	var parts []string
+	if s.Behind > 0 {
+		parts = append(parts, fmt.Sprintf("%d due at its end not made yet", s.Behind))
+	}
+	if s.Ahead > 0 {
+		parts = append(parts, fmt.Sprintf("%d made after its end", s.Ahead))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
 }
 
 // OK reports whether no guarantee was broken.
@@ -65,6 +89,11 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(bw, "expiries %d: judged %d, not judged %d\n", r.Expiries, r.ExpiriesJudged, r.ExpiriesNotJudged)
 	fmt.Fprintf(bw, "tasks: done %d, dead %d, cancelled %d, other %d; generated %d\n",
 		r.TasksDone, r.TasksDead, r.TasksCancelled, r.TasksOther, r.Generated)
+	fmt.Fprintf(bw, "gated tasks %d, their attempts %d (each inside a holding of its lock)\n", r.GatedTasks, r.GatedAttempts)
+	for _, s := range r.Schedules {
+		fmt.Fprintf(bw, "schedule %s (%s): ticks expected %d, made %d, missed %d, skipped %d%s\n",
+			s.Name, s.Cron, s.Expected, s.Made, s.Missed, s.Skipped, s.InFlight())
+	}
 	if r.OK() {
 		fmt.Fprintln(bw, "no violations")
 		return bw.Flush()

@@ -99,13 +99,54 @@ const (
 	// expires_at: a live lease was announced expired. Judged whether or not
 	// a reaper ran.
 	RuleExpiryEarly = "expiry-early"
+	// RuleLockHeld: an attempt of a lease-gated task (one with a lock) was
+	// not inside a holding of its lock's lease. The claim acquires the
+	// lock's lease in the statement that takes the task, for the task's
+	// processor; the attempt takes the lock's fence, acquisition time and
+	// expiry as its fence, started_at and must_heartbeat_before; a
+	// heartbeat renews the lock to the task's new expiry, and the end of
+	// the attempt releases it, at that statement's clock_timestamp(), at
+	// or after the attempt's end. So, for the attempt (processor p, fence
+	// f, started_at s, end e as RuleOverlap has it), the lock's history
+	// must hold an acquisition with fence f, by p, whose interval [ls, le)
+	// has ls = s (acquired at the claim) and e <= le; and no other holding
+	// of the lock, a lease's or another gated task's, may meet [s, e): each
+	// that does is a violation too. Holdings of one lock are also judged
+	// against each other by RuleOverlap, as any lease's; a gated attempt
+	// and its lock's acquisition share a fence, which RuleFenceReused does
+	// not count twice.
+	RuleLockHeld = "lock-held"
+	// RuleScheduleDuplicate: two tasks of one schedule (tasks.schedule)
+	// carry the same schedule_tick.
+	RuleScheduleDuplicate = "schedule-duplicate"
+	// RuleScheduleTick: a task of a schedule of Options.Schedules has a
+	// tick that is not one of the schedule's: the ticks are its First,
+	// then each the cron's next after the one before (a tick made for a
+	// run of missed ones is the latest of them, still one of these). Or
+	// its tick is at or after the schedule's Next (which had not been made
+	// yet), or the task was created before its tick fell due (the
+	// scheduler enqueues a tick once the database clock has passed it).
+	RuleScheduleTick = "schedule-tick"
+	// RuleScheduleCount: a schedule's tasks, missed and skipped ticks do
+	// not add up to its ticks before its Next: each tick the scheduler
+	// moved past was made exactly one task, or was counted missed (it fell
+	// due while no scheduler ran, and a later one was made for it) or
+	// skipped (a unique schedule's previous task was still pending or
+	// running).
+	RuleScheduleCount = "schedule-count"
+	// RuleScheduleBehind: more than one of a schedule's ticks due by its
+	// End (those at or before End) is at or after its Next: the scheduler
+	// had neither made nor counted them when the schedule stopped. The
+	// last tick due may have been in flight then.
+	RuleScheduleBehind = "schedule-behind"
 )
 
 // ruleOrder is the order in which a report lists the rules.
 var ruleOrder = []string{
 	RuleOverlap, RuleFenceOrder, RuleFenceReused, RuleOrphanEvent,
 	RuleTaskLost, RuleTaskUnfinished, RuleTaskCompletion, RuleTaskReclaimed,
-	RuleGeneratorFence, RuleExpiryLate, RuleExpiryEarly,
+	RuleGeneratorFence, RuleExpiryLate, RuleExpiryEarly, RuleLockHeld,
+	RuleScheduleDuplicate, RuleScheduleTick, RuleScheduleCount, RuleScheduleBehind,
 }
 
 // The kinds of lease events.
@@ -153,11 +194,25 @@ type Task struct {
 	// Attempts are the entries of earlier_attempts, in their order: every
 	// attempt that ended otherwise than by the completion.
 	Attempts []task.Attempt
+	// Lock is the resource whose lease gates the task (lock_resource); ""
+	// for an ungated task.
+	Lock string
+	// Schedule is the schedule that made the task and ScheduleTick the
+	// tick it was made for; "" and the zero time for a task no schedule
+	// made.
+	Schedule     string
+	ScheduleTick time.Time
 }
 
 // Verify judges h against every rule.
 func Verify(h History, opts Options) *Report {
-	v := newVerifier(opts, h.ReadAt)
+	var locks []string
+	for _, t := range h.Tasks {
+		if t.Lock != "" {
+			locks = append(locks, t.Lock)
+		}
+	}
+	v := newVerifier(opts, h.ReadAt, locks)
 	events := slices.Clone(h.Events)
 	slices.SortFunc(events, func(a, b lease.Event) int {
 		return cmp.Or(strings.Compare(a.Resource, b.Resource), cmp.Compare(a.ID, b.ID))
@@ -193,6 +248,12 @@ type verifier struct {
 	generator map[int64]interval // the generator's intervals by fence
 	expiries  []interval         // leases that ran out, judged once the reaper's intervals are known
 	attempts  []interval         // the intervals of the task at hand, reused from task to task
+	// locks are the holdings of each resource that gates a task, by
+	// resource: nil until the resource's events are read.
+	locks map[string]*lockHoldings
+	// ticks are the ticks of each schedule's tasks, by schedule, with the
+	// task that has each.
+	ticks map[string][]madeTick
 }
 
 // fenceUse is one acquisition's fence: a lease's acquired event, or a task
@@ -202,6 +263,7 @@ type fenceUse struct {
 	id       int64  // the acquired event's id, or the task's
 	attempt  int    // the task attempt's number; 0 for a lease's acquisition
 	resource string // the lease's resource; "" for a task attempt
+	lock     string // the task attempt's lock, when it is gated; ""
 }
 
 func (u fenceUse) String() string {
@@ -259,7 +321,10 @@ func (iv *interval) record(eventID int64) string {
 // ts formats a database time to the microsecond, in UTC.
 func ts(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z") }
 
-func newVerifier(opts Options, readAt time.Time) *verifier {
+// newVerifier returns a verifier for a history read at readAt, in which
+// locks are the resources that gate tasks (repeats allowed): their
+// holdings are kept for RuleLockHeld.
+func newVerifier(opts Options, readAt time.Time, locks []string) *verifier {
 	v := &verifier{
 		opts:      opts,
 		bound:     opts.expiryBound(),
@@ -267,9 +332,14 @@ func newVerifier(opts Options, readAt time.Time) *verifier {
 		rep:       &Report{ReadAt: readAt},
 		expected:  make(map[int64]bool, len(opts.ExpectedTasks)),
 		generator: make(map[int64]interval),
+		locks:     make(map[string]*lockHoldings),
+		ticks:     make(map[string][]madeTick),
 	}
 	for _, id := range opts.ExpectedTasks {
 		v.expected[id] = true
+	}
+	for _, l := range locks {
+		v.locks[l] = nil
 	}
 	return v
 }
@@ -298,6 +368,9 @@ func (v *verifier) resource(events []lease.Event) {
 		for _, iv := range ivs {
 			v.generator[iv.fence] = iv
 		}
+	}
+	if _, ok := v.locks[events[0].Resource]; ok {
+		v.locks[events[0].Resource] = newLockHoldings(ivs)
 	}
 }
 
@@ -426,6 +499,15 @@ func (v *verifier) task(t Task) {
 		v.rep.Generated++
 		v.checkGenerated(t)
 	}
+	if t.Lock != "" {
+		v.rep.GatedTasks++
+		for i := range ivs {
+			v.checkLockHeld(t, &ivs[i])
+		}
+	}
+	if t.Schedule != "" {
+		v.addTick(t)
+	}
 }
 
 // taskIntervals turns t's attempts into the intervals of its lease, sorted
@@ -471,7 +553,7 @@ func (v *verifier) taskIntervals(t Task) []interval {
 		}
 		v.rep.Acquisitions++
 		v.rep.TaskAttempts++
-		v.fences = append(v.fences, fenceUse{fence: iv.fence, id: t.ID, attempt: iv.attempt})
+		v.fences = append(v.fences, fenceUse{fence: iv.fence, id: t.ID, attempt: iv.attempt, lock: t.Lock})
 		if len(ivs) > 0 {
 			prev := &ivs[len(ivs)-1]
 			prev.next = iv.start
@@ -566,6 +648,7 @@ func (v *verifier) checkGenerated(t Task) {
 // finish judges what needed the whole history and returns the report.
 func (v *verifier) finish() *Report {
 	v.checkFencesUnique()
+	v.judgeSchedules()
 	for i := range v.expiries {
 		v.judgeExpiry(&v.expiries[i])
 	}
@@ -585,11 +668,30 @@ func (v *verifier) checkFencesUnique() {
 	slices.SortFunc(v.fences, func(a, b fenceUse) int {
 		return cmp.Or(cmp.Compare(a.fence, b.fence), cmp.Compare(a.attempt, b.attempt), cmp.Compare(a.id, b.id))
 	})
-	for i := 1; i < len(v.fences); i++ {
-		if a, b := v.fences[i-1], v.fences[i]; a.fence == b.fence {
-			v.violate(RuleFenceReused, "fence %d given twice: %s and %s", a.fence, a, b)
+	for lo := 0; lo < len(v.fences); {
+		hi := lo + 1
+		for hi < len(v.fences) && v.fences[hi].fence == v.fences[lo].fence {
+			hi++
 		}
+		// A gated task's attempt takes the fence of its lock's
+		// acquisition, made by the same claim: one fence given once, seen
+		// from both resources (RuleLockHeld checks that they match).
+		if same := v.fences[lo:hi]; len(same) != 2 || !lockPair(same[0], same[1]) {
+			for i := lo + 1; i < hi; i++ {
+				v.violate(RuleFenceReused, "fence %d given twice: %s and %s", v.fences[i].fence, v.fences[i-1], v.fences[i])
+			}
+		}
+		lo = hi
 	}
+}
+
+// lockPair reports whether a and b are a lease's acquisition and the
+// attempt of a task gated by that lease's resource.
+func lockPair(a, b fenceUse) bool {
+	if a.attempt > 0 {
+		a, b = b, a
+	}
+	return a.attempt == 0 && b.attempt > 0 && b.lock != "" && b.lock == a.resource
 }
 
 // judgeExpiry judges one interval that ran out: see RuleExpiryLate.
