@@ -588,21 +588,26 @@ func TestMigrateConcurrently(t *testing.T) {
 }
 
 // TestShutdownReleasesEveryLease: a replica with every role, generating
-// and running a long task, is stopped with no grace: its task goes back to
-// the queue at once (no attempt counted) and no lease of its own — task,
-// generator, reaper, instance — is left for others to wait out.
+// and running two long tasks, one of them gated by a lock, is stopped with
+// no grace: its tasks go back to the queue at once (no attempt counted)
+// and no lease of its own — task, lock, generator, reaper, scheduler,
+// instance — is left for others to wait out.
 func TestShutdownReleasesEveryLease(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	c := serveConfig(t, []string{"--addr", "127.0.0.1:0", "--instance", "drain-replica", "--workers", "1",
+	c := serveConfig(t, []string{"--addr", "127.0.0.1:0", "--instance", "drain-replica", "--workers", "2",
 		"--shutdown-grace", "0s", "--generator-rate", "1", "--generator-sleep", "10m-10m"},
 		env("DATABASE_URL", db.URL))
 	r := startReplica(t, c)
+	if status, body := r.request(t, "POST", "/api/tasks", `{"task_data":{"sleep_duration_seconds":600},"lock":"drain-lock"}`, ""); status != http.StatusCreated {
+		t.Fatalf("add a gated task: %d %s", status, body)
+	}
 	if status, body := r.request(t, "POST", "/api/generator/start", "", ""); status != http.StatusAccepted {
 		t.Fatalf("start the generator: %d %s", status, body)
 	}
-	// Wait until the replica holds every kind of lease: its one worker runs
-	// a ten-minute task, and it is the generator, the reaper and itself.
+	// Wait until the replica holds every kind of lease: its two workers run
+	// ten-minute tasks (one holding its lock), and it is the generator, the
+	// reaper, the scheduler and itself.
 	deadline := time.Now().Add(time.Minute) // keeps a broken test from hanging
 	for {
 		var held int
@@ -617,11 +622,11 @@ func TestShutdownReleasesEveryLease(t *testing.T) {
 			  AND processor LIKE 'drain-replica/%' AND must_heartbeat_before > now()`).Scan(&running); err != nil {
 			t.Fatal(err)
 		}
-		if held == 3 && running == 1 { // instance:, leasehold:generator, leasehold:reaper, and the task's
+		if held == 5 && running == 2 { // instance:, leasehold:generator, leasehold:reaper, leasehold:scheduler, drain-lock, and the tasks'
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the replica never held its task, generator, reaper and instance leases (held kinds %d, running %d)\n%s", held, running, r.logs)
+			t.Fatalf("the replica never held its task, lock, generator, reaper, scheduler and instance leases (held kinds %d, running %d)\n%s", held, running, r.logs)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -646,12 +651,26 @@ func TestShutdownReleasesEveryLease(t *testing.T) {
 	if len(live) > 0 {
 		t.Errorf("leases still live after a clean shutdown: %q", live)
 	}
-	var state string
-	var attempts int
-	if err := db.Pool.QueryRow(t.Context(), `SELECT state, attempts FROM tasks WHERE started_at IS NOT NULL ORDER BY id LIMIT 1`).Scan(&state, &attempts); err != nil {
+	rows, err = db.Pool.Query(t.Context(), `SELECT id, state, attempts FROM tasks WHERE started_at IS NOT NULL ORDER BY id`)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if state != "pending" || attempts != 0 {
-		t.Errorf("the interrupted task: state %s, attempts %d; want pending with the attempt not counted", state, attempts)
+	interrupted := 0
+	for rows.Next() {
+		var (
+			id       int64
+			state    string
+			attempts int
+		)
+		if err := rows.Scan(&id, &state, &attempts); err != nil {
+			t.Fatal(err)
+		}
+		interrupted++
+		if state != "pending" || attempts != 0 {
+			t.Errorf("the interrupted task %d: state %s, attempts %d; want pending with the attempt not counted", id, state, attempts)
+		}
+	}
+	if interrupted != 2 {
+		t.Errorf("%d interrupted tasks, want 2", interrupted)
 	}
 }
