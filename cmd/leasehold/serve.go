@@ -296,7 +296,8 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	if c.hasRole("scheduler") {
 		background("scheduler", (&scheduler.Scheduler{
 			Store: schedules, Leases: leases, Listener: listener, Instance: c.Instance, Log: log,
-			Keep: lease.KeepConfig{TTL: 5 * time.Second, Observer: metrics.KeepObserver(server.HolderScheduler)},
+			Keep:     lease.KeepConfig{TTL: 5 * time.Second, Observer: metrics.KeepObserver(server.HolderScheduler)},
+			Enqueued: metrics.ScheduleTicked,
 		}).Run)
 	}
 	if c.hasRole("worker") && c.Workers > 0 {

@@ -49,6 +49,10 @@ type Metrics struct {
 	taskLeases keepObserver
 	// rateLimited counts the requests the per-client rate limit refused.
 	rateLimited prometheus.Counter
+	// scheduleTicks counts the ticks this replica's scheduler handled, by
+	// outcome: made (a task), skipped (a unique schedule's last task still
+	// ran), missed (ticks due while no scheduler ran, made one task).
+	scheduleTicks *prometheus.CounterVec
 }
 
 // The kinds of lease holder in the metrics' holder label: the REST API's
@@ -87,6 +91,10 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 			Name: "leasehold_http_rate_limited_total",
 			Help: "HTTP requests to /api/* and /ws refused with 429 by the per-client rate limit (--rate-limit; off by default).",
 		}),
+		scheduleTicks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_schedule_ticks_total",
+			Help: "Ticks of schedules this replica's scheduler handled: made (a task), skipped (a unique schedule's last task was not finished), missed (due while no scheduler ran, made one task).",
+		}, []string{"outcome"}),
 		leaseOps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_lease_operations_total",
 			Help: "Lease operations over the API by op (acquire, renew, release) and outcome (ok, conflict, not_held, error).",
@@ -138,7 +146,7 @@ func NewMetrics(listenerUp func() bool, reconnects func() int64) *Metrics {
 		}),
 	}
 	m.initSeries()
-	m.reg.MustRegister(m.requests, m.duration, m.rateLimited, m.leaseOps, m.taskOps, m.expiries, m.expiryLag,
+	m.reg.MustRegister(m.requests, m.duration, m.rateLimited, m.scheduleTicks, m.leaseOps, m.taskOps, m.expiries, m.expiryLag,
 		m.releaseAge, m.won, m.renewFailures, m.lost, m.claimed, m.finished, m.claimWait, m.notifyLag,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -197,6 +205,9 @@ func (m *Metrics) initSeries() {
 		m.renewFailures.WithLabelValues(h)
 		m.lost.WithLabelValues(h, lostRefused)
 		m.lost.WithLabelValues(h, lostDeadline)
+	}
+	for _, o := range []string{"made", "skipped", "missed"} {
+		m.scheduleTicks.WithLabelValues(o)
 	}
 	for _, o := range workerOutcomes {
 		m.finished.WithLabelValues(o)
@@ -481,4 +492,18 @@ func foldKinds(rows []db.TaskPendingSummaryRow, limit int) []db.TaskPendingSumma
 		other.OldestWaitSeconds = max(other.OldestWaitSeconds, r.OldestWaitSeconds)
 	}
 	return append(kept, other)
+}
+
+// ScheduleTicked counts a tick the scheduler handled (scheduler.Scheduler's
+// Enqueued): a task made, or none (skipped or made already), standing for
+// missed ticks before it.
+func (m *Metrics) ScheduleTicked(_ string, _ time.Time, taskID, missed int64) {
+	if taskID != 0 {
+		m.scheduleTicks.WithLabelValues("made").Inc()
+	} else {
+		m.scheduleTicks.WithLabelValues("skipped").Inc()
+	}
+	if missed > 0 {
+		m.scheduleTicks.WithLabelValues("missed").Add(float64(missed))
+	}
 }
