@@ -42,7 +42,8 @@ func ExampleSchedules_Add() {
 
 	s, err := client.Schedules().Add(ctx, schedule.Params{Name: "cleanup-every-second", Cron: "@every 1s", Kind: "cleanup"})
 	if err != nil {
-		log.Fatal(err)
+		log.Print(err)
+		return
 	}
 	defer client.Schedules().Delete(ctx, s.Name) //nolint:errcheck // an example
 	fmt.Println("added", s.Name, s.Cron, s.Zone)
@@ -90,7 +91,8 @@ func ExampleInsertOpts_lock() {
 	}
 	defer client.Stop(ctx) //nolint:errcheck // an example
 	if _, err := client.Insert(ctx, reindex{}, &leasehold.InsertOpts{Lock: "db:search-index"}); err != nil {
-		log.Fatal(err)
+		log.Print(err)
+		return
 	}
 	<-done
 	// Output:

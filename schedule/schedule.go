@@ -16,9 +16,6 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
-	// The zones are compiled in, so that a schedule's zone means the same
-	// on every replica, also in a container without /usr/share/zoneinfo.
-	_ "time/tzdata"
 
 	"github.com/robfig/cron/v3"
 

@@ -27,6 +27,7 @@ usage:
   leasehold exec     [flags] -- CMD ARGS...   run CMD only while holding a lease: leasehold exec --resource R -- CMD ARGS...
   leasehold work     [flags] -- CMD ARGS...   a task worker for any program: leasehold work --kind K -- CMD ARGS... runs CMD for each task of kind K
   leasehold task     CMD [flags]   add, get, list, cancel or retry tasks over a server's REST API (see docs/cli.md)
+  leasehold schedule CMD [flags]   add, replace, get, list or remove schedules (a task per cron tick) over a server's REST API
   leasehold localdb            start or reuse the local development PostgreSQL; print its URL
   leasehold version            print the version
 
@@ -115,6 +116,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runWork(ctx, rest, getenv, stderr)
 	case "task":
 		return runTask(ctx, rest, getenv, stdout, stderr)
+	case "schedule":
+		return runSchedule(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil

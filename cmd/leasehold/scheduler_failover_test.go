@@ -41,12 +41,7 @@ func TestScheduleAcrossFailures(t *testing.T) {
 	for _, name := range []string{"sched-a", "sched-b", "sched-c"} {
 		procs[name] = startRolloutProc(t, bin, db.URL, name)
 	}
-	var any *rolloutProc
-	for _, p := range procs {
-		any = p
-		break
-	}
-	status, body := sendJSON(t, any, http.MethodPost, "/api/schedules", `{"name":"every-second","cron":"@every 1s","kind":"tick"}`)
+	status, body := sendJSON(t, procs["sched-a"], http.MethodPost, "/api/schedules", `{"name":"every-second","cron":"@every 1s","kind":"tick"}`)
 	if status != http.StatusCreated {
 		t.Fatalf("add the schedule: %d %s", status, body)
 	}
@@ -71,7 +66,7 @@ func TestScheduleAcrossFailures(t *testing.T) {
 	if err := killed.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	<-killed.done
+	<-killed.done //nolint:errcheck // killed: its exit status says only that
 	killed.exited = true
 	third, _ := schedHolder(t, db, second)
 	t.Logf("%s killed; %s took over", second, third)

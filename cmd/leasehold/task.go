@@ -8,8 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -26,7 +28,7 @@ const taskUsage = `leasehold task: add, look at, cancel and retry tasks over the
 
 usage:
   leasehold task add    --data JSON [--kind K] [--queue Q] [--priority N] [--unique-key K]
-                        [--ttl D] [--scheduled-at T] [--max-attempts N] [--json]
+                        [--lock R] [--ttl D] [--scheduled-at T] [--max-attempts N] [--json]
   leasehold task get    ID [--json]
   leasehold task list   [--state S] [--kind K] [--queue Q] [--limit N] [--after-id ID] [--json]
   leasehold task cancel ID [--reason R] [--json]
@@ -50,7 +52,7 @@ const (
 	maxTaskListLimit = 1000 // GET /api/tasks?limit=
 	defaultTaskLimit = 100  // the server's default page
 	maxAttempts      = 100
-	maxNameBytes     = 255 // kinds, queues, unique keys, processors
+	maxNameBytes     = 255 // kinds, queues, unique keys, locks, processors, schedules
 	// maxErrorBytes bounds a text that lands in a task's last_error: a
 	// failure's error, a cancellation's reason.
 	maxErrorBytes = 4096
@@ -59,10 +61,11 @@ const (
 	maxAnswerBytes = 64 << 20
 )
 
-// taskClient is the tasks' REST API (contract §3 and §6) as the task and
-// work commands call it. They do not go through the library's remote
-// client: it has no task list and claims one queue at a time, and --json
-// prints the API's own JSON, which this client keeps as it came.
+// taskClient is the REST API of tasks and schedules (contract §3, §6 and
+// §9) as the task, work and schedule commands call it. They do not go
+// through the library's remote client: it has no task list and claims one
+// queue at a time, and --json prints the API's own JSON, which this client
+// keeps as it came.
 type taskClient struct {
 	base  *url.URL
 	token string
@@ -91,9 +94,11 @@ func (c *clientFlags) taskClient(conns int, timeout time.Duration) (*taskClient,
 		transport.CloseIdleConnections, nil
 }
 
-// do sends one request and returns the status and body of a 2xx answer.
-// Any other answer is a *leasehold.StatusError with the server's sentence;
-// a request that got no answer, a *url.Error.
+// do sends one request and returns the status and body of the answer.
+// An answer other than 2xx is a *leasehold.StatusError with the server's
+// sentence, its body still returned for what it holds besides (a 409 of
+// POST /api/schedules carries the schedule that holds the name); a request
+// that got no answer, a *url.Error.
 func (c *taskClient) do(ctx context.Context, method, path string, query url.Values, in any) (int, []byte, error) {
 	u := c.base.JoinPath(path)
 	u.RawQuery = query.Encode()
@@ -134,7 +139,7 @@ func (c *taskClient) do(ctx context.Context, method, path string, query url.Valu
 	if json.Unmarshal(raw, &eb) != nil || eb.Error == "" {
 		eb.Error = strings.TrimSpace(string(raw[:min(len(raw), 200)]))
 	}
-	return resp.StatusCode, nil, &leasehold.StatusError{Method: method, Path: u.Path, StatusCode: resp.StatusCode, Message: eb.Error}
+	return resp.StatusCode, raw, &leasehold.StatusError{Method: method, Path: u.Path, StatusCode: resp.StatusCode, Message: eb.Error}
 }
 
 // statusOf is the status of the answer that err is, 0 when it is none.
@@ -203,18 +208,22 @@ func runTask(ctx context.Context, args []string, getenv func(string) string, std
 }
 
 // checkFlagName checks the value of a name flag (kind, queue, unique key,
-// processor) as the API's name rules have it: 1 to 255 bytes of UTF-8, no
-// control characters.
-func checkFlagName(flagName, v string) error {
+// lock, processor) as the API's name rules have it: 1 to 255 bytes of
+// UTF-8, no control characters.
+func checkFlagName(flagName, v string) error { return checkNameValue("--"+flagName, v) }
+
+// checkNameValue checks a name as the API's name rules have it; what
+// names it in the error ("--kind", "the schedule name").
+func checkNameValue(what, v string) error {
 	switch {
 	case v == "":
-		return fmt.Errorf("--%s is empty; give a name of 1 to %d bytes", flagName, maxNameBytes)
+		return fmt.Errorf("%s is empty; give a name of 1 to %d bytes", what, maxNameBytes)
 	case len(v) > maxNameBytes:
-		return fmt.Errorf("--%s is %d bytes long; the limit is %d", flagName, len(v), maxNameBytes)
+		return fmt.Errorf("%s is %d bytes long; the limit is %d", what, len(v), maxNameBytes)
 	case !utf8.ValidString(v):
-		return fmt.Errorf("--%s %q is not valid UTF-8", flagName, v)
+		return fmt.Errorf("%s %q is not valid UTF-8", what, v)
 	case strings.ContainsFunc(v, unicode.IsControl):
-		return fmt.Errorf("--%s %q contains a control character", flagName, v)
+		return fmt.Errorf("%s %q contains a control character", what, v)
 	}
 	return nil
 }
@@ -230,6 +239,7 @@ type newTaskBody struct {
 	TTLSeconds  int64           `json:"ttl_seconds,omitempty"`
 	ScheduledAt string          `json:"scheduled_at,omitempty"`
 	MaxAttempts int64           `json:"max_attempts,omitempty"`
+	Lock        string          `json:"lock,omitempty"`
 }
 
 // runTaskAdd is "leasehold task add": one task, POST /api/tasks.
@@ -241,6 +251,7 @@ func runTaskAdd(ctx context.Context, args []string, getenv func(string) string, 
 	queue := fs.String("queue", "", "the task's queue (default: default)")
 	priority := fs.String("priority", "", "lower runs first among due tasks, -32768 to 32767 (default 0)")
 	uniqueKey := fs.String("unique-key", "", "insert nothing when a task of the kind, not cancelled, holds this key already (its task is shown)")
+	lock := fs.String("lock", "", "a resource whose lease the task holds while it runs: it is claimed only when that lease is free (default: none)")
 	ttl := fs.String("ttl", "", "the TTL of the task's leases, whole seconds from 1s to 1h (default the server's --lease-ttl)")
 	scheduledAt := fs.String("scheduled-at", "", "when the task falls due, RFC 3339, e.g. 2030-01-02T15:04:05Z (default now)")
 	attempts := fs.String("max-attempts", "", "attempts before the task is dead, 1 to 100 (default 5)")
@@ -249,35 +260,22 @@ func runTaskAdd(ctx context.Context, args []string, getenv func(string) string, 
 		return err
 	}
 	var errs []error
-	body := newTaskBody{Kind: *kind, Queue: *queue, UniqueKey: *uniqueKey}
-	switch d := bytes.TrimSpace([]byte(*data)); {
-	case len(d) == 0:
+	body := newTaskBody{Kind: *kind, Queue: *queue, UniqueKey: *uniqueKey, Lock: *lock}
+	switch d, err := jsonObjectFlag("data", *data, "the task's task_data"); {
+	case err != nil:
+		errs = append(errs, err)
+	case d == nil:
 		errs = append(errs, errors.New(`--data is required: the task's task_data as a JSON object, e.g. --data '{"n": 5}'`))
-	case !json.Valid(d) || d[0] != '{':
-		errs = append(errs, fmt.Errorf(`--data %.60q must be a JSON object, e.g. --data '{"n": 5}'`, *data))
 	default:
 		body.TaskData = d
 	}
-	for _, f := range []struct{ name, v string }{{"kind", *kind}, {"queue", *queue}, {"unique-key", *uniqueKey}} {
-		if f.v != "" || flagGiven(fs, f.name) {
-			if err := checkFlagName(f.name, f.v); err != nil {
-				errs = append(errs, err)
-			}
-		}
+	errs = append(errs, checkNameFlags(fs, map[string]string{"kind": *kind, "queue": *queue, "unique-key": *uniqueKey, "lock": *lock})...)
+	var err error
+	if body.Priority, err = priorityFlag(*priority); err != nil {
+		errs = append(errs, err)
 	}
-	if *priority != "" {
-		n, err := strconv.ParseInt(*priority, 10, 64)
-		if err != nil || n < -32768 || n > 32767 {
-			errs = append(errs, fmt.Errorf("--priority %q must be an integer between -32768 and 32767 (lower runs first)", *priority))
-		}
-		body.Priority = &n
-	}
-	if *ttl != "" {
-		d, err := durationFlag("ttl", *ttl, time.Second, time.Hour, true, "30s")
-		if err != nil {
-			errs = append(errs, err)
-		}
-		body.TTLSeconds = int64(d / time.Second)
+	if body.TTLSeconds, err = taskTTLFlag(*ttl); err != nil {
+		errs = append(errs, err)
 	}
 	if *scheduledAt != "" {
 		at, err := time.Parse(time.RFC3339Nano, *scheduledAt)
@@ -286,12 +284,8 @@ func runTaskAdd(ctx context.Context, args []string, getenv func(string) string, 
 		}
 		body.ScheduledAt = apitime.Format(at)
 	}
-	if *attempts != "" {
-		n, err := strconv.ParseInt(*attempts, 10, 64)
-		if err != nil || n < 1 || n > maxAttempts {
-			errs = append(errs, fmt.Errorf("--max-attempts %q must be an integer between 1 and %d", *attempts, maxAttempts))
-		}
-		body.MaxAttempts = n
+	if body.MaxAttempts, err = maxAttemptsFlag(*attempts); err != nil {
+		errs = append(errs, err)
 	}
 	if err := joinUsage(errs); err != nil {
 		return err
@@ -309,6 +303,72 @@ func runTaskAdd(ctx context.Context, args []string, getenv func(string) string, 
 		fmt.Fprintf(stderr, "nothing inserted: task %d (%s) of kind %s holds the unique key %q already\n", t.ID, t.State, t.Kind, t.UniqueKey)
 	}
 	return printTasks(stdout, *asJSON, raw, []task.Task{t})
+}
+
+// The checks of the flags that define a task, shared by task add and the
+// schedule commands (whose flags define each task a schedule makes). Each
+// returns the value for the request, the zero value when the flag is
+// empty (the server's default), and a usage error's sentence.
+
+// jsonObjectFlag is the value of a flag that holds a JSON object, what
+// naming what it is; nil when raw is empty.
+func jsonObjectFlag(name, raw, what string) (json.RawMessage, error) {
+	d := bytes.TrimSpace([]byte(raw))
+	switch {
+	case len(d) == 0:
+		return nil, nil
+	case !json.Valid(d) || d[0] != '{':
+		return nil, fmt.Errorf(`--%s %.60q must be a JSON object (%s), e.g. --%s '{"n": 5}'`, name, raw, what, name)
+	}
+	return d, nil
+}
+
+// priorityFlag is --priority: -32768 to 32767; nil when not given.
+func priorityFlag(raw string) (*int64, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	n, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || n < -32768 || n > 32767 {
+		return nil, fmt.Errorf("--priority %q must be an integer between -32768 and 32767 (lower runs first)", raw)
+	}
+	return &n, nil
+}
+
+// taskTTLFlag is --ttl, the TTL of a task's leases, in whole seconds.
+func taskTTLFlag(raw string) (int64, error) {
+	if raw == "" {
+		return 0, nil
+	}
+	d, err := durationFlag("ttl", raw, time.Second, time.Hour, true, "30s")
+	return int64(d / time.Second), err
+}
+
+// maxAttemptsFlag is --max-attempts: 1 to 100.
+func maxAttemptsFlag(raw string) (int64, error) {
+	if raw == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || n < 1 || n > maxAttempts {
+		return 0, fmt.Errorf("--max-attempts %q must be an integer between 1 and %d", raw, maxAttempts)
+	}
+	return n, nil
+}
+
+// checkNameFlags checks the name flags of fs that are set or were given
+// (an empty one given is a mistake: leave it out for the default), in the
+// order of their names.
+func checkNameFlags(fs *flag.FlagSet, flags map[string]string) []error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(flags)) {
+		if v := flags[name]; v != "" || flagGiven(fs, name) {
+			if err := checkFlagName(name, v); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errs
 }
 
 // flagGiven reports whether the flag name was given on the command line.
@@ -487,15 +547,20 @@ func runTaskList(ctx context.Context, args []string, getenv func(string) string,
 // came (raw), on one line.
 func printTasks(w io.Writer, asJSON bool, raw []byte, tasks []task.Task) error {
 	if asJSON {
-		var b bytes.Buffer
-		if err := json.Compact(&b, raw); err != nil {
-			return fmt.Errorf("the server's answer is not JSON: %w", err)
-		}
-		b.WriteByte('\n')
-		_, err := w.Write(b.Bytes())
-		return err
+		return printJSON(w, raw)
 	}
 	return taskTable(w, tasks, time.Now())
+}
+
+// printJSON writes the API's JSON as it came (raw), on one line.
+func printJSON(w io.Writer, raw []byte) error {
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return fmt.Errorf("the server's answer is not JSON: %w", err)
+	}
+	b.WriteByte('\n')
+	_, err := w.Write(b.Bytes())
+	return err
 }
 
 // taskTable writes tasks as an aligned table; "-" stands for what is not

@@ -32,7 +32,7 @@ func (s *Store) Create(ctx context.Context, p schedule.Params) (sc schedule.Sche
 	if err != nil {
 		return schedule.Schedule{}, false, err
 	}
-	row, err := s.q.ScheduleCreate(ctx, db.ScheduleCreateParams(args))
+	row, err := s.q.ScheduleCreate(ctx, args)
 	if err == nil {
 		return fromRow(row, nil, nil, nil), true, nil
 	}

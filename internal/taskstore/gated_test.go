@@ -81,7 +81,7 @@ func TestGatedTaskHoldsItsLock(t *testing.T) {
 		if e.Fence != run.Fence || e.Holder != run.Processor {
 			t.Errorf("event %+v not of the task's attempt (fence %d, %s)", e, run.Fence, run.Processor)
 		}
-		kinds = append(kinds, string(e.Kind))
+		kinds = append(kinds, e.Kind)
 	}
 	if want := []string{"acquired", "renewed", "released"}; !slices.Equal(kinds, want) {
 		t.Errorf("lock history %v, want %v", kinds, want)
