@@ -91,12 +91,17 @@ WITH buried AS (
 -- pending tasks, and lapsed running ones. Every due row picked is used
 -- (tasks_claimable must not leave a row it locked: see there); lapsed rows
 -- not used stay locked only until this statement commits.
--- Gated tasks whose lock is free first (at most one per lock: they are
--- few, and would otherwise wait behind every ungated task); the lock's
--- lease is acquired as the row is claimed (task_lock_follow, schema/0012).
+-- Gated tasks whose lock is free first, at most one per lock (they are
+-- few, and would otherwise wait behind every ungated task), each with its
+-- lock's lease acquired for the first processors (tasks_gated,
+-- schema/0012): the task's attempt is that holding of the lock. Looked
+-- for only while a gated task is pending: a one-time filter, one probe of
+-- an index that is empty but for them.
 gated AS (
-    SELECT g.id, g.priority, g.scheduled_at
-    FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], cardinality(@processors::text[])) AS g (id, priority, scheduled_at)
+    SELECT g.id, g.processor, g.fence, g.acquired_at, g.expires_at
+    FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], @processors::text[], @ttl_seconds::integer)
+         AS g (id, processor, fence, acquired_at, expires_at)
+    WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
 ),
 due AS (
     SELECT d.id, d.priority, d.scheduled_at
@@ -109,23 +114,26 @@ lapsed AS (
     SELECT r.id, r.priority, r.scheduled_at FROM tasks AS r
     WHERE sqlc.arg(with_lapsed)::boolean
       AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
+      -- A gated task goes back through the reaper, and its lock with it.
+      AND r.lock_resource IS NULL
       AND (sqlc.narg(want_queues)::text[] IS NULL OR r.queue = ANY (sqlc.narg(want_queues)::text[]))
       AND (sqlc.narg(want_kinds)::text[] IS NULL OR r.kind = ANY (sqlc.narg(want_kinds)::text[]))
     LIMIT cardinality(@processors::text[]) - (SELECT count(*) FROM due) - (SELECT count(*) FROM gated)
     FOR UPDATE SKIP LOCKED
 ),
+-- The gated tasks have the first processors; the others follow in order.
 picked AS (
-    SELECT p.id, row_number() OVER (ORDER BY p.priority, p.scheduled_at, p.id) AS n
-    FROM (SELECT gated.id, gated.priority, gated.scheduled_at FROM gated
-          UNION ALL
-          SELECT due.id, due.priority, due.scheduled_at FROM due
+    SELECT p.id, (SELECT count(*) FROM gated) + row_number() OVER (ORDER BY p.priority, p.scheduled_at, p.id) AS n
+    FROM (SELECT due.id, due.priority, due.scheduled_at FROM due
           UNION ALL
           SELECT lapsed.id, lapsed.priority, lapsed.scheduled_at FROM lapsed) AS p
 ),
 assigned AS (
-    SELECT picked.id, w.processor
+    SELECT picked.id, w.processor, NULL::bigint AS fence, NULL::timestamptz AS acquired_at, NULL::timestamptz AS expires_at
     FROM picked
     JOIN unnest(@processors::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+    UNION ALL
+    SELECT gated.id, gated.processor, gated.fence, gated.acquired_at, gated.expires_at FROM gated
 )
 UPDATE tasks AS t
 SET state = 'running',
@@ -133,13 +141,14 @@ SET state = 'running',
                             ELSE t.earlier_attempts END,
     processor = a.processor,
     -- Drawn now, under the row lock: the fence of every earlier attempt
-    -- was drawn before it.
-    fence = nextval('lease_fence_seq'),
+    -- was drawn before it. A gated task's is its lock's, drawn under the
+    -- lease's row lock (and COALESCE draws none for it).
+    fence = coalesce(a.fence, nextval('lease_fence_seq')),
     ttl_seconds = coalesce(t.ttl_seconds, @ttl_seconds::integer),
     attempts = t.attempts + 1,
-    started_at = now(),
-    last_heartbeat_at = now(),
-    must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer))
+    started_at = coalesce(a.acquired_at, now()),
+    last_heartbeat_at = coalesce(a.acquired_at, now()),
+    must_heartbeat_before = coalesce(a.expires_at, now() + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer)))
 FROM assigned AS a
 WHERE t.id = a.id
 RETURNING t.*;
@@ -393,32 +402,37 @@ completed AS (
     RETURNING c.id
 ),
 gated AS (
-    SELECT g.id, g.priority, g.scheduled_at
-    FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], cardinality(@claim_for::text[])) AS g (id, priority, scheduled_at)
+    SELECT g.id, g.processor, g.fence, g.acquired_at, g.expires_at
+    FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], @claim_for::text[], @ttl_seconds::integer)
+         AS g (id, processor, fence, acquired_at, expires_at)
+    WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
 ),
 picked AS (
-    SELECT d.id, row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
-    FROM (SELECT gated.id, gated.priority, gated.scheduled_at FROM gated
-          UNION ALL
-          SELECT c.id, c.priority, c.scheduled_at
-          FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[],
-                               cardinality(@claim_for::text[]) - (SELECT count(*)::integer FROM gated),
-                               @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
-                               @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS c (id, priority, scheduled_at)) AS d
+    SELECT d.id, (SELECT count(*) FROM gated) + row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
+    FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[],
+                         cardinality(@claim_for::text[]) - (SELECT count(*)::integer FROM gated),
+                         @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
+                         @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS d (id, priority, scheduled_at)
+),
+assigned AS (
+    SELECT picked.id, w.processor, NULL::bigint AS fence, NULL::timestamptz AS acquired_at, NULL::timestamptz AS expires_at
+    FROM picked
+    JOIN unnest(@claim_for::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+    UNION ALL
+    SELECT gated.id, gated.processor, gated.fence, gated.acquired_at, gated.expires_at FROM gated
 ),
 claimed AS (
     UPDATE tasks AS t
     SET state = 'running',
-        processor = w.processor,
-        fence = nextval('lease_fence_seq'),
+        processor = a.processor,
+        fence = coalesce(a.fence, nextval('lease_fence_seq')),
         ttl_seconds = coalesce(t.ttl_seconds, @ttl_seconds::integer),
         attempts = t.attempts + 1,
-        started_at = now(),
-        last_heartbeat_at = now(),
-        must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer))
-    FROM picked
-    JOIN unnest(@claim_for::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
-    WHERE t.id = picked.id
+        started_at = coalesce(a.acquired_at, now()),
+        last_heartbeat_at = coalesce(a.acquired_at, now()),
+        must_heartbeat_before = coalesce(a.expires_at, now() + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer)))
+    FROM assigned AS a
+    WHERE t.id = a.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
               t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource,
               t.schedule, t.schedule_tick
@@ -439,6 +453,7 @@ SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM clai
        coalesce(claimed.started_at, 'epoch')::timestamptz AS started_at,
        coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at,
        coalesce(claimed.lock_resource, '')::text AS lock_resource,
-       coalesce(claimed.schedule, '')::text AS schedule, claimed.schedule_tick
+       coalesce(claimed.schedule, '')::text AS schedule,
+       coalesce(claimed.schedule_tick, 'epoch')::timestamptz AS schedule_tick
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true;

@@ -100,8 +100,10 @@ WITH buried AS (
     RETURNING b.id
 ),
 gated AS (
-    SELECT g.id, g.priority, g.scheduled_at
-    FROM tasks_gated($3::text[], $4::text[], cardinality($5::text[])) AS g (id, priority, scheduled_at)
+    SELECT g.id, g.processor, g.fence, g.acquired_at, g.expires_at
+    FROM tasks_gated($3::text[], $4::text[], $5::text[], $1::integer)
+         AS g (id, processor, fence, acquired_at, expires_at)
+    WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
 ),
 due AS (
     SELECT d.id, d.priority, d.scheduled_at
@@ -114,23 +116,25 @@ lapsed AS (
     SELECT r.id, r.priority, r.scheduled_at FROM tasks AS r
     WHERE $2::boolean
       AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
+      -- A gated task goes back through the reaper, and its lock with it.
+      AND r.lock_resource IS NULL
       AND ($3::text[] IS NULL OR r.queue = ANY ($3::text[]))
       AND ($4::text[] IS NULL OR r.kind = ANY ($4::text[]))
     LIMIT cardinality($5::text[]) - (SELECT count(*) FROM due) - (SELECT count(*) FROM gated)
     FOR UPDATE SKIP LOCKED
 ),
 picked AS (
-    SELECT p.id, row_number() OVER (ORDER BY p.priority, p.scheduled_at, p.id) AS n
-    FROM (SELECT gated.id, gated.priority, gated.scheduled_at FROM gated
-          UNION ALL
-          SELECT due.id, due.priority, due.scheduled_at FROM due
+    SELECT p.id, (SELECT count(*) FROM gated) + row_number() OVER (ORDER BY p.priority, p.scheduled_at, p.id) AS n
+    FROM (SELECT due.id, due.priority, due.scheduled_at FROM due
           UNION ALL
           SELECT lapsed.id, lapsed.priority, lapsed.scheduled_at FROM lapsed) AS p
 ),
 assigned AS (
-    SELECT picked.id, w.processor
+    SELECT picked.id, w.processor, NULL::bigint AS fence, NULL::timestamptz AS acquired_at, NULL::timestamptz AS expires_at
     FROM picked
     JOIN unnest($5::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+    UNION ALL
+    SELECT gated.id, gated.processor, gated.fence, gated.acquired_at, gated.expires_at FROM gated
 )
 UPDATE tasks AS t
 SET state = 'running',
@@ -138,13 +142,14 @@ SET state = 'running',
                             ELSE t.earlier_attempts END,
     processor = a.processor,
     -- Drawn now, under the row lock: the fence of every earlier attempt
-    -- was drawn before it.
-    fence = nextval('lease_fence_seq'),
+    -- was drawn before it. A gated task's is its lock's, drawn under the
+    -- lease's row lock (and COALESCE draws none for it).
+    fence = coalesce(a.fence, nextval('lease_fence_seq')),
     ttl_seconds = coalesce(t.ttl_seconds, $1::integer),
     attempts = t.attempts + 1,
-    started_at = now(),
-    last_heartbeat_at = now(),
-    must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, $1::integer))
+    started_at = coalesce(a.acquired_at, now()),
+    last_heartbeat_at = coalesce(a.acquired_at, now()),
+    must_heartbeat_before = coalesce(a.expires_at, now() + make_interval(secs => coalesce(t.ttl_seconds, $1::integer)))
 FROM assigned AS a
 WHERE t.id = a.id
 RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
@@ -181,9 +186,13 @@ type TaskClaimParams struct {
 // pending tasks, and lapsed running ones. Every due row picked is used
 // (tasks_claimable must not leave a row it locked: see there); lapsed rows
 // not used stay locked only until this statement commits.
-// Gated tasks whose lock is free first (at most one per lock: they are
-// few, and would otherwise wait behind every ungated task); the lock's
-// lease is acquired as the row is claimed (task_lock_follow, schema/0012).
+// Gated tasks whose lock is free first, at most one per lock (they are
+// few, and would otherwise wait behind every ungated task), each with its
+// lock's lease acquired for the first processors (tasks_gated,
+// schema/0012): the task's attempt is that holding of the lock. Looked
+// for only while a gated task is pending: a one-time filter, one probe of
+// an index that is empty but for them.
+// The gated tasks have the first processors; the others follow in order.
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, error) {
 	rows, err := q.db.Query(ctx, taskClaim,
 		arg.TTLSeconds,
@@ -322,32 +331,37 @@ completed AS (
     RETURNING c.id
 ),
 gated AS (
-    SELECT g.id, g.priority, g.scheduled_at
-    FROM tasks_gated($5::text[], $6::text[], cardinality($7::text[])) AS g (id, priority, scheduled_at)
+    SELECT g.id, g.processor, g.fence, g.acquired_at, g.expires_at
+    FROM tasks_gated($5::text[], $6::text[], $7::text[], $8::integer)
+         AS g (id, processor, fence, acquired_at, expires_at)
+    WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
 ),
 picked AS (
-    SELECT d.id, row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
-    FROM (SELECT gated.id, gated.priority, gated.scheduled_at FROM gated
-          UNION ALL
-          SELECT c.id, c.priority, c.scheduled_at
-          FROM tasks_claimable($5::text[], $6::text[],
-                               cardinality($7::text[]) - (SELECT count(*)::integer FROM gated),
-                               $8::text[], $9::text[], $10::smallint[],
-                               $11::timestamptz[], $12::bigint[], $13::boolean) AS c (id, priority, scheduled_at)) AS d
+    SELECT d.id, (SELECT count(*) FROM gated) + row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
+    FROM tasks_claimable($5::text[], $6::text[],
+                         cardinality($7::text[]) - (SELECT count(*)::integer FROM gated),
+                         $9::text[], $10::text[], $11::smallint[],
+                         $12::timestamptz[], $13::bigint[], $14::boolean) AS d (id, priority, scheduled_at)
+),
+assigned AS (
+    SELECT picked.id, w.processor, NULL::bigint AS fence, NULL::timestamptz AS acquired_at, NULL::timestamptz AS expires_at
+    FROM picked
+    JOIN unnest($7::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+    UNION ALL
+    SELECT gated.id, gated.processor, gated.fence, gated.acquired_at, gated.expires_at FROM gated
 ),
 claimed AS (
     UPDATE tasks AS t
     SET state = 'running',
-        processor = w.processor,
-        fence = nextval('lease_fence_seq'),
-        ttl_seconds = coalesce(t.ttl_seconds, $14::integer),
+        processor = a.processor,
+        fence = coalesce(a.fence, nextval('lease_fence_seq')),
+        ttl_seconds = coalesce(t.ttl_seconds, $8::integer),
         attempts = t.attempts + 1,
-        started_at = now(),
-        last_heartbeat_at = now(),
-        must_heartbeat_before = now() + make_interval(secs => coalesce(t.ttl_seconds, $14::integer))
-    FROM picked
-    JOIN unnest($7::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
-    WHERE t.id = picked.id
+        started_at = coalesce(a.acquired_at, now()),
+        last_heartbeat_at = coalesce(a.acquired_at, now()),
+        must_heartbeat_before = coalesce(a.expires_at, now() + make_interval(secs => coalesce(t.ttl_seconds, $8::integer)))
+    FROM assigned AS a
+    WHERE t.id = a.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
               t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource,
               t.schedule, t.schedule_tick
@@ -364,7 +378,8 @@ SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM clai
        coalesce(claimed.started_at, 'epoch')::timestamptz AS started_at,
        coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at,
        coalesce(claimed.lock_resource, '')::text AS lock_resource,
-       coalesce(claimed.schedule, '')::text AS schedule, claimed.schedule_tick
+       coalesce(claimed.schedule, '')::text AS schedule,
+       coalesce(claimed.schedule_tick, 'epoch')::timestamptz AS schedule_tick
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true
 `
@@ -377,13 +392,13 @@ type TaskCompleteAndClaimParams struct {
 	WantQueues     []string
 	WantKinds      []string
 	ClaimFor       []string
+	TTLSeconds     int32
 	HintQueues     []string
 	HintKinds      []string
 	HintPriorities []int16
 	HintAt         []time.Time
 	HintIds        []int64
 	Discover       bool
-	TTLSeconds     int32
 }
 
 type TaskCompleteAndClaimRow struct {
@@ -404,7 +419,7 @@ type TaskCompleteAndClaimRow struct {
 	CreatedAt           time.Time
 	LockResource        string
 	Schedule            string
-	ScheduleTick        *time.Time
+	ScheduleTick        time.Time
 }
 
 // TaskCompleteAndClaim is TaskCompleteMany and a claim of due pending tasks
@@ -426,13 +441,13 @@ func (q *Queries) TaskCompleteAndClaim(ctx context.Context, arg TaskCompleteAndC
 		arg.WantQueues,
 		arg.WantKinds,
 		arg.ClaimFor,
+		arg.TTLSeconds,
 		arg.HintQueues,
 		arg.HintKinds,
 		arg.HintPriorities,
 		arg.HintAt,
 		arg.HintIds,
 		arg.Discover,
-		arg.TTLSeconds,
 	)
 	if err != nil {
 		return nil, err

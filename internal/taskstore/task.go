@@ -377,8 +377,12 @@ func (s *Store) CompleteAndClaim(ctx context.Context, cs []Completion, claim Cla
 			State: task.StateRunning, ScheduledAt: r.ScheduledAt, Processor: r.Processor,
 			Fence: r.Fence, TTLSeconds: r.TTLSeconds, Attempts: r.Attempts, MaxAttempts: r.MaxAttempts,
 			LastHeartbeatAt: &at.started, MustHeartbeatBefore: &at.expires, StartedAt: &at.started,
-			CreatedAt: r.CreatedAt, Lock: r.LockResource, Schedule: r.Schedule, ScheduleTick: r.ScheduleTick,
+			CreatedAt: r.CreatedAt, Lock: r.LockResource, Schedule: r.Schedule,
 		})
+		if r.Schedule != "" {
+			tick := r.ScheduleTick
+			claimed[len(claimed)-1].ScheduleTick = &tick
+		}
 	}
 	return idSet(done), claimed, nil
 }
@@ -506,11 +510,21 @@ func (s *Store) casResult(ctx context.Context, id int64, row db.Task, err error,
 		}
 		return task.Task{}, task.ErrLeaseLost
 	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == lockLost {
+		// A gated task whose lock's lease is gone (schema/0012,
+		// task_lock_follow): its renewal is refused, as a lapsed lease's.
+		return task.Task{}, task.ErrLeaseLost
+	}
 	if err != nil {
 		return task.Task{}, fmt.Errorf("%s task %d: %w", op, id, err)
 	}
 	return fromRow(row), nil
 }
+
+// lockLost is the SQLSTATE of a gated task's renewal when its lock's lease
+// is no longer held.
+const lockLost = "LH001"
 
 func optional(v int64) *int64 {
 	if v == 0 {
