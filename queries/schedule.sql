@@ -21,11 +21,11 @@ SET cron = excluded.cron, zone = excluded.zone, kind = excluded.kind, task_data 
     lock_resource = excluded.lock_resource, max_attempts = excluded.max_attempts,
     ttl_seconds = excluded.ttl_seconds, next_tick_at = excluded.next_tick_at,
     updated_at = clock_timestamp()
-RETURNING s.*, (s.xmax = 0)::boolean AS inserted;
+RETURNING sqlc.embed(s), (s.xmax = 0)::boolean AS inserted;
 
 -- name: ScheduleGet :one
 -- ScheduleGet returns a schedule with its last task's state.
-SELECT s.*, t.state AS last_task_state, t.processed_at AS last_task_processed_at, t.last_error AS last_task_error
+SELECT sqlc.embed(s), t.state AS last_task_state, t.processed_at AS last_task_processed_at, t.last_error AS last_task_error
 FROM schedules AS s
 LEFT JOIN tasks AS t ON t.id = s.last_task_id
 WHERE s.name = @name;
@@ -33,7 +33,7 @@ WHERE s.name = @name;
 -- name: ScheduleList :many
 -- ScheduleList returns the schedules in name order, after after_name, each
 -- with its last task's state.
-SELECT s.*, t.state AS last_task_state, t.processed_at AS last_task_processed_at, t.last_error AS last_task_error
+SELECT sqlc.embed(s), t.state AS last_task_state, t.processed_at AS last_task_processed_at, t.last_error AS last_task_error
 FROM schedules AS s
 LEFT JOIN tasks AS t ON t.id = s.last_task_id
 WHERE s.name > @after_name

@@ -212,25 +212,7 @@ WHERE s.name = $1
 `
 
 type ScheduleGetRow struct {
-	ID                  int64
-	Name                string
-	Cron                string
-	Zone                string
-	Kind                string
-	TaskData            []byte
-	Queue               string
-	Priority            int16
-	UniqueTicks         bool
-	LockResource        *string
-	MaxAttempts         int32
-	TTLSeconds          *int32
-	CreatedAt           time.Time
-	UpdatedAt           time.Time
-	NextTickAt          time.Time
-	LastTickAt          *time.Time
-	LastTaskID          *int64
-	MissedTicks         int64
-	SkippedTicks        int64
+	Schedule            Schedule
 	LastTaskState       *string
 	LastTaskProcessedAt *time.Time
 	LastTaskError       *string
@@ -241,25 +223,25 @@ func (q *Queries) ScheduleGet(ctx context.Context, name string) (ScheduleGetRow,
 	row := q.db.QueryRow(ctx, scheduleGet, name)
 	var i ScheduleGetRow
 	err := row.Scan(
-		&i.ID,
-		&i.Name,
-		&i.Cron,
-		&i.Zone,
-		&i.Kind,
-		&i.TaskData,
-		&i.Queue,
-		&i.Priority,
-		&i.UniqueTicks,
-		&i.LockResource,
-		&i.MaxAttempts,
-		&i.TTLSeconds,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.NextTickAt,
-		&i.LastTickAt,
-		&i.LastTaskID,
-		&i.MissedTicks,
-		&i.SkippedTicks,
+		&i.Schedule.ID,
+		&i.Schedule.Name,
+		&i.Schedule.Cron,
+		&i.Schedule.Zone,
+		&i.Schedule.Kind,
+		&i.Schedule.TaskData,
+		&i.Schedule.Queue,
+		&i.Schedule.Priority,
+		&i.Schedule.UniqueTicks,
+		&i.Schedule.LockResource,
+		&i.Schedule.MaxAttempts,
+		&i.Schedule.TTLSeconds,
+		&i.Schedule.CreatedAt,
+		&i.Schedule.UpdatedAt,
+		&i.Schedule.NextTickAt,
+		&i.Schedule.LastTickAt,
+		&i.Schedule.LastTaskID,
+		&i.Schedule.MissedTicks,
+		&i.Schedule.SkippedTicks,
 		&i.LastTaskState,
 		&i.LastTaskProcessedAt,
 		&i.LastTaskError,
@@ -282,25 +264,7 @@ type ScheduleListParams struct {
 }
 
 type ScheduleListRow struct {
-	ID                  int64
-	Name                string
-	Cron                string
-	Zone                string
-	Kind                string
-	TaskData            []byte
-	Queue               string
-	Priority            int16
-	UniqueTicks         bool
-	LockResource        *string
-	MaxAttempts         int32
-	TTLSeconds          *int32
-	CreatedAt           time.Time
-	UpdatedAt           time.Time
-	NextTickAt          time.Time
-	LastTickAt          *time.Time
-	LastTaskID          *int64
-	MissedTicks         int64
-	SkippedTicks        int64
+	Schedule            Schedule
 	LastTaskState       *string
 	LastTaskProcessedAt *time.Time
 	LastTaskError       *string
@@ -318,25 +282,25 @@ func (q *Queries) ScheduleList(ctx context.Context, arg ScheduleListParams) ([]S
 	for rows.Next() {
 		var i ScheduleListRow
 		if err := rows.Scan(
-			&i.ID,
-			&i.Name,
-			&i.Cron,
-			&i.Zone,
-			&i.Kind,
-			&i.TaskData,
-			&i.Queue,
-			&i.Priority,
-			&i.UniqueTicks,
-			&i.LockResource,
-			&i.MaxAttempts,
-			&i.TTLSeconds,
-			&i.CreatedAt,
-			&i.UpdatedAt,
-			&i.NextTickAt,
-			&i.LastTickAt,
-			&i.LastTaskID,
-			&i.MissedTicks,
-			&i.SkippedTicks,
+			&i.Schedule.ID,
+			&i.Schedule.Name,
+			&i.Schedule.Cron,
+			&i.Schedule.Zone,
+			&i.Schedule.Kind,
+			&i.Schedule.TaskData,
+			&i.Schedule.Queue,
+			&i.Schedule.Priority,
+			&i.Schedule.UniqueTicks,
+			&i.Schedule.LockResource,
+			&i.Schedule.MaxAttempts,
+			&i.Schedule.TTLSeconds,
+			&i.Schedule.CreatedAt,
+			&i.Schedule.UpdatedAt,
+			&i.Schedule.NextTickAt,
+			&i.Schedule.LastTickAt,
+			&i.Schedule.LastTaskID,
+			&i.Schedule.MissedTicks,
+			&i.Schedule.SkippedTicks,
 			&i.LastTaskState,
 			&i.LastTaskProcessedAt,
 			&i.LastTaskError,
@@ -381,26 +345,8 @@ type ScheduleReplaceParams struct {
 }
 
 type ScheduleReplaceRow struct {
-	ID           int64
-	Name         string
-	Cron         string
-	Zone         string
-	Kind         string
-	TaskData     []byte
-	Queue        string
-	Priority     int16
-	UniqueTicks  bool
-	LockResource *string
-	MaxAttempts  int32
-	TTLSeconds   *int32
-	CreatedAt    time.Time
-	UpdatedAt    time.Time
-	NextTickAt   time.Time
-	LastTickAt   *time.Time
-	LastTaskID   *int64
-	MissedTicks  int64
-	SkippedTicks int64
-	Inserted     bool
+	Schedule Schedule
+	Inserted bool
 }
 
 // ScheduleReplace adds a schedule or replaces the definition of the one of
@@ -423,25 +369,25 @@ func (q *Queries) ScheduleReplace(ctx context.Context, arg ScheduleReplaceParams
 	)
 	var i ScheduleReplaceRow
 	err := row.Scan(
-		&i.ID,
-		&i.Name,
-		&i.Cron,
-		&i.Zone,
-		&i.Kind,
-		&i.TaskData,
-		&i.Queue,
-		&i.Priority,
-		&i.UniqueTicks,
-		&i.LockResource,
-		&i.MaxAttempts,
-		&i.TTLSeconds,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.NextTickAt,
-		&i.LastTickAt,
-		&i.LastTaskID,
-		&i.MissedTicks,
-		&i.SkippedTicks,
+		&i.Schedule.ID,
+		&i.Schedule.Name,
+		&i.Schedule.Cron,
+		&i.Schedule.Zone,
+		&i.Schedule.Kind,
+		&i.Schedule.TaskData,
+		&i.Schedule.Queue,
+		&i.Schedule.Priority,
+		&i.Schedule.UniqueTicks,
+		&i.Schedule.LockResource,
+		&i.Schedule.MaxAttempts,
+		&i.Schedule.TTLSeconds,
+		&i.Schedule.CreatedAt,
+		&i.Schedule.UpdatedAt,
+		&i.Schedule.NextTickAt,
+		&i.Schedule.LastTickAt,
+		&i.Schedule.LastTaskID,
+		&i.Schedule.MissedTicks,
+		&i.Schedule.SkippedTicks,
 		&i.Inserted,
 	)
 	return i, err

@@ -66,13 +66,7 @@ func (s *Store) Replace(ctx context.Context, p schedule.Params) (sc schedule.Sch
 	cur, err := s.Get(ctx, p.Name)
 	if err != nil {
 		// Removed right after: answer with what was written.
-		return fromRow(db.Schedule{
-			ID: row.ID, Name: row.Name, Cron: row.Cron, Zone: row.Zone, Kind: row.Kind, TaskData: row.TaskData,
-			Queue: row.Queue, Priority: row.Priority, UniqueTicks: row.UniqueTicks, LockResource: row.LockResource,
-			MaxAttempts: row.MaxAttempts, TTLSeconds: row.TTLSeconds, CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt,
-			NextTickAt: row.NextTickAt, LastTickAt: row.LastTickAt, LastTaskID: row.LastTaskID,
-			MissedTicks: row.MissedTicks, SkippedTicks: row.SkippedTicks,
-		}, nil, nil, nil), row.Inserted, nil
+		return fromRow(row.Schedule, nil, nil, nil), row.Inserted, nil
 	}
 	return cur, row.Inserted, nil
 }
@@ -115,13 +109,7 @@ func (s *Store) Get(ctx context.Context, name string) (schedule.Schedule, error)
 	if err != nil {
 		return schedule.Schedule{}, fmt.Errorf("get schedule %q: %w", name, err)
 	}
-	return fromRow(db.Schedule{
-		ID: r.ID, Name: r.Name, Cron: r.Cron, Zone: r.Zone, Kind: r.Kind, TaskData: r.TaskData,
-		Queue: r.Queue, Priority: r.Priority, UniqueTicks: r.UniqueTicks, LockResource: r.LockResource,
-		MaxAttempts: r.MaxAttempts, TTLSeconds: r.TTLSeconds, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
-		NextTickAt: r.NextTickAt, LastTickAt: r.LastTickAt, LastTaskID: r.LastTaskID,
-		MissedTicks: r.MissedTicks, SkippedTicks: r.SkippedTicks,
-	}, r.LastTaskState, r.LastTaskProcessedAt, r.LastTaskError), nil
+	return fromRow(r.Schedule, r.LastTaskState, r.LastTaskProcessedAt, r.LastTaskError), nil
 }
 
 // List returns up to limit schedules in name order, after the name given
@@ -133,13 +121,7 @@ func (s *Store) List(ctx context.Context, after string, limit int32) ([]schedule
 	}
 	out := make([]schedule.Schedule, len(rows))
 	for i, r := range rows {
-		out[i] = fromRow(db.Schedule{
-			ID: r.ID, Name: r.Name, Cron: r.Cron, Zone: r.Zone, Kind: r.Kind, TaskData: r.TaskData,
-			Queue: r.Queue, Priority: r.Priority, UniqueTicks: r.UniqueTicks, LockResource: r.LockResource,
-			MaxAttempts: r.MaxAttempts, TTLSeconds: r.TTLSeconds, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
-			NextTickAt: r.NextTickAt, LastTickAt: r.LastTickAt, LastTaskID: r.LastTaskID,
-			MissedTicks: r.MissedTicks, SkippedTicks: r.SkippedTicks,
-		}, r.LastTaskState, r.LastTaskProcessedAt, r.LastTaskError)
+		out[i] = fromRow(r.Schedule, r.LastTaskState, r.LastTaskProcessedAt, r.LastTaskError)
 	}
 	return out, nil
 }
