@@ -27,13 +27,13 @@ import (
 const giveUp = time.Minute
 
 // libraryNeeds is every module a program that imports leasehold may gain in
-// its go.mod: the library's own dependencies, nothing of leasehold's tools
-// or tests.
+// its go.mod: the library's own dependencies (the cron parser for
+// schedules among them), nothing of leasehold's tools or tests.
 var libraryNeeds = []string{
 	"github.com/leasehold/leasehold", "github.com/jackc/pgx/v5", "github.com/jackc/pgpassfile",
 	"github.com/jackc/pgservicefile", "github.com/jackc/pgxlisten", "github.com/jackc/puddle/v2",
 	"github.com/rs/zerolog", "github.com/mattn/go-colorable", "github.com/mattn/go-isatty",
-	"golang.org/x/sync", "golang.org/x/sys", "golang.org/x/text",
+	"github.com/robfig/cron/v3", "golang.org/x/sync", "golang.org/x/sys", "golang.org/x/text",
 }
 
 // build builds the example module in dir into a binary and checks that its
