@@ -567,15 +567,16 @@ func printJSON(w io.Writer, raw []byte) error {
 // set, and ages count to now.
 func taskTable(w io.Writer, tasks []task.Task, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tKIND\tQUEUE\tPRIORITY\tATTEMPTS\tPROCESSOR\tFENCE\tSCHEDULED_AT\tAGE\tLAST_ERROR")
+	fmt.Fprintln(tw, "ID\tSTATE\tKIND\tQUEUE\tPRIORITY\tATTEMPTS\tPROCESSOR\tFENCE\tLOCK\tSCHEDULE\tSCHEDULED_AT\tAGE\tLAST_ERROR")
 	for _, t := range tasks {
 		fence := "-"
 		if t.Fence != 0 {
 			fence = strconv.FormatInt(t.Fence, 10)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d/%d\t%s\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			t.ID, t.State, orDash(t.Kind), orDash(t.Queue), t.Priority, t.Attempts, t.MaxAttempts, orDash(t.Processor), fence,
-			apitime.Format(t.ScheduledAt), age(now.Sub(t.CreatedAt)), orDash(oneLine(t.LastError, lastErrorWidth)))
+			orDash(t.Lock), orDash(t.Schedule), apitime.Format(t.ScheduledAt), age(now.Sub(t.CreatedAt)),
+			orDash(oneLine(t.LastError, lastErrorWidth)))
 	}
 	return tw.Flush()
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // taskHeader is the header of the task commands' table.
-const taskHeader = "ID STATE KIND QUEUE PRIORITY ATTEMPTS PROCESSOR FENCE SCHEDULED_AT AGE LAST_ERROR"
+const taskHeader = "ID STATE KIND QUEUE PRIORITY ATTEMPTS PROCESSOR FENCE LOCK SCHEDULE SCHEDULED_AT AGE LAST_ERROR"
 
 // taskRows parses a table of the task commands: one map per row from
 // column name to value; LAST_ERROR, the last column, may hold spaces.
