@@ -20,6 +20,7 @@ const (
 	reasonDatabaseSlow = "the database did not answer in time"
 	reasonMigrations   = "migrations pending"
 	reasonListener     = "the listener is not connected"
+	reasonStandby      = "the database is a standby (read-only); waiting for the primary"
 )
 
 // readiness is a replica's readiness check: the database answers, the
@@ -53,6 +54,16 @@ func (r *readiness) check(ctx context.Context) error {
 func (r *readiness) probe(ctx context.Context) error {
 	if err := r.pool.Ping(ctx); err != nil {
 		return databaseDown(err)
+	}
+	// A URL that is not limited to the primary (target_session_attrs) may
+	// reach a standby, where nothing can be written.
+	var standby bool
+	if err := r.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
+		return databaseDown(err)
+	}
+	if standby {
+		return &server.NotReady{Reason: reasonStandby,
+			Err: errors.New("the database is in recovery (a standby); name the primary, or every host with target_session_attrs=read-write, in DATABASE_URL")}
 	}
 	v, err := schema.Applied(ctx, r.pool)
 	if err != nil {

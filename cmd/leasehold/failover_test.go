@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/localpg"
+	"github.com/leasehold/leasehold/internal/server"
+	"github.com/leasehold/leasehold/schema"
+)
+
+// TestReplicaFollowsPrimary: a replica on a synchronous primary and
+// standby, its DATABASE_URL naming both hosts with
+// target_session_attrs=read-write, holding a lease and running tasks. The
+// primary is stopped hard and the standby promoted: the replica follows
+// the new primary by itself (its pool and its LISTEN session reconnect to
+// it, nothing is restarted), /readyz says what it waits for and is ready
+// again, the lease acknowledged before the failover is still held (a
+// synchronous standby lost nothing), new leases get greater fences, and
+// a task inserted after the failover is run.
+func TestReplicaFollowsPrimary(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair, err := localpg.NewPair(ctx, localpg.PairConfig{Synchronous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pair.Close(context.Background()) })
+
+	r := startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--instance", "follower", "--workers", "2",
+		"--roles", "api,worker,reaper", "--rate-limit", "0"}, env("DATABASE_URL", pair.URL())))
+	held := call[leaseBody](t, r, "POST", "/api/leases", `{"resource":"report:nightly","holder":"a","ttl_seconds":600}`, http.StatusCreated)
+	before := call[cliTask](t, r, "POST", "/api/tasks", `{"task_data":{"sleep_duration_seconds":0}}`, http.StatusCreated)
+	waitUntil(t, "the first task to be done", func() bool { return taskState(t, r, before.ID) == "done" }, r.logs)
+
+	if err := pair.Primary().Crash(ctx); err != nil {
+		t.Fatal(err)
+	}
+	died := time.Now()
+	if err := pair.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	promoted := time.Since(died)
+
+	// The first lease the new primary grants, as the API's clients see it.
+	var granted time.Duration
+	var fresh leaseBody
+	waitUntil(t, "a lease granted after the failover", func() bool {
+		status, body := r.request(t, "POST", "/api/leases", `{"resource":"after-failover","holder":"b","ttl_seconds":30}`, "")
+		if status != http.StatusCreated {
+			return false
+		}
+		granted = time.Since(died)
+		return json.Unmarshal(body, &fresh) == nil
+	}, r.logs)
+	if fresh.Fence <= held.Fence {
+		t.Errorf("the lease granted after the failover has fence %d, not above %d", fresh.Fence, held.Fence)
+	}
+	waitUntil(t, "the replica to be ready again", func() bool {
+		status, _ := r.get(t, "/readyz", "")
+		return status == http.StatusOK
+	}, r.logs)
+	ready := time.Since(died)
+
+	// Nothing acknowledged was lost: the lease is still held, renewable
+	// under its fence.
+	renewed := call[leaseBody](t, r, "PUT", "/api/leases/renew", fmt.Sprintf(`{"resource":"report:nightly","holder":"a","fence":%d}`, held.Fence), http.StatusOK)
+	if renewed.Fence != held.Fence {
+		t.Errorf("renewed fence %d, want %d", renewed.Fence, held.Fence)
+	}
+	// The workers were woken through the new LISTEN session.
+	after := call[cliTask](t, r, "POST", "/api/tasks", `{"task_data":{"sleep_duration_seconds":0}}`, http.StatusCreated)
+	waitUntil(t, "the task inserted after the failover to be done", func() bool { return taskState(t, r, after.ID) == "done" }, r.logs)
+	t.Logf("primary stopped hard; standby promoted %v later; first lease granted by the new primary %v after the stop; replica ready %v after it",
+		promoted.Round(time.Millisecond), granted.Round(time.Millisecond), ready.Round(time.Millisecond))
+
+	// The old primary comes back as the new standby, and the replica goes on.
+	if _, err := pair.Rebuild(ctx); err != nil {
+		t.Fatal(err)
+	}
+	call[leaseBody](t, r, "POST", "/api/leases", `{"resource":"after-rebuild","holder":"c","ttl_seconds":30}`, http.StatusCreated)
+}
+
+// TestReadyOnAStandby: a replica whose pool reaches a standby (a URL not
+// limited to the primary) is not ready, and says so: nothing can be
+// written there.
+func TestReadyOnAStandby(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair, err := localpg.NewPair(ctx, localpg.PairConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pair.Close(context.Background()) })
+	pool, err := pgxpool.New(ctx, pair.Standby().URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	latest, err := schema.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &readiness{pool: pool, connected: func() bool { return true }, latest: latest, log: zerolog.Nop()}
+	var nr *server.NotReady
+	if err := r.check(ctx); !errors.As(err, &nr) || nr.Reason != reasonStandby {
+		t.Errorf("readiness on a standby: %v; want %q", err, reasonStandby)
+	}
+}
+
+type cliTask struct {
+	ID    int64  `json:"id"`
+	State string `json:"state"`
+}
+
+func taskState(t *testing.T, r *replica, id int64) string {
+	t.Helper()
+	status, body := r.get(t, fmt.Sprintf("/api/tasks/%d", id), "")
+	if status != http.StatusOK {
+		return ""
+	}
+	var tk cliTask
+	if err := json.Unmarshal(body, &tk); err != nil {
+		return ""
+	}
+	return tk.State
+}
