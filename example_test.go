@@ -496,3 +496,16 @@ func ExampleLeases_Events() {
 	// b released
 	// fences grow: true
 }
+
+// A pool for a database with a standby: every host, the primary chosen by
+// target_session_attrs, and leasehold's session settings, which keep
+// fences unique across a failover.
+func ExamplePrepareSession() {
+	cfg, err := pgxpool.ParseConfig("postgres://app@db-a:5432,db-b:5432/app?target_session_attrs=read-write")
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.AfterConnect = leasehold.PrepareSession
+	fmt.Println(cfg.ConnConfig.Fallbacks != nil, cfg.AfterConnect != nil)
+	// Output: true true
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/schema"
@@ -21,3 +22,20 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 	}
 	return schema.Migrate(ctx, pool)
 }
+
+// PrepareSession is for the AfterConnect of the program's pgxpool.Config:
+// it gives each new session the settings leasehold's statements are
+// planned for (generic plans), and on a database that fails over it keeps
+// fences unique: the first session on a promoted primary's new timeline
+// moves the fences past anything the old primary could have handed out,
+// even in transactions that asynchronous replication lost, before any
+// lease is granted on it. It refuses a session on a standby with
+// ErrStandby, so that the pool keeps only sessions it can write on. A
+// pool without it works, but without those two: set it on the pool of a
+// database with a standby.
+func PrepareSession(ctx context.Context, conn *pgx.Conn) error { return schema.PrepareSession(ctx, conn) }
+
+// ErrStandby: a session of the pool reached a server in recovery (a
+// standby), where nothing can be written; name the primary, or every host
+// with target_session_attrs=read-write, in the pool's URL.
+var ErrStandby = schema.ErrStandby

@@ -30,6 +30,11 @@ GRANT SELECT, INSERT, UPDATE ON instances TO :"role";
 -- which runs as its owner and is not PUBLIC's to execute.
 GRANT SELECT, INSERT, UPDATE ON schedules TO :"role";
 GRANT EXECUTE ON FUNCTION schedule_remove(text) TO :"role";
+-- Every new session checks that the fences of the server's timeline lie
+-- above an earlier primary's (schema/0013): fence_epoch_check runs as its
+-- owner (it may move lease_fence_seq) and is not PUBLIC's to execute.
+GRANT SELECT ON fence_epochs TO :"role";
+GRANT EXECUTE ON FUNCTION fence_epoch_check() TO :"role";
 -- /readyz compares the applied migrations with the binary's.
 GRANT SELECT ON leasehold_migrations TO :"role";
 -- Fences: nextval('lease_fence_seq'). The identity columns' own sequences

@@ -21,6 +21,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -185,9 +186,33 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 // would refuse: through one, the setting reaches the server sessions the
 // statements happen to run on, and where it does not, only planning costs
 // more.
+//
+// It also makes sure that the fences of the server's current timeline lie
+// above anything an earlier primary could have handed out
+// (fence_epoch_check, schema/0013): a promoted standby starts a new
+// timeline, and every session on it is new, so a failover that lost
+// transactions never makes a fence repeat. It refuses a session on a
+// standby with ErrStandby, so that a pool keeps only sessions it can write
+// on. On a database whose migrations predate the check it only sets the
+// plan cache mode.
 func PrepareSession(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
 		return fmt.Errorf("prepare session: %w", err)
 	}
+	var floor *int64
+	err := conn.QueryRow(ctx, `SELECT fence_epoch_check()`).Scan(&floor)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42883": // undefined_function: not migrated that far
+		return nil
+	case err != nil:
+		return fmt.Errorf("prepare session: check the fences of the database's timeline: %w", err)
+	case floor == nil:
+		return ErrStandby
+	}
 	return nil
 }
+
+// ErrStandby: a session reached a server in recovery (a standby), where no
+// lease can be granted and nothing written.
+var ErrStandby = errors.New("the database is a standby (in recovery): nothing can be written there; name the primary, or every host with target_session_attrs=read-write")

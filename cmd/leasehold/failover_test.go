@@ -89,6 +89,70 @@ func TestReplicaFollowsPrimary(t *testing.T) {
 	call[leaseBody](t, r, "POST", "/api/leases", `{"resource":"after-rebuild","holder":"c","ttl_seconds":30}`, http.StatusCreated)
 }
 
+// TestFencesNeverRepeatAfterLostFailover: an asynchronous standby that
+// did not receive the last 100 acquisitions is promoted when the primary
+// is stopped hard. Those acquisitions, acknowledged to their clients, are
+// lost, as asynchronous replication loses them; the new primary's
+// sequence had not seen their fences. The first session on its timeline
+// moves the fences past anything the old primary could have handed out
+// (schema/0013), so no fence is handed out twice: the first lease granted
+// after the failover has a fence above every lost one, and a stale holder
+// of a lost lease is refused downstream by fence.
+func TestFencesNeverRepeatAfterLostFailover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair, err := localpg.NewPair(ctx, localpg.PairConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pair.Close(context.Background()) })
+	r := startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--instance", "lossy", "--roles", "api", "--rate-limit", "0"},
+		env("DATABASE_URL", pair.URL())))
+	kept := call[leaseBody](t, r, "POST", "/api/leases", `{"resource":"kept","holder":"a","ttl_seconds":600}`, http.StatusCreated)
+	if err := pair.WaitReplayed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pair.PauseStreaming(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const lost = 100
+	var highest int64
+	for i := range lost {
+		l := call[leaseBody](t, r, "POST", "/api/leases", fmt.Sprintf(`{"resource":"lost-%d","holder":"a","ttl_seconds":600}`, i), http.StatusCreated)
+		highest = max(highest, l.Fence)
+	}
+	if err := pair.Primary().Crash(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pair.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var after leaseBody
+	waitUntil(t, "a lease granted after the failover", func() bool {
+		status, body := r.request(t, "POST", "/api/leases", `{"resource":"lost-0","holder":"b","ttl_seconds":30}`, "")
+		return status == http.StatusCreated && json.Unmarshal(body, &after) == nil
+	}, r.logs)
+	if after.Fence <= highest {
+		t.Errorf("the first fence after the failover is %d, not above the %d lost acquisitions' highest, %d: a fence was handed out twice", after.Fence, lost, highest)
+	}
+	// What asynchronous replication lost, as docs/operations.md says: the
+	// acquisitions of the last moments; what it had received stays.
+	list := call[struct {
+		Leases []leaseBody `json:"leases"`
+	}](t, r, "GET", "/api/leases?prefix=lost-", "", http.StatusOK)
+	survived := 0
+	for _, l := range list.Leases {
+		if l.Holder == "a" {
+			survived++
+		}
+	}
+	if survived != 0 {
+		t.Errorf("%d of the %d acquisitions made while the standby received nothing survived the failover", survived, lost)
+	}
+	call[leaseBody](t, r, "PUT", "/api/leases/renew", fmt.Sprintf(`{"resource":"kept","holder":"a","fence":%d}`, kept.Fence), http.StatusOK)
+	t.Logf("%d acknowledged acquisitions lost (fences %d–%d); the first fence granted after the failover: %d", lost, kept.Fence+1, highest, after.Fence)
+}
+
 // TestReadyOnAStandby: a replica whose pool reaches a standby (a URL not
 // limited to the primary) is not ready, and says so: nothing can be
 // written there.

@@ -53,6 +53,9 @@ func (r *readiness) check(ctx context.Context) error {
 
 func (r *readiness) probe(ctx context.Context) error {
 	if err := r.pool.Ping(ctx); err != nil {
+		if errors.Is(err, schema.ErrStandby) {
+			return &server.NotReady{Reason: reasonStandby, Err: err}
+		}
 		return databaseDown(err)
 	}
 	// A URL that is not limited to the primary (target_session_attrs) may

@@ -441,6 +441,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	}
 	wantOwnerFunctions(t, db, user, "waiter", "task_waiter_register", "task_waiter_unregister", "task_waiters_prune")
 	wantOwnerFunctions(t, db, user, "schedule", "schedule_remove")
+	wantOwnerFunctions(t, db, user, "fence epoch", "fence_epoch_check")
 	wantRefused(t, app, `DELETE FROM schedules`)
 
 	// Every table is readable by the role (a new migration's table must be
