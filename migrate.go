@@ -33,9 +33,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 // ErrStandby, so that the pool keeps only sessions it can write on. A
 // pool without it works, but without those two: set it on the pool of a
 // database with a standby.
-func PrepareSession(ctx context.Context, conn *pgx.Conn) error { return schema.PrepareSession(ctx, conn) }
+func PrepareSession(ctx context.Context, conn *pgx.Conn) error {
+	return schema.PrepareSession(ctx, conn)
+}
 
-// ErrStandby: a session of the pool reached a server in recovery (a
+// ErrStandby is the error of a session of the pool that reached a server in recovery (a
 // standby), where nothing can be written; name the primary, or every host
 // with target_session_attrs=read-write, in the pool's URL.
 var ErrStandby = schema.ErrStandby

@@ -213,6 +213,6 @@ func PrepareSession(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// ErrStandby: a session reached a server in recovery (a standby), where no
+// ErrStandby is the error of a session that reached a server in recovery (a standby), where no
 // lease can be granted and nothing written.
 var ErrStandby = errors.New("the database is a standby (in recovery): nothing can be written there; name the primary, or every host with target_session_attrs=read-write")
