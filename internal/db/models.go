@@ -8,6 +8,13 @@ import (
 	"time"
 )
 
+type FenceEpoch struct {
+	SystemIdentifier int64
+	Timeline         int32
+	FenceFloor       int64
+	AdvancedAt       time.Time
+}
+
 type GeneratorState struct {
 	ID        int32
 	Started   bool
