@@ -29,11 +29,7 @@ import (
 func TestReplicaFollowsPrimary(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pair, err := localpg.NewPair(ctx, localpg.PairConfig{Synchronous: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pair.Close(context.Background()) })
+	pair := newPair(t, true)
 
 	r := startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--instance", "follower", "--workers", "2",
 		"--roles", "api,worker,reaper", "--rate-limit", "0"}, env("DATABASE_URL", pair.URL())))
@@ -101,11 +97,7 @@ func TestReplicaFollowsPrimary(t *testing.T) {
 func TestFencesNeverRepeatAfterLostFailover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pair, err := localpg.NewPair(ctx, localpg.PairConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pair.Close(context.Background()) })
+	pair := newPair(t, false)
 	r := startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--instance", "lossy", "--roles", "api", "--rate-limit", "0"},
 		env("DATABASE_URL", pair.URL())))
 	kept := call[leaseBody](t, r, "POST", "/api/leases", `{"resource":"kept","holder":"a","ttl_seconds":600}`, http.StatusCreated)
@@ -159,11 +151,7 @@ func TestFencesNeverRepeatAfterLostFailover(t *testing.T) {
 func TestReadyOnAStandby(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pair, err := localpg.NewPair(ctx, localpg.PairConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pair.Close(context.Background()) })
+	pair := newPair(t, false)
 	pool, err := pgxpool.New(ctx, pair.Standby().URL())
 	if err != nil {
 		t.Fatal(err)
@@ -178,6 +166,17 @@ func TestReadyOnAStandby(t *testing.T) {
 	if err := r.check(ctx); !errors.As(err, &nr) || nr.Reason != reasonStandby {
 		t.Errorf("readiness on a standby: %v; want %q", err, reasonStandby)
 	}
+}
+
+// newPair builds a primary and standby for a test, closed at its end.
+func newPair(t *testing.T, synchronous bool) *localpg.Pair {
+	t.Helper()
+	pair, err := localpg.NewPair(context.Background(), localpg.PairConfig{Synchronous: synchronous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pair.Close(context.Background()) })
+	return pair
 }
 
 type cliTask struct {
