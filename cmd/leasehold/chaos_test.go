@@ -21,6 +21,10 @@ func TestChaosRejectsBadFlags(t *testing.T) {
 		{"chaos", "--replica-log-level", "loud"},
 		{"chaos", "--report", "no-such-directory/report.md"},
 		{"chaos", "extra"},
+		{"chaos", "--standby", "async"},
+		{"chaos", "--standby", "maybe"},
+		{"chaos", "--faults", "failover"},
+		{"chaos", "--standby", "sync", "--faults", "db-restart"},
 	} {
 		err := run(t.Context(), args, env(), io.Discard, io.Discard)
 		if !errors.Is(err, errUsage) {

@@ -14,6 +14,16 @@
 //	            it held is free
 //	db-restart  PostgreSQL stopped (cleanly, or as a power cut would) and started again a
 //	            moment later; the down window is an outage for the checker
+//	failover    with a standby (Options.Standby) only: the primary stopped hard (immediate
+//	            mode or SIGKILL), the standby promoted, and the old primary rebuilt as the
+//	            new standby, so that it can happen again; measures how long from the
+//	            primary's death to the first lease the new one grants
+//
+// With a standby the soak's database is a primary and a synchronous streaming standby
+// (localpg.Pair), and every replica, application and the soak itself connect with one
+// multi-host URL naming both (target_session_attrs=read-write), so that they follow a
+// promotion by themselves. db-restart is left out then: the failover's hard stop of the
+// primary is its harsher form.
 //
 // A replica that exits, of a fault or of a simulated crash, is restarted, as a hosting
 // platform would. At the end the faults and the load stop, the schedules are removed once
@@ -57,10 +67,23 @@ const (
 	KindDisconnect Kind = "disconnect"
 	KindTerm       Kind = "term"
 	KindDBRestart  Kind = "db-restart"
+	KindFailover   Kind = "failover"
 )
 
-// AllKinds lists every kind of fault, in the order the short soak forces them.
+// AllKinds lists every kind of fault of a soak on a single cluster, in the order the short
+// soak forces them.
 var AllKinds = []Kind{KindKill, KindPause, KindDisconnect, KindTerm, KindDBRestart}
+
+// StandbyKinds lists every kind of fault of a soak with a standby (Options.Standby).
+var StandbyKinds = []Kind{KindKill, KindPause, KindDisconnect, KindTerm, KindFailover}
+
+// knownKinds are the kinds ParseKinds accepts.
+var knownKinds = append(slices.Clone(AllKinds), KindFailover)
+
+// StandbySync is the Options.Standby of a primary with a synchronous standby. (An
+// asynchronous one is not offered: a failover loses its last commits, and the checker would
+// have to read the union of both primaries' histories.)
+const StandbySync = "sync"
 
 // ParseKinds parses a comma-separated list of kinds, such as "kill,term".
 func ParseKinds(s string) ([]Kind, error) {
@@ -70,15 +93,15 @@ func ParseKinds(s string) ([]Kind, error) {
 		if k == "" {
 			continue
 		}
-		if !slices.Contains(AllKinds, k) {
-			return nil, fmt.Errorf("unknown fault %q: use some of %s", k, joinKinds(AllKinds))
+		if !slices.Contains(knownKinds, k) {
+			return nil, fmt.Errorf("unknown fault %q: use some of %s", k, joinKinds(knownKinds))
 		}
 		if !slices.Contains(kinds, k) {
 			kinds = append(kinds, k)
 		}
 	}
 	if len(kinds) == 0 {
-		return nil, fmt.Errorf("no fault named: use some of %s", joinKinds(AllKinds))
+		return nil, fmt.Errorf("no fault named: use some of %s", joinKinds(knownKinds))
 	}
 	return kinds, nil
 }
@@ -103,11 +126,21 @@ type Options struct {
 	// FaultInterval is the mean pause between two faults (each pause is drawn uniformly
 	// from half to one and a half of it); default 5 s.
 	FaultInterval time.Duration
-	// Kinds are the faults drawn at random; default AllKinds.
+	// Kinds are the faults drawn at random; default AllKinds, or StandbyKinds with a
+	// standby.
 	Kinds []Kind
 	// Forced are injected first, in this order, before any drawn at random: a short soak
 	// forces AllKinds so that every kind is exercised.
 	Forced []Kind
+	// Standby is "" for a single PostgreSQL cluster (Cluster), or StandbySync for a primary
+	// and a synchronous standby of a temporary directory of their own, which the failover
+	// fault needs.
+	Standby string
+	// FailoverEvery is, with a standby and failover among the Kinds, the longest the soak
+	// goes without a failover: one is injected in place of the fault drawn once that long
+	// has passed since the last (or the start); default 1 minute, so that a soak of ten
+	// minutes fails over at least nine times.
+	FailoverEvery time.Duration
 	// Seed seeds the choice of faults, victims and pauses (the timing of the processes is
 	// not reproducible); 0 draws a seed, which the report names.
 	Seed uint64
@@ -119,8 +152,10 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Cluster names the PostgreSQL cluster of the soak (localpg.Open); default "chaos".
 	// Its leasehold database is dropped and created again at the start of every run.
+	// Unused with a standby.
 	Cluster string
-	// KeepCluster leaves the cluster running at the end, for a look at the history.
+	// KeepCluster leaves the cluster (or the primary and standby) running at the end, for a
+	// look at the history.
 	KeepCluster bool
 	// Log receives the soak's own lines: one per fault, with its time, one per start and
 	// exit of a replica, and PostgreSQL's start and stop steps.
@@ -141,6 +176,7 @@ const (
 	defaultLeaseTTL      = 2 * time.Second
 	defaultDrainTimeout  = 2 * time.Minute
 	defaultCluster       = "chaos"
+	defaultFailoverEvery = time.Minute
 
 	// workers per replica; the load below keeps about half of them busy.
 	workers = 4
@@ -180,6 +216,12 @@ func (o *Options) setDefaults() error {
 	}
 	if len(o.Kinds) == 0 {
 		o.Kinds = AllKinds
+		if o.Standby != "" {
+			o.Kinds = StandbyKinds
+		}
+	}
+	if o.FailoverEvery == 0 {
+		o.FailoverEvery = defaultFailoverEvery
 	}
 	if o.LeaseTTL == 0 {
 		o.LeaseTTL = defaultLeaseTTL
@@ -210,10 +252,22 @@ func (o *Options) setDefaults() error {
 		return fmt.Errorf("chaos: lease TTL %v must be whole seconds from 1s to 1m", o.LeaseTTL)
 	case o.DrainTimeout < 0:
 		return fmt.Errorf("chaos: drain timeout %v is negative", o.DrainTimeout)
+	case o.FailoverEvery < 0:
+		return fmt.Errorf("chaos: failover interval %v is negative", o.FailoverEvery)
+	case o.Standby == "async":
+		return errors.New("chaos: an asynchronous standby is not supported: a failover loses its last commits, " +
+			"which the checker, reading the new primary's history only, cannot judge; use a synchronous one (" + StandbySync + ")")
+	case o.Standby != "" && o.Standby != StandbySync:
+		return fmt.Errorf("chaos: standby %q: want %q or none", o.Standby, StandbySync)
 	}
 	for _, k := range slices.Concat(o.Kinds, o.Forced) {
-		if !slices.Contains(AllKinds, k) {
+		switch {
+		case !slices.Contains(knownKinds, k):
 			return fmt.Errorf("chaos: unknown fault %q", k)
+		case k == KindFailover && o.Standby == "":
+			return errors.New("chaos: the failover fault needs a standby to promote (Options.Standby)")
+		case k == KindDBRestart && o.Standby != "":
+			return errors.New("chaos: db-restart restarts a single cluster; with a standby, use failover")
 		}
 	}
 	return nil
@@ -221,14 +275,22 @@ func (o *Options) setDefaults() error {
 
 // soak is one run.
 type soak struct {
-	opts     Options
-	log      zerolog.Logger
-	cluster  *localpg.Cluster
-	pool     *pgxpool.Pool // the soak's own connections, for measurements and the end
-	sup      *supervise.Supervisor
-	replicas []*replica
-	apps     []*replica // the applications on the library (app.go), faulted alike
-	client   *http.Client
+	opts    Options
+	log     zerolog.Logger
+	cluster *localpg.Cluster // without a standby
+	pair    *localpg.Pair    // with one
+	// dbURL is the database's URL for the replicas and the applications: the cluster's,
+	// or the pair's multi-host one.
+	dbURL string
+	// standbyLost: a failover's rebuild failed, so the next one must rebuild the standby
+	// first; failoverBroken: one could not stop the primary or promote the standby, so no
+	// other is tried. Only the fault injector touches them.
+	standbyLost, failoverBroken bool
+	pool                        *pgxpool.Pool // the soak's own connections, for measurements and the end
+	sup                         *supervise.Supervisor
+	replicas                    []*replica
+	apps                        []*replica // the applications on the library (app.go), faulted alike
+	client                      *http.Client
 	// doorURL is the front door over the replicas' REST API, for the remote
 	// application: a replica's port changes with each restart.
 	doorURL  string
@@ -264,18 +326,32 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: requestTimeout},
 	}
 	defer s.client.CloseIdleConnections()
-	s.report = Report{Seed: opts.Seed, Replicas: opts.Replicas, LeaseTTL: opts.LeaseTTL, FaultInterval: opts.FaultInterval}
+	s.report = Report{Seed: opts.Seed, Replicas: opts.Replicas, LeaseTTL: opts.LeaseTTL, FaultInterval: opts.FaultInterval,
+		Standby: opts.Standby}
 
-	cluster, err := localpg.Open(ctx, opts.Cluster, logLines{s.log})
-	if err != nil {
-		return nil, fmt.Errorf("chaos: bring up PostgreSQL cluster %q: %w", opts.Cluster, err)
+	where := fmt.Sprintf("PostgreSQL cluster %q", opts.Cluster)
+	if opts.Standby != "" {
+		// A new pair has an empty leasehold database.
+		where = "a primary and a synchronous standby"
+		pair, err := localpg.NewPair(ctx, localpg.PairConfig{Synchronous: true, Log: logLines{s.log}})
+		if err != nil {
+			return nil, fmt.Errorf("chaos: bring up a primary and a standby: %w", err)
+		}
+		s.pair, s.dbURL = pair, pair.URL()
+	} else {
+		cluster, err := localpg.Open(ctx, opts.Cluster, logLines{s.log})
+		if err != nil {
+			return nil, fmt.Errorf("chaos: bring up PostgreSQL cluster %q: %w", opts.Cluster, err)
+		}
+		s.cluster, s.dbURL = cluster, cluster.URL()
 	}
-	s.cluster = cluster
 	defer s.closeCluster(ctx)
-	if err := resetDatabase(ctx, cluster); err != nil {
-		return nil, err
+	if s.cluster != nil {
+		if err := resetDatabase(ctx, s.cluster); err != nil {
+			return nil, err
+		}
 	}
-	cfg, err := pgxpool.ParseConfig(cluster.URL())
+	cfg, err := pgxpool.ParseConfig(s.dbURL)
 	if err != nil {
 		return nil, err
 	}
@@ -294,8 +370,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if _, err := pool.Exec(ctx, ordersTable); err != nil {
 		return nil, fmt.Errorf("chaos: the embedded application's table: %w", err)
 	}
-	s.log.Info().Str("url", redact(cluster.URL())).Uint64("seed", opts.Seed).
-		Msgf("chaos: fresh database on PostgreSQL cluster %q; seed %d", opts.Cluster, opts.Seed)
+	s.log.Info().Str("url", redact(s.dbURL)).Uint64("seed", opts.Seed).
+		Msgf("chaos: fresh database on %s; seed %d", where, opts.Seed)
 	return s.run(ctx)
 }
 
@@ -447,15 +523,24 @@ func resetDatabase(ctx context.Context, c *localpg.Cluster) error {
 	return nil
 }
 
-// closeCluster stops the cluster unless it is to be kept.
+// closeCluster stops the cluster, or the primary and standby (removing their data
+// directories), unless they are to be kept.
 func (s *soak) closeCluster(ctx context.Context) {
 	if s.opts.KeepCluster {
-		s.log.Info().Str("url", redact(s.cluster.URL())).Msgf("chaos: PostgreSQL cluster %q left running", s.opts.Cluster)
+		what := fmt.Sprintf("PostgreSQL cluster %q", s.opts.Cluster)
+		if s.pair != nil {
+			what = "the primary and the standby"
+		}
+		s.log.Info().Str("url", redact(s.dbURL)).Msgf("chaos: %s left running", what)
 		return
 	}
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if err := s.cluster.Stop(stopCtx); err != nil {
+	stop := func(ctx context.Context) error { return s.cluster.Stop(ctx) }
+	if s.pair != nil {
+		stop = s.pair.Close
+	}
+	if err := stop(stopCtx); err != nil {
 		s.log.Error().Err(err).Msg("chaos: stop PostgreSQL")
 	}
 }

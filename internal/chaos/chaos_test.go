@@ -118,6 +118,68 @@ func TestChaosShort(t *testing.T) {
 	}
 }
 
+// TestChaosFailover is the soak on a primary and a synchronous standby, on one multi-host
+// URL: three replicas under load for 25 s, two failovers forced (the second fails back to
+// the first primary, rebuilt as the standby by the first), with a kill and a disconnect
+// between them, the queue drained, and the new primary's history found to keep every
+// guarantee: a synchronous standby loses nothing acknowledged.
+func TestChaosFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a soak of about a minute")
+	}
+	t.Parallel()
+	bin := buildLeasehold(t)
+	var replicaLogs lockedBuffer
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{
+		Binary:        bin,
+		Duration:      25 * time.Second,
+		Replicas:      3,
+		FaultInterval: 2 * time.Second,
+		Standby:       StandbySync,
+		Forced:        []Kind{KindFailover, KindKill, KindDisconnect, KindFailover},
+		Seed:          1,
+		Log:           zerolog.New(zerolog.ConsoleWriter{Out: t.Output(), NoColor: true, TimeFormat: "15:04:05.000"}).With().Timestamp().Logger(),
+		Output:        &replicaLogs,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v\nreplica logs (the end):\n%s", err, replicaLogs.tail(100))
+	}
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report:\n%s", text.String())
+	if !rep.OK() {
+		t.Errorf("the soak failed: %d violation(s), %d problem(s), interrupted %v\nreplica logs (the end):\n%s",
+			len(rep.AllViolations()), len(rep.Problems), rep.Interrupted, replicaLogs.tail(200))
+	}
+	counts := rep.FaultCounts()
+	if counts[KindFailover] < 2 || rep.Failovers != counts[KindFailover] || counts[KindDBRestart] != 0 {
+		t.Errorf("faults %v, %d failover(s) recorded; want at least 2 failovers, one recorded each, and no db-restart", counts, rep.Failovers)
+	}
+	if rep.FailoverGrant.Samples != rep.Failovers {
+		t.Errorf("the wait for the first lease after a failover measured %d time(s), want once per failover (%d)",
+			rep.FailoverGrant.Samples, rep.Failovers)
+	}
+	if rep.TasksDone == 0 || rep.TasksUnfinished != 0 || !rep.Drained {
+		t.Errorf("%d task(s) done, %d unfinished (drained %v); want some done, none unfinished", rep.TasksDone, rep.TasksUnfinished, rep.Drained)
+	}
+	if c := rep.Check; c != nil && (c.TasksDone != rep.TasksDone || c.TasksDead != rep.TasksDead) {
+		t.Errorf("checker: done %d, dead %d; the soak counted %d, %d", c.TasksDone, c.TasksDead, rep.TasksDone, rep.TasksDead)
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| failover | primary node0 | ", "| failover | primary node1 | ", "| failovers | "} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("markdown report: no %q in\n%s", want, md.String())
+		}
+	}
+}
+
 func TestParseKinds(t *testing.T) {
 	t.Parallel()
 	got, err := ParseKinds(" kill, term,kill,")

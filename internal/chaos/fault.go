@@ -26,11 +26,14 @@ import (
 const measureEvery = 20 * time.Millisecond
 
 // injectFaults injects one fault after each pause until stop is closed or ctx ends: the
-// forced kinds first, in order, then kinds drawn at random. A fault is over (a paused
-// replica continued, PostgreSQL up again, its effect measured) before the next pause.
+// forced kinds first, in order, then kinds drawn at random, but a failover in place of the
+// kind drawn once FailoverEvery has passed without one (when failover is among the kinds).
+// A fault is over (a paused replica continued, PostgreSQL up again, its effect measured)
+// before the next pause.
 func (s *soak) injectFaults(ctx context.Context, stop <-chan struct{}) {
 	rng := rand.New(rand.NewPCG(s.opts.Seed, 1))
 	forced := s.opts.Forced
+	lastFailover := time.Now()
 	for {
 		wait := s.opts.FaultInterval/2 + jitter(rng, s.opts.FaultInterval)
 		select {
@@ -41,8 +44,11 @@ func (s *soak) injectFaults(ctx context.Context, stop <-chan struct{}) {
 		case <-time.After(wait):
 		}
 		kind := s.opts.Kinds[rng.IntN(len(s.opts.Kinds))]
-		if len(forced) > 0 {
+		switch {
+		case len(forced) > 0:
 			kind = forced[0]
+		case slices.Contains(s.opts.Kinds, KindFailover) && time.Since(lastFailover) >= s.opts.FailoverEvery:
+			kind = KindFailover
 		}
 		f, ok := s.inject(ctx, rng, kind)
 		if !ok {
@@ -50,6 +56,9 @@ func (s *soak) injectFaults(ctx context.Context, stop <-chan struct{}) {
 		}
 		if len(forced) > 0 {
 			forced = forced[1:]
+		}
+		if kind == KindFailover {
+			lastFailover = time.Now()
 		}
 		s.mu.Lock()
 		s.report.Faults = append(s.report.Faults, f)
@@ -61,8 +70,11 @@ func (s *soak) injectFaults(ctx context.Context, stop <-chan struct{}) {
 // inject injects one fault of kind and returns it; false when it could not (no replica
 // runs to be its victim).
 func (s *soak) inject(ctx context.Context, rng *rand.Rand, kind Kind) (Fault, bool) {
-	if kind == KindDBRestart {
+	switch kind {
+	case KindDBRestart:
 		return s.restartDB(ctx, rng), true
+	case KindFailover:
+		return s.failover(ctx, rng)
 	}
 	victim := s.pickVictim(ctx, rng, kind == KindKill, kind == KindDisconnect)
 	if victim == nil {
@@ -613,3 +625,129 @@ func clock(t time.Time) string { return t.UTC().Format("15:04:05.000") }
 
 // round rounds d to milliseconds, for reading.
 func round(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+
+// failover stops the primary hard, as a dead machine would (immediate mode or SIGKILL),
+// promotes the standby, measures how long from the primary's death to the first lease the
+// new primary grants, then rebuilds the old primary as the new standby (pg_rewind, or
+// pg_basebackup when that fails) so that the next failover finds one. The window from the
+// death to that first lease (or to the promotion, should no lease be seen) is an outage for
+// the checker: no expiry can be announced without a primary. It returns false, injecting
+// nothing, when the standby is not streaming because an earlier rebuild failed and
+// rebuilding it again fails too, or when an earlier failover could not stop the primary or
+// promote the standby (a problem of the report already).
+func (s *soak) failover(ctx context.Context, rng *rand.Rand) (Fault, bool) {
+	// PostgreSQL must be whole again whatever happens to ctx: the soak still needs it.
+	pgCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
+	defer cancel()
+	if s.failoverBroken {
+		s.log.Info().Msg("chaos: failover skipped: an earlier one left no primary to fail over from")
+		return Fault{}, false
+	}
+	if s.standbyLost {
+		if _, err := s.pair.Rebuild(pgCtx); err != nil {
+			s.log.Error().Err(err).Msg("chaos: failover skipped: no standby, and rebuilding it failed again")
+			return Fault{}, false
+		}
+		s.standbyLost = false
+	}
+	primary, standby := s.pair.Primary(), s.pair.Standby()
+	// The events from here on: the first lease granted after the death is among them.
+	var lastEvent int64
+	if err := s.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM lease_events`).Scan(&lastEvent); err != nil {
+		s.log.Warn().Err(err).Msg("chaos: the last lease event before the failover is unknown; all are searched")
+	}
+	how, halt := "stopped (immediate)", primary.Crash
+	if rng.IntN(2) == 0 {
+		how, halt = "killed (SIGKILL)", primary.Kill
+	}
+	f := Fault{At: time.Now(), Kind: KindFailover, Victim: "primary " + primary.Name()}
+	s.logFault(f, "PostgreSQL primary %s %s; promoting %s", primary.Name(), how, standby.Name())
+	if err := halt(pgCtx); err != nil {
+		// It may still run: promoting the standby would make two primaries.
+		s.problem("failover: primary %s %s: %v", primary.Name(), how, err)
+		s.failoverBroken = true
+		f.Detail = fmt.Sprintf("primary %s %s failed (%v): the standby was not promoted", primary.Name(), how, err)
+		return f, true
+	}
+	died := time.Now()
+	if err := s.pair.Promote(pgCtx); err != nil {
+		// Without a primary the soak cannot go on, nor can the next failover.
+		s.problem("failover: promote %s: %v", standby.Name(), err)
+		s.failoverBroken = true
+		f.Detail = fmt.Sprintf("primary %s %s; promoting %s failed: %v", primary.Name(), how, standby.Name(), err)
+		s.addFailover(f.At, time.Now(), 0, "")
+		return f, true
+	}
+	promoted := time.Now()
+	// The soak's own connections died with the old primary.
+	s.pool.Reset()
+	granted, gerr := s.firstGrant(ctx, lastEvent, died)
+	var what string
+	if gerr != nil {
+		s.addFailover(f.At, promoted, 0, "")
+		what = fmt.Sprintf("no lease granted seen (%v)", gerr)
+	} else {
+		s.addFailover(f.At, granted, granted.Sub(died), clock(died))
+		what = fmt.Sprintf("first lease granted %v after the primary's death", round(granted.Sub(died)))
+	}
+	rebuildAt := time.Now()
+	rewound, err := s.pair.Rebuild(pgCtx)
+	rebuild := fmt.Sprintf("%s rebuilt as the standby by pg_basebackup (%v)", primary.Name(), round(time.Since(rebuildAt)))
+	switch {
+	case err != nil:
+		s.problem("failover: rebuild %s as the standby of %s: %v", primary.Name(), standby.Name(), err)
+		s.standbyLost = true
+		rebuild = fmt.Sprintf("rebuilding %s as the standby failed: %v", primary.Name(), err)
+	case rewound:
+		rebuild = fmt.Sprintf("%s rebuilt as the standby by pg_rewind (%v)", primary.Name(), round(time.Since(rebuildAt)))
+		s.mu.Lock()
+		s.report.Rewound++
+		s.mu.Unlock()
+	}
+	f.Detail = fmt.Sprintf("primary %s %s (%v); %s promoted %v later; %s; %s",
+		primary.Name(), how, round(died.Sub(f.At)), standby.Name(), round(promoted.Sub(died)), what, rebuild)
+	return f, true
+}
+
+// addFailover records a failover whose primary died at from and whose successor served
+// again at to, as an outage; grant, when of is not empty, is the wait from the death to the
+// first lease granted.
+func (s *soak) addFailover(from, to time.Time, grant time.Duration, of string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.report.Outages = append(s.report.Outages, checker.Window{From: from, To: to})
+	s.report.DBDown += to.Sub(from)
+	s.report.Failovers++
+	if of != "" {
+		s.report.FailoverGrant.add(grant, "failover at "+of)
+	}
+}
+
+// firstGrant waits for the first lease acquired after died among the lease events after
+// lastEvent, and returns when it was granted (the database clock, which is the machine's).
+func (s *soak) firstGrant(ctx context.Context, lastEvent int64, died time.Time) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*s.opts.LeaseTTL+10*time.Second)
+	defer cancel()
+	tick := time.NewTicker(measureEvery)
+	defer tick.Stop()
+	var lastErr error
+	for {
+		var at *time.Time
+		err := s.pool.QueryRow(ctx, `
+			SELECT min(at) FROM lease_events WHERE id > $1 AND kind = 'acquired' AND at >= $2`, lastEvent, died).Scan(&at)
+		switch {
+		case err == nil && at != nil:
+			return *at, nil
+		case err != nil:
+			lastErr = err
+		}
+		select {
+		case <-ctx.Done():
+			if lastErr != nil {
+				return time.Time{}, fmt.Errorf("%w (the last error: %w)", ctx.Err(), lastErr)
+			}
+			return time.Time{}, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}

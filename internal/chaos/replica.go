@@ -96,7 +96,7 @@ func (s *soak) child(r *replica, b *frontdoor.Backend) supervise.Child {
 			)
 			// The replicas' configuration is the above, not whatever LEASEHOLD_* the soak
 			// runs under (an API token would lock the soak out).
-			cmd.Env = append(environWithout(os.Environ(), "DATABASE_URL", "LEASEHOLD_"), "DATABASE_URL="+s.cluster.URL())
+			cmd.Env = append(environWithout(os.Environ(), "DATABASE_URL", "LEASEHOLD_"), "DATABASE_URL="+s.dbURL)
 			return cmd, nil
 		},
 		Started: func(int) {
@@ -142,7 +142,7 @@ func (s *soak) appChild(r *replica) supervise.Child {
 				"--task-ttl", s.opts.LeaseTTL.String(), "--shutdown-grace", shutdownGrace.String()}
 			env := environWithout(os.Environ(), "DATABASE_URL", "LEASEHOLD_")
 			if r.name == AppEmbedded {
-				env = append(env, "DATABASE_URL="+s.cluster.URL())
+				env = append(env, "DATABASE_URL="+s.dbURL)
 			} else {
 				args = append(args, "--url", s.doorURL)
 			}

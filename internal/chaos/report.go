@@ -14,7 +14,7 @@ import (
 type Fault struct {
 	At     time.Time // when it was injected
 	Kind   Kind
-	Victim string // the replica; empty for a restart of PostgreSQL
+	Victim string // the replica; "primary <node>" for a failover; empty for a restart of PostgreSQL
 	PID    int    // the victim's process
 	Detail string // what was done and what was seen of its effect
 }
@@ -46,6 +46,7 @@ type Report struct {
 	Replicas      int
 	LeaseTTL      time.Duration
 	FaultInterval time.Duration
+	Standby       string        // Options.Standby: "" for a single cluster
 	Started       time.Time     // when the load and the faults began
 	Elapsed       time.Duration // how long they lasted
 	Interrupted   bool          // the soak was stopped before its end: no drain
@@ -55,9 +56,14 @@ type Report struct {
 	// checker: the restarts of PostgreSQL, and the pauses of the replica that was the
 	// reaper.
 	Outages []checker.Window
-	// DBDown is how long PostgreSQL was down in all, over DBRestarts restarts.
+	// DBDown is how long PostgreSQL was down in all, over DBRestarts restarts, or how long
+	// there was no primary (from a death to the first lease granted after it) over
+	// Failovers failovers, Rewound of which rebuilt the old primary by pg_rewind (the others
+	// by pg_basebackup).
 	DBDown     time.Duration
 	DBRestarts int
+	Failovers  int
+	Rewound    int
 
 	TasksCreated    int // by the soak over the API, answered 201
 	TasksGenerated  int // by the generator
@@ -79,6 +85,9 @@ type Report struct {
 	// Reclaim is the longest wait from a kill -9 to a task the victim was running being
 	// claimed again; Release, from a SIGTERM to the last of the victim's leases being free.
 	Reclaim, Release Latency
+	// FailoverGrant is the longest wait from a primary's death to the first lease granted
+	// after it.
+	FailoverGrant Latency
 
 	// Check is the checker's report; nil when it failed to run.
 	Check *checker.Report
@@ -138,7 +147,11 @@ func (r *Report) verdict() string {
 func (r *Report) summary() [][2]string {
 	counts := r.FaultCounts()
 	var kinds []string
-	for _, k := range AllKinds {
+	listed := AllKinds
+	if r.Standby != "" {
+		listed = StandbyKinds
+	}
+	for _, k := range listed {
 		kinds = append(kinds, fmt.Sprintf("%s %d", k, counts[k]))
 	}
 	acquisitions := "n/a"
@@ -156,7 +169,17 @@ func (r *Report) summary() [][2]string {
 		{"replicas", fmt.Sprintf("%d (lease TTL %v, %d workers each)", r.Replicas, r.LeaseTTL, workers)},
 		{"seed", fmt.Sprint(r.Seed)},
 		{"faults", fmt.Sprintf("%d: %s (one every %v on average)", len(r.Faults), strings.Join(kinds, ", "), r.FaultInterval)},
-		{"PostgreSQL down", fmt.Sprintf("%v in %d restart(s)", round(r.DBDown), r.DBRestarts)},
+	}
+	if r.Standby == "" {
+		rows = append(rows, [2]string{"PostgreSQL down", fmt.Sprintf("%v in %d restart(s)", round(r.DBDown), r.DBRestarts)})
+	} else {
+		rows = append(rows,
+			[2]string{"PostgreSQL", "a primary and a synchronous streaming standby, on one multi-host URL (target_session_attrs=read-write)"},
+			[2]string{"failovers", fmt.Sprintf("%d (primary stopped hard, standby promoted, old primary rebuilt as the standby: "+
+				"%d by pg_rewind, %d by pg_basebackup); no primary for %v in all", r.Failovers, r.Rewound, r.Failovers-r.Rewound, round(r.DBDown))},
+			[2]string{"longest primary death → first lease", r.FailoverGrant.String()})
+	}
+	rows = append(rows, [][2]string{
 		{"tasks done", fmt.Sprint(r.TasksDone)},
 		{"tasks dead", fmt.Sprint(r.TasksDead)},
 		{"tasks cancelled (by the soak's operator)", fmt.Sprint(r.TasksCancelled)},
@@ -178,7 +201,7 @@ func (r *Report) summary() [][2]string {
 		{"violations", fmt.Sprint(len(r.AllViolations()))},
 		{"longest kill -9 → its task claimed again", r.Reclaim.String()},
 		{"longest SIGTERM → its leases free", r.Release.String()},
-	}
+	}...)
 	// After the leases, before the violations.
 	at := slices.IndexFunc(rows, func(row [2]string) bool { return row[0] == "violations" })
 	return slices.Insert(rows, at, r.scheduleRows()...)
