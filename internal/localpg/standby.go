@@ -353,7 +353,17 @@ func (p *Pair) Rebuild(ctx context.Context) (rewound bool, err error) {
 	if err := p.writeReplicationConf(primary, nil, nil, false); err != nil {
 		return false, err
 	}
-	return p.attach(ctx, primary, standby, true)
+	rewound, err = p.attach(ctx, primary, standby, true)
+	if err != nil && rewound {
+		// Rewound, but it could not follow: the new primary no longer had
+		// a WAL segment the rewound directory needed (seen once in a
+		// 10-minute soak with a failover a minute). A fresh copy needs none.
+		p.logf("%s, rewound, did not become a standby of %s (%v); copying %s afresh", standby.name, primary.name, err, primary.name)
+		_ = standby.Crash(ctx) // whatever of it runs; an error means nothing does
+		_, err = p.attach(ctx, primary, standby, false)
+		return false, err
+	}
+	return rewound, err
 }
 
 // WaitReplayed waits until the standby has replayed the WAL up to the primary's current
