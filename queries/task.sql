@@ -129,7 +129,7 @@ picked AS (
           SELECT lapsed.id, lapsed.priority, lapsed.scheduled_at FROM lapsed) AS p
 ),
 assigned AS (
-    SELECT picked.id, w.processor, NULL::bigint AS fence, NULL::timestamptz AS acquired_at, NULL::timestamptz AS expires_at
+    SELECT picked.id, w.processor, NULL::bigint AS fence, clock_timestamp() AS acquired_at, NULL::timestamptz AS expires_at
     FROM picked
     JOIN unnest(@processors::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     UNION ALL
@@ -146,9 +146,16 @@ SET state = 'running',
     fence = coalesce(a.fence, nextval('lease_fence_seq')),
     ttl_seconds = coalesce(t.ttl_seconds, @ttl_seconds::integer),
     attempts = t.attempts + 1,
-    started_at = coalesce(a.acquired_at, now()),
-    last_heartbeat_at = coalesce(a.acquired_at, now()),
-    must_heartbeat_before = coalesce(a.expires_at, now() + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer)))
+    -- The attempt begins as the row is claimed (acquired_at: the clock
+    -- when assigned was built, or the lock's acquisition), not when the
+    -- statement began: the pick of due tasks (tasks_claimable) reads with
+    -- a snapshot of its own, taken later, which may see a task the reaper
+    -- put back after the statement began, when the previous attempt's
+    -- lease ran out. A start read from now() would then lie before that
+    -- end.
+    started_at = a.acquired_at,
+    last_heartbeat_at = a.acquired_at,
+    must_heartbeat_before = coalesce(a.expires_at, a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer)))
 FROM assigned AS a
 WHERE t.id = a.id
 RETURNING t.*;
@@ -415,7 +422,7 @@ picked AS (
                          @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS d (id, priority, scheduled_at)
 ),
 assigned AS (
-    SELECT picked.id, w.processor, NULL::bigint AS fence, NULL::timestamptz AS acquired_at, NULL::timestamptz AS expires_at
+    SELECT picked.id, w.processor, NULL::bigint AS fence, clock_timestamp() AS acquired_at, NULL::timestamptz AS expires_at
     FROM picked
     JOIN unnest(@claim_for::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     UNION ALL
@@ -428,9 +435,10 @@ claimed AS (
         fence = coalesce(a.fence, nextval('lease_fence_seq')),
         ttl_seconds = coalesce(t.ttl_seconds, @ttl_seconds::integer),
         attempts = t.attempts + 1,
-        started_at = coalesce(a.acquired_at, now()),
-        last_heartbeat_at = coalesce(a.acquired_at, now()),
-        must_heartbeat_before = coalesce(a.expires_at, now() + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer)))
+        -- As TaskClaim's: the attempt begins as the row is claimed.
+        started_at = a.acquired_at,
+        last_heartbeat_at = a.acquired_at,
+        must_heartbeat_before = coalesce(a.expires_at, a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer)))
     FROM assigned AS a
     WHERE t.id = a.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,

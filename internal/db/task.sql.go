@@ -130,7 +130,7 @@ picked AS (
           SELECT lapsed.id, lapsed.priority, lapsed.scheduled_at FROM lapsed) AS p
 ),
 assigned AS (
-    SELECT picked.id, w.processor, NULL::bigint AS fence, NULL::timestamptz AS acquired_at, NULL::timestamptz AS expires_at
+    SELECT picked.id, w.processor, NULL::bigint AS fence, clock_timestamp() AS acquired_at, NULL::timestamptz AS expires_at
     FROM picked
     JOIN unnest($5::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     UNION ALL
@@ -147,9 +147,16 @@ SET state = 'running',
     fence = coalesce(a.fence, nextval('lease_fence_seq')),
     ttl_seconds = coalesce(t.ttl_seconds, $1::integer),
     attempts = t.attempts + 1,
-    started_at = coalesce(a.acquired_at, now()),
-    last_heartbeat_at = coalesce(a.acquired_at, now()),
-    must_heartbeat_before = coalesce(a.expires_at, now() + make_interval(secs => coalesce(t.ttl_seconds, $1::integer)))
+    -- The attempt begins as the row is claimed (acquired_at: the clock
+    -- when assigned was built, or the lock's acquisition), not when the
+    -- statement began: the pick of due tasks (tasks_claimable) reads with
+    -- a snapshot of its own, taken later, which may see a task the reaper
+    -- put back after the statement began, when the previous attempt's
+    -- lease ran out. A start read from now() would then lie before that
+    -- end.
+    started_at = a.acquired_at,
+    last_heartbeat_at = a.acquired_at,
+    must_heartbeat_before = coalesce(a.expires_at, a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, $1::integer)))
 FROM assigned AS a
 WHERE t.id = a.id
 RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
@@ -344,7 +351,7 @@ picked AS (
                          $12::timestamptz[], $13::bigint[], $14::boolean) AS d (id, priority, scheduled_at)
 ),
 assigned AS (
-    SELECT picked.id, w.processor, NULL::bigint AS fence, NULL::timestamptz AS acquired_at, NULL::timestamptz AS expires_at
+    SELECT picked.id, w.processor, NULL::bigint AS fence, clock_timestamp() AS acquired_at, NULL::timestamptz AS expires_at
     FROM picked
     JOIN unnest($7::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
     UNION ALL
@@ -357,9 +364,10 @@ claimed AS (
         fence = coalesce(a.fence, nextval('lease_fence_seq')),
         ttl_seconds = coalesce(t.ttl_seconds, $8::integer),
         attempts = t.attempts + 1,
-        started_at = coalesce(a.acquired_at, now()),
-        last_heartbeat_at = coalesce(a.acquired_at, now()),
-        must_heartbeat_before = coalesce(a.expires_at, now() + make_interval(secs => coalesce(t.ttl_seconds, $8::integer)))
+        -- As TaskClaim's: the attempt begins as the row is claimed.
+        started_at = a.acquired_at,
+        last_heartbeat_at = a.acquired_at,
+        must_heartbeat_before = coalesce(a.expires_at, a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, $8::integer)))
     FROM assigned AS a
     WHERE t.id = a.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
