@@ -23,26 +23,17 @@ func TestMain(m *testing.M) {
 // TestChaosShort is the soak in small: three replicas under load for 45 s, every kind of
 // fault forced once in order (then more at random), the queue drained, and the history
 // found to keep every guarantee.
-func TestChaosShort(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a soak of about a minute and a half")
-	}
-	t.Parallel()
-	bin := buildLeasehold(t)
+// runSoak runs the soak of o with the test's binary, its log and the
+// replicas' logs, and logs its report.
+func runSoak(t *testing.T, o Options) (*Report, *lockedBuffer) {
+	t.Helper()
 	var replicaLogs lockedBuffer
 	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Options{
-		Binary:        bin,
-		Duration:      45 * time.Second,
-		Replicas:      3,
-		FaultInterval: 2 * time.Second,
-		Forced:        AllKinds,
-		Seed:          1,
-		Cluster:       "chaos-test", // not the cluster of a "leasehold chaos" running beside
-		Log:           zerolog.New(zerolog.ConsoleWriter{Out: t.Output(), NoColor: true, TimeFormat: "15:04:05.000"}).With().Timestamp().Logger(),
-		Output:        &replicaLogs,
-	})
+	o.Binary = buildLeasehold(t)
+	o.Log = zerolog.New(zerolog.ConsoleWriter{Out: t.Output(), NoColor: true, TimeFormat: "15:04:05.000"}).With().Timestamp().Logger()
+	o.Output = &replicaLogs
+	rep, err := Run(ctx, o)
 	if err != nil {
 		t.Fatalf("Run: %v\nreplica logs (the end):\n%s", err, replicaLogs.tail(100))
 	}
@@ -51,6 +42,22 @@ func TestChaosShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("report:\n%s", text.String())
+	return rep, &replicaLogs
+}
+
+func TestChaosShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a soak of about a minute and a half")
+	}
+	t.Parallel()
+	rep, replicaLogs := runSoak(t, Options{
+		Duration:      45 * time.Second,
+		Replicas:      3,
+		FaultInterval: 2 * time.Second,
+		Forced:        AllKinds,
+		Seed:          1,
+		Cluster:       "chaos-test", // not the cluster of a "leasehold chaos" running beside
+	})
 
 	if !rep.OK() {
 		t.Errorf("the soak failed: %d violation(s), %d problem(s), interrupted %v\nreplica logs (the end):\n%s",
@@ -128,29 +135,14 @@ func TestChaosFailover(t *testing.T) {
 		t.Skip("a soak of about a minute")
 	}
 	t.Parallel()
-	bin := buildLeasehold(t)
-	var replicaLogs lockedBuffer
-	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, Options{
-		Binary:        bin,
+	rep, replicaLogs := runSoak(t, Options{
 		Duration:      25 * time.Second,
 		Replicas:      3,
 		FaultInterval: 2 * time.Second,
 		Standby:       StandbySync,
 		Forced:        []Kind{KindFailover, KindKill, KindDisconnect, KindFailover},
 		Seed:          1,
-		Log:           zerolog.New(zerolog.ConsoleWriter{Out: t.Output(), NoColor: true, TimeFormat: "15:04:05.000"}).With().Timestamp().Logger(),
-		Output:        &replicaLogs,
 	})
-	if err != nil {
-		t.Fatalf("Run: %v\nreplica logs (the end):\n%s", err, replicaLogs.tail(100))
-	}
-	var text strings.Builder
-	if err := rep.WriteText(&text); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("report:\n%s", text.String())
 	if !rep.OK() {
 		t.Errorf("the soak failed: %d violation(s), %d problem(s), interrupted %v\nreplica logs (the end):\n%s",
 			len(rep.AllViolations()), len(rep.Problems), rep.Interrupted, replicaLogs.tail(200))
