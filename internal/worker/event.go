@@ -109,10 +109,14 @@ type Counters struct {
 	Cancelled int64 // by their handlers
 	LeaseLost int64
 	Crashed   int64
+	// Registered counts the dispatcher's registrations as a waiter for
+	// inserted tasks: each time it went idle after its workers were all
+	// busy (or at start).
+	Registered int64
 }
 
 type counters struct {
-	claims, empty, claimed, completed, failed, requeued, snoozed, cancelled, leaseLost, crashed atomic.Int64
+	claims, empty, claimed, completed, failed, requeued, snoozed, cancelled, leaseLost, crashed, registered atomic.Int64
 }
 
 func (c *counters) snapshot() Counters {
@@ -120,6 +124,6 @@ func (c *counters) snapshot() Counters {
 		Claims: c.claims.Load(), Empty: c.empty.Load(), Claimed: c.claimed.Load(),
 		Completed: c.completed.Load(), Failed: c.failed.Load(), Requeued: c.requeued.Load(),
 		Snoozed: c.snoozed.Load(), Cancelled: c.cancelled.Load(),
-		LeaseLost: c.leaseLost.Load(), Crashed: c.crashed.Load(),
+		LeaseLost: c.leaseLost.Load(), Crashed: c.crashed.Load(), Registered: c.registered.Load(),
 	}
 }

@@ -476,6 +476,7 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 				cancel()
 				switch {
 				case err == nil:
+					p.counters.registered.Add(1)
 					d.registered()
 					wake = WakeRegistered
 					continue // the catch-up claim
