@@ -92,15 +92,16 @@ WITH buried AS (
 -- (tasks_claimable must not leave a row it locked: see there); lapsed rows
 -- not used stay locked only until this statement commits.
 -- Gated tasks whose lock is free first, at most one per lock (they are
--- few, and would otherwise wait behind every ungated task), each with its
--- lock's lease acquired for the first processors (tasks_gated,
--- schema/0012): the task's attempt is that holding of the lock. Looked
--- for only while a gated task is pending: a one-time filter, one probe of
--- an index that is empty but for them.
+-- few, and would otherwise wait behind every ungated task), claimed by
+-- tasks_gated (schema/0014) for the first processors, each with its
+-- lock's lease acquired: the task's attempt is that holding of the lock.
+-- The function assigns them itself, since it reads with snapshots later
+-- than this statement's, which may not see a task it claims. Looked for
+-- only while a gated task is pending: a one-time filter, one probe of an
+-- index that is empty but for them.
 gated AS (
-    SELECT g.id, g.processor, g.fence, g.acquired_at, g.expires_at
-    FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], @processors::text[], @ttl_seconds::integer)
-         AS g (id, processor, fence, acquired_at, expires_at)
+    SELECT g.*
+    FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], @processors::text[], @ttl_seconds::integer) AS g
     WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
 ),
 due AS (
@@ -129,36 +130,37 @@ picked AS (
           SELECT lapsed.id, lapsed.priority, lapsed.scheduled_at FROM lapsed) AS p
 ),
 assigned AS (
-    SELECT picked.id, w.processor, NULL::bigint AS fence, clock_timestamp() AS acquired_at, NULL::timestamptz AS expires_at
+    SELECT picked.id, w.processor, clock_timestamp() AS acquired_at
     FROM picked
     JOIN unnest(@processors::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
-    UNION ALL
-    SELECT gated.id, gated.processor, gated.fence, gated.acquired_at, gated.expires_at FROM gated
-)
+),
+claimed AS (
 UPDATE tasks AS t
 SET state = 'running',
     earlier_attempts = CASE WHEN t.state = 'running' THEN t.earlier_attempts || task_attempt(t, 'expired', NULL)
                             ELSE t.earlier_attempts END,
     processor = a.processor,
     -- Drawn now, under the row lock: the fence of every earlier attempt
-    -- was drawn before it. A gated task's is its lock's, drawn under the
-    -- lease's row lock (and COALESCE draws none for it).
-    fence = coalesce(a.fence, nextval('lease_fence_seq')),
+    -- was drawn before it.
+    fence = nextval('lease_fence_seq'),
     ttl_seconds = coalesce(t.ttl_seconds, @ttl_seconds::integer),
     attempts = t.attempts + 1,
     -- The attempt begins as the row is claimed (acquired_at: the clock
-    -- when assigned was built, or the lock's acquisition), not when the
-    -- statement began: the pick of due tasks (tasks_claimable) reads with
+    -- when assigned was built), not when the statement began: the pick of due tasks (tasks_claimable) reads with
     -- a snapshot of its own, taken later, which may see a task the reaper
     -- put back after the statement began, when the previous attempt's
     -- lease ran out. A start read from now() would then lie before that
     -- end.
     started_at = a.acquired_at,
     last_heartbeat_at = a.acquired_at,
-    must_heartbeat_before = coalesce(a.expires_at, a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer)))
+    must_heartbeat_before = a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer))
 FROM assigned AS a
 WHERE t.id = a.id
-RETURNING t.*;
+RETURNING t.*
+)
+SELECT c.* FROM claimed AS c
+UNION ALL
+SELECT g.* FROM gated AS g;
 
 -- name: TaskHeartbeat :one
 -- TaskHeartbeat renews the task's lease for its processor: a
@@ -408,10 +410,10 @@ completed AS (
       AND c.must_heartbeat_before > now()
     RETURNING c.id
 ),
+-- As TaskClaim's: tasks_gated claims the gated tasks itself.
 gated AS (
-    SELECT g.id, g.processor, g.fence, g.acquired_at, g.expires_at
-    FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], @claim_for::text[], @ttl_seconds::integer)
-         AS g (id, processor, fence, acquired_at, expires_at)
+    SELECT g.*
+    FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], @claim_for::text[], @ttl_seconds::integer) AS g
     WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
 ),
 picked AS (
@@ -422,28 +424,34 @@ picked AS (
                          @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS d (id, priority, scheduled_at)
 ),
 assigned AS (
-    SELECT picked.id, w.processor, NULL::bigint AS fence, clock_timestamp() AS acquired_at, NULL::timestamptz AS expires_at
+    SELECT picked.id, w.processor, clock_timestamp() AS acquired_at
     FROM picked
     JOIN unnest(@claim_for::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
-    UNION ALL
-    SELECT gated.id, gated.processor, gated.fence, gated.acquired_at, gated.expires_at FROM gated
 ),
-claimed AS (
+ungated AS (
     UPDATE tasks AS t
     SET state = 'running',
         processor = a.processor,
-        fence = coalesce(a.fence, nextval('lease_fence_seq')),
+        fence = nextval('lease_fence_seq'),
         ttl_seconds = coalesce(t.ttl_seconds, @ttl_seconds::integer),
         attempts = t.attempts + 1,
         -- As TaskClaim's: the attempt begins as the row is claimed.
         started_at = a.acquired_at,
         last_heartbeat_at = a.acquired_at,
-        must_heartbeat_before = coalesce(a.expires_at, a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer)))
+        must_heartbeat_before = a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, @ttl_seconds::integer))
     FROM assigned AS a
     WHERE t.id = a.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
               t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource,
               t.schedule, t.schedule_tick
+),
+claimed AS (
+    SELECT * FROM ungated
+    UNION ALL
+    SELECT g.id, g.kind, g.queue, g.priority, g.task_data, g.scheduled_at, g.processor, g.fence, g.ttl_seconds,
+           g.attempts, g.max_attempts, g.must_heartbeat_before, g.started_at, g.created_at, g.lock_resource,
+           g.schedule, g.schedule_tick
+    FROM gated AS g
 )
 -- The ids ride on the first row only: repeated on every row, the replica
 -- decoded the same array once per claimed task. The claimed columns come

@@ -90,37 +90,36 @@ WITH buried AS (
         must_heartbeat_before = NULL
     WHERE b.id IN (
             SELECT x.id FROM tasks AS x
-            WHERE $2::boolean
+            WHERE $1::boolean
               AND x.state = 'running'
               AND x.must_heartbeat_before <= now()
               AND x.attempts >= x.max_attempts
-              AND ($3::text[] IS NULL OR x.queue = ANY ($3::text[]))
-              AND ($4::text[] IS NULL OR x.kind = ANY ($4::text[]))
+              AND ($2::text[] IS NULL OR x.queue = ANY ($2::text[]))
+              AND ($3::text[] IS NULL OR x.kind = ANY ($3::text[]))
             FOR UPDATE SKIP LOCKED)
     RETURNING b.id
 ),
 gated AS (
-    SELECT g.id, g.processor, g.fence, g.acquired_at, g.expires_at
-    FROM tasks_gated($3::text[], $4::text[], $5::text[], $1::integer)
-         AS g (id, processor, fence, acquired_at, expires_at)
+    SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick
+    FROM tasks_gated($2::text[], $3::text[], $4::text[], $5::integer) AS g
     WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
 ),
 due AS (
     SELECT d.id, d.priority, d.scheduled_at
-    FROM tasks_claimable($3::text[], $4::text[],
-                         cardinality($5::text[]) - (SELECT count(*)::integer FROM gated),
+    FROM tasks_claimable($2::text[], $3::text[],
+                         cardinality($4::text[]) - (SELECT count(*)::integer FROM gated),
                          $6::text[], $7::text[], $8::smallint[],
                          $9::timestamptz[], $10::bigint[], $11::boolean) AS d (id, priority, scheduled_at)
 ),
 lapsed AS (
     SELECT r.id, r.priority, r.scheduled_at FROM tasks AS r
-    WHERE $2::boolean
+    WHERE $1::boolean
       AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
       -- A gated task goes back through the reaper, and its lock with it.
       AND r.lock_resource IS NULL
-      AND ($3::text[] IS NULL OR r.queue = ANY ($3::text[]))
-      AND ($4::text[] IS NULL OR r.kind = ANY ($4::text[]))
-    LIMIT cardinality($5::text[]) - (SELECT count(*) FROM due) - (SELECT count(*) FROM gated)
+      AND ($2::text[] IS NULL OR r.queue = ANY ($2::text[]))
+      AND ($3::text[] IS NULL OR r.kind = ANY ($3::text[]))
+    LIMIT cardinality($4::text[]) - (SELECT count(*) FROM due) - (SELECT count(*) FROM gated)
     FOR UPDATE SKIP LOCKED
 ),
 picked AS (
@@ -130,50 +129,79 @@ picked AS (
           SELECT lapsed.id, lapsed.priority, lapsed.scheduled_at FROM lapsed) AS p
 ),
 assigned AS (
-    SELECT picked.id, w.processor, NULL::bigint AS fence, clock_timestamp() AS acquired_at, NULL::timestamptz AS expires_at
+    SELECT picked.id, w.processor, clock_timestamp() AS acquired_at
     FROM picked
-    JOIN unnest($5::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
-    UNION ALL
-    SELECT gated.id, gated.processor, gated.fence, gated.acquired_at, gated.expires_at FROM gated
-)
+    JOIN unnest($4::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
+),
+claimed AS (
 UPDATE tasks AS t
 SET state = 'running',
     earlier_attempts = CASE WHEN t.state = 'running' THEN t.earlier_attempts || task_attempt(t, 'expired', NULL)
                             ELSE t.earlier_attempts END,
     processor = a.processor,
     -- Drawn now, under the row lock: the fence of every earlier attempt
-    -- was drawn before it. A gated task's is its lock's, drawn under the
-    -- lease's row lock (and COALESCE draws none for it).
-    fence = coalesce(a.fence, nextval('lease_fence_seq')),
-    ttl_seconds = coalesce(t.ttl_seconds, $1::integer),
+    -- was drawn before it.
+    fence = nextval('lease_fence_seq'),
+    ttl_seconds = coalesce(t.ttl_seconds, $5::integer),
     attempts = t.attempts + 1,
     -- The attempt begins as the row is claimed (acquired_at: the clock
-    -- when assigned was built, or the lock's acquisition), not when the
-    -- statement began: the pick of due tasks (tasks_claimable) reads with
+    -- when assigned was built), not when the statement began: the pick of due tasks (tasks_claimable) reads with
     -- a snapshot of its own, taken later, which may see a task the reaper
     -- put back after the statement began, when the previous attempt's
     -- lease ran out. A start read from now() would then lie before that
     -- end.
     started_at = a.acquired_at,
     last_heartbeat_at = a.acquired_at,
-    must_heartbeat_before = coalesce(a.expires_at, a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, $1::integer)))
+    must_heartbeat_before = a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, $5::integer))
 FROM assigned AS a
 WHERE t.id = a.id
 RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
+)
+SELECT c.id, c.task_data, c.state, c.scheduled_at, c.processor, c.fence, c.attempts, c.max_attempts, c.last_heartbeat_at, c.must_heartbeat_before, c.started_at, c.processed_at, c.task_output, c.last_error, c.created_at, c.generator_fence, c.ttl_seconds, c.earlier_attempts, c.kind, c.queue, c.priority, c.unique_key, c.lock_resource, c.schedule, c.schedule_tick FROM claimed AS c
+UNION ALL
+SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick FROM gated AS g
 `
 
 type TaskClaimParams struct {
-	TTLSeconds     int32
 	WithLapsed     bool
 	WantQueues     []string
 	WantKinds      []string
 	Processors     []string
+	TTLSeconds     int32
 	HintQueues     []string
 	HintKinds      []string
 	HintPriorities []int16
 	HintAt         []time.Time
 	HintIds        []int64
 	Discover       bool
+}
+
+type TaskClaimRow struct {
+	ID                  int64
+	TaskData            []byte
+	State               string
+	ScheduledAt         time.Time
+	Processor           *string
+	Fence               *int64
+	Attempts            int32
+	MaxAttempts         int32
+	LastHeartbeatAt     *time.Time
+	MustHeartbeatBefore *time.Time
+	StartedAt           *time.Time
+	ProcessedAt         *time.Time
+	TaskOutput          []byte
+	LastError           *string
+	CreatedAt           time.Time
+	GeneratorFence      *int64
+	TTLSeconds          *int32
+	EarlierAttempts     []byte
+	Kind                string
+	Queue               string
+	Priority            int16
+	UniqueKey           *string
+	LockResource        *string
+	Schedule            *string
+	ScheduleTick        *time.Time
 }
 
 // TaskClaim claims up to one task for each processor named, of the queues
@@ -194,19 +222,21 @@ type TaskClaimParams struct {
 // (tasks_claimable must not leave a row it locked: see there); lapsed rows
 // not used stay locked only until this statement commits.
 // Gated tasks whose lock is free first, at most one per lock (they are
-// few, and would otherwise wait behind every ungated task), each with its
-// lock's lease acquired for the first processors (tasks_gated,
-// schema/0012): the task's attempt is that holding of the lock. Looked
-// for only while a gated task is pending: a one-time filter, one probe of
-// an index that is empty but for them.
+// few, and would otherwise wait behind every ungated task), claimed by
+// tasks_gated (schema/0014) for the first processors, each with its
+// lock's lease acquired: the task's attempt is that holding of the lock.
+// The function assigns them itself, since it reads with snapshots later
+// than this statement's, which may not see a task it claims. Looked for
+// only while a gated task is pending: a one-time filter, one probe of an
+// index that is empty but for them.
 // The gated tasks have the first processors; the others follow in order.
-func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, error) {
+func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskClaimRow, error) {
 	rows, err := q.db.Query(ctx, taskClaim,
-		arg.TTLSeconds,
 		arg.WithLapsed,
 		arg.WantQueues,
 		arg.WantKinds,
 		arg.Processors,
+		arg.TTLSeconds,
 		arg.HintQueues,
 		arg.HintKinds,
 		arg.HintPriorities,
@@ -218,9 +248,9 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]Task, e
 		return nil, err
 	}
 	defer rows.Close()
-	items := []Task{}
+	items := []TaskClaimRow{}
 	for rows.Next() {
-		var i Task
+		var i TaskClaimRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.TaskData,
@@ -338,9 +368,8 @@ completed AS (
     RETURNING c.id
 ),
 gated AS (
-    SELECT g.id, g.processor, g.fence, g.acquired_at, g.expires_at
-    FROM tasks_gated($5::text[], $6::text[], $7::text[], $8::integer)
-         AS g (id, processor, fence, acquired_at, expires_at)
+    SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick
+    FROM tasks_gated($5::text[], $6::text[], $7::text[], $8::integer) AS g
     WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
 ),
 picked AS (
@@ -351,28 +380,34 @@ picked AS (
                          $12::timestamptz[], $13::bigint[], $14::boolean) AS d (id, priority, scheduled_at)
 ),
 assigned AS (
-    SELECT picked.id, w.processor, NULL::bigint AS fence, clock_timestamp() AS acquired_at, NULL::timestamptz AS expires_at
+    SELECT picked.id, w.processor, clock_timestamp() AS acquired_at
     FROM picked
     JOIN unnest($7::text[]) WITH ORDINALITY AS w (processor, n) ON w.n = picked.n
-    UNION ALL
-    SELECT gated.id, gated.processor, gated.fence, gated.acquired_at, gated.expires_at FROM gated
 ),
-claimed AS (
+ungated AS (
     UPDATE tasks AS t
     SET state = 'running',
         processor = a.processor,
-        fence = coalesce(a.fence, nextval('lease_fence_seq')),
+        fence = nextval('lease_fence_seq'),
         ttl_seconds = coalesce(t.ttl_seconds, $8::integer),
         attempts = t.attempts + 1,
         -- As TaskClaim's: the attempt begins as the row is claimed.
         started_at = a.acquired_at,
         last_heartbeat_at = a.acquired_at,
-        must_heartbeat_before = coalesce(a.expires_at, a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, $8::integer)))
+        must_heartbeat_before = a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, $8::integer))
     FROM assigned AS a
     WHERE t.id = a.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
               t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource,
               t.schedule, t.schedule_tick
+),
+claimed AS (
+    SELECT id, kind, queue, priority, task_data, scheduled_at, processor, fence, ttl_seconds, attempts, max_attempts, must_heartbeat_before, started_at, created_at, lock_resource, schedule, schedule_tick FROM ungated
+    UNION ALL
+    SELECT g.id, g.kind, g.queue, g.priority, g.task_data, g.scheduled_at, g.processor, g.fence, g.ttl_seconds,
+           g.attempts, g.max_attempts, g.must_heartbeat_before, g.started_at, g.created_at, g.lock_resource,
+           g.schedule, g.schedule_tick
+    FROM gated AS g
 )
 SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM claimed AS f)
              THEN done.ids END)::bigint[] AS completed_ids,
@@ -436,6 +471,7 @@ type TaskCompleteAndClaimRow struct {
 // completions and get their next tasks at once. The first row carries the
 // ids completed; a row's other columns are a claimed task, all NULL in the
 // one row that comes back when nothing was claimed.
+// As TaskClaim's: tasks_gated claims the gated tasks itself.
 // The ids ride on the first row only: repeated on every row, the replica
 // decoded the same array once per claimed task. The claimed columns come
 // back never NULL (id 0 in the row of nothing claimed): a NULL-able column

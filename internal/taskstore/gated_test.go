@@ -389,3 +389,104 @@ func TestBusyLockCostsClaimsNothing(t *testing.T) {
 	}
 	t.Logf("%d claims beside 10,000 tasks on a busy lock: %d scans of tasks_gated_idx reading %d entries in all", claims, scans, read)
 }
+
+// TestGatedClaimLeavesNoLockWithoutItsTask: a gated task committed while
+// a claim is under way (after the claim's statement began, before it looked
+// at that task's lock) is either claimed with its lock or left pending with
+// its lock free: never its lock acquired for a processor that did not get
+// the task, nor a task running that the claim did not return. Here the claim waits for the lease row of lock A (another
+// transaction takes A meanwhile), and the task on lock B, due already, is
+// committed while it waits, so the claim reaches B only after. (The chaos
+// soak found this: a gated schedule's tick committed during a claim left
+// the lock held by a worker without the task, to expire.)
+func TestGatedClaimLeavesNoLockWithoutItsTask(t *testing.T) {
+	t.Parallel()
+	pdb := pgtest.New(t)
+	s := taskstore.NewStore(pdb.Pool)
+	ctx := context.Background()
+	insert(t, s, taskstore.NewTask{Kind: "k", Lock: "A"})
+	// A's lease has run out (its holder is gone), so the claim goes for it.
+	if _, err := pdb.Pool.Exec(ctx, `INSERT INTO leases (resource, holder, fence, ttl_seconds, expires_at)
+		VALUES ('A', 'gone', nextval('lease_fence_seq'), 1, now() - interval '1 second')`); err != nil {
+		t.Fatal(err)
+	}
+	// Another holder takes A in a transaction still open.
+	taker, err := pdb.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = taker.Rollback(ctx) }()
+	if _, err := taker.Exec(ctx, `UPDATE leases SET holder = 'taker', fence = nextval('lease_fence_seq'),
+		created_at = clock_timestamp(), expires_at = clock_timestamp() + interval '1 minute' WHERE resource = 'A'`); err != nil {
+		t.Fatal(err)
+	}
+
+	type result struct {
+		ts  []task.Task
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ts, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"w1", "w2"}, TTL: time.Minute})
+		done <- result{ts, err}
+	}()
+	// pg_blocking_pids says when the claim waits for the taker.
+	var takerPID uint32
+	if err := taker.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&takerPID); err != nil {
+		t.Fatal(err)
+	}
+	for waiting := false; !waiting; {
+		if err := pdb.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND $1::int = ANY (pg_blocking_pids(pid)))`, takerPID).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the claim returned %v, %v before the taker committed; it should wait for A's lease row", ids(r.ts), r.err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	// Due before the claim began, as a schedule's tick is (its task is due
+	// at the tick), or a task whose insert began before the claim did.
+	b := insert(t, s, taskstore.NewTask{Kind: "k", Lock: "B", ScheduledAt: time.Now().Add(-time.Minute)})[0]
+	if err := taker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	for _, c := range r.ts {
+		if c.ID != b.ID {
+			t.Errorf("claimed task %d (lock %s); A is the taker's", c.ID, c.Lock)
+		}
+	}
+	// Every live lease a processor holds is the lock of its running task,
+	// under the task's fence.
+	rows, err := pdb.Pool.Query(ctx, `SELECT l.resource, l.holder, l.fence FROM leases AS l
+		WHERE l.holder IN ('w1', 'w2') AND l.released_at IS NULL AND l.expires_at > now()
+		  AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'running' AND t.lock_resource = l.resource
+		                  AND t.processor = l.holder AND t.fence = l.fence)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphans, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+		Resource, Holder string
+		Fence            int64
+	}])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(orphans) > 0 {
+		t.Errorf("leases held by processors without their task: %+v (claimed %v)", orphans, ids(r.ts))
+	}
+	// And a task running is one the claim returned.
+	got, err := s.Get(ctx, b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State == task.StateRunning && !slices.Contains(ids(r.ts), b.ID) {
+		t.Errorf("task %d on B runs for %s under fence %d, and the claim returned %v without it", b.ID, got.Processor, got.Fence, ids(r.ts))
+	}
+	t.Logf("the task on B, committed during the claim: %s", got.State)
+}

@@ -294,7 +294,11 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]task.Task, error) {
 	if err != nil {
 		return nil, fmt.Errorf("claim tasks: %w", err)
 	}
-	return fromRows(rows), nil
+	ts := make([]task.Task, len(rows))
+	for i, r := range rows {
+		ts[i] = fromRow(db.Task(r)) // a task's columns, of the claim's and tasks_gated's rows
+	}
+	return ts, nil
 }
 
 // Heartbeat renews the task's lease for its processor. task.ErrLeaseLost
