@@ -161,6 +161,8 @@ func TestChaosFailover(t *testing.T) {
 	if c := rep.Check; c != nil && (c.TasksDone != rep.TasksDone || c.TasksDead != rep.TasksDead) {
 		t.Errorf("checker: done %d, dead %d; the soak counted %d, %d", c.TasksDone, c.TasksDead, rep.TasksDone, rep.TasksDead)
 	}
+	t.Logf("%d failovers of a synchronous pair; primary death → first lease granted by the new primary: %v; %d violations; tasks: %d done, %d dead, %d unfinished",
+		rep.Failovers, rep.FailoverGrant, len(rep.AllViolations()), rep.TasksDone, rep.TasksDead, rep.TasksUnfinished)
 	var md bytes.Buffer
 	if err := rep.WriteMarkdown(&md); err != nil {
 		t.Fatal(err)

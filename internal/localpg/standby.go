@@ -366,6 +366,34 @@ func (p *Pair) Rebuild(ctx context.Context) (rewound bool, err error) {
 	return rewound, err
 }
 
+// ReopenOld starts Standby, the old primary after Promote, on its own and read-only, to read
+// what it had: its server recovers all the WAL it wrote (in asynchronous mode that may hold
+// commits the new primary never received) and then refuses writes by default
+// (default_transaction_read_only), so that a client of URL, which asks for a read-write
+// session, never uses it. Rebuild makes it the standby afterwards, as after any failover.
+func (p *Pair) ReopenOld(ctx context.Context) error {
+	old := p.Standby()
+	if err := p.writeReplicationConf(old, nil, nil, false); err != nil {
+		return err
+	}
+	path := filepath.Join(old.c.dataDir, replicationConf)
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("localpg: open %s: %w", path, err)
+	}
+	_, err = f.WriteString("# Reopened to be read (ReopenOld): the pair's primary is the other node.\ndefault_transaction_read_only = on\n")
+	if closeErr := f.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		return fmt.Errorf("localpg: write %s: %w", path, err)
+	}
+	p.logf("reopening %s, the old primary, read-only", old.name)
+	// pg_ctl start waits until the server accepts connections: after its crash
+	// recovery, which replays the WAL to its end.
+	return old.c.start(ctx, errors.New("the old primary being reopened"))
+}
+
 // WaitReplayed waits until the standby has replayed the WAL up to the primary's current
 // position, so that it shows every transaction committed before the call. It waits until ctx
 // ends when replay or streaming is paused.

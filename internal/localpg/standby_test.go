@@ -145,6 +145,24 @@ func TestAsyncPairLosesWhatItDidNotReceive(t *testing.T) {
 	wantRows(ctx, t, b, 1, 2, 3) // 4 is lost
 	mustExec(ctx, t, b.URL(), `INSERT INTO survivor VALUES (5)`)
 
+	// The old primary, reopened on its own, still has what it committed
+	// alone, and takes no write, so that no client of the pair's URL uses it.
+	if err := p.ReopenOld(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantRows(ctx, t, a, 1, 2, 3, 4)
+	conn, err := pgx.Connect(ctx, a.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO survivor VALUES (6)`); err == nil {
+		t.Errorf("an insert into the reopened old primary %s succeeded; want it refused (read-only)", a.Name())
+	}
+	_ = conn.Close(ctx)
+	if got := p.Primary(); got != b {
+		t.Errorf("after ReopenOld the pair's primary is %s, want %s", got.Name(), b.Name())
+	}
+
 	rewound, err := p.Rebuild(ctx)
 	if err != nil {
 		t.Fatal(err)
