@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+
 	"testing"
 	"time"
 
@@ -195,4 +196,68 @@ func taskState(t *testing.T, r *replica, id int64) string {
 		return ""
 	}
 	return tk.State
+}
+
+// TestFencesBehindATransactionPooler: a replica whose pool goes through
+// PgBouncer in transaction mode (its listen URL straight to the pair), an
+// asynchronous failover that loses acquisitions, and the pooler pointed at
+// the new primary, as a failover tool moves a virtual IP. The replica's
+// connections to the pooler may outlive the failover, and then the check
+// leasehold runs on each new connection of its pool (fence_epoch_check)
+// would not run on the new primary's sessions: PgBouncer's connect_query
+// runs it on every server connection the pooler opens, before any client
+// uses it, and no fence is handed out twice. PgBouncer's server_login_retry
+// (15 s by default) is how long the database stays unreachable through it
+// after the failed connection to the dead primary: 1 s here
+// (docs/operations.md).
+func TestFencesBehindATransactionPooler(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair := newPair(t, false)
+	pooler, err := pair.NewPooler(ctx, localpg.PoolerConfig{ConnectQuery: "SELECT fence_epoch_check()", LoginRetry: time.Second})
+	if errors.Is(err, localpg.ErrNoPooler) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pooler.Close() })
+	r := startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--instance", "pooled", "--roles", "api", "--rate-limit", "0",
+		"--statement-timeout", "0"}, env("DATABASE_URL", pooler.URL(), "LEASEHOLD_LISTEN_DATABASE_URL", pair.URL())))
+	kept := call[leaseBody](t, r, "POST", "/api/leases", `{"resource":"kept","holder":"a","ttl_seconds":600}`, http.StatusCreated)
+	if err := pair.WaitReplayed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pair.PauseStreaming(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const lost = 20
+	var highest int64
+	for i := range lost {
+		l := call[leaseBody](t, r, "POST", "/api/leases", fmt.Sprintf(`{"resource":"lost-%d","holder":"a","ttl_seconds":600}`, i), http.StatusCreated)
+		highest = max(highest, l.Fence)
+	}
+	if err := pair.Primary().Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	died := time.Now()
+	if err := pair.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pooler.Follow(ctx, pair.Primary()); err != nil {
+		t.Fatal(err)
+	}
+	followed := time.Since(died)
+	var after leaseBody
+	waitUntil(t, "a lease granted after the failover", func() bool {
+		status, body := r.request(t, "POST", "/api/leases", `{"resource":"lost-0","holder":"b","ttl_seconds":30}`, "")
+		return status == http.StatusCreated && json.Unmarshal(body, &after) == nil
+	}, r.logs)
+	granted := time.Since(died)
+	if after.Fence <= highest {
+		t.Errorf("the first fence after the failover is %d, not above the lost acquisitions' highest, %d: a fence was handed out twice", after.Fence, highest)
+	}
+	call[leaseBody](t, r, "PUT", "/api/leases/renew", fmt.Sprintf(`{"resource":"kept","holder":"a","fence":%d}`, kept.Fence), http.StatusOK)
+	t.Logf("through PgBouncer: primary killed; the pooler in front of the new primary %v later; the first lease granted %v after the kill, fence %d above the %d lost acquisitions' highest, %d",
+		followed.Round(time.Millisecond), granted.Round(time.Millisecond), after.Fence, lost, highest)
 }
