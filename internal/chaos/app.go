@@ -237,6 +237,12 @@ func insertOrders(ctx context.Context, pool *pgxpool.Pool, client *leasehold.Cli
 		case <-tick.C:
 		}
 		_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			// The soak stops the orders before it drains the queue
+			// (stopOrders): it waits for this row, and no order comes after.
+			var stopped bool
+			if err := tx.QueryRow(ctx, `SELECT stopped FROM chaos_orders_control FOR SHARE`).Scan(&stopped); err != nil || stopped {
+				return err
+			}
 			var id int64
 			if err := tx.QueryRow(ctx, `INSERT INTO chaos_orders DEFAULT VALUES RETURNING id`).Scan(&id); err != nil {
 				return err
@@ -252,5 +258,17 @@ func insertOrders(ctx context.Context, pool *pgxpool.Pool, client *leasehold.Cli
 	}
 }
 
-// ordersTable is the embedded application's own table, created with the soak's database.
-const ordersTable = `CREATE TABLE chaos_orders (id bigserial PRIMARY KEY, task_id bigint UNIQUE)`
+// ordersTable is the embedded application's own table, created with the soak's database,
+// and the row that says whether the applications still insert orders.
+const ordersTable = `CREATE TABLE chaos_orders (id bigserial PRIMARY KEY, task_id bigint UNIQUE);
+CREATE TABLE chaos_orders_control (stopped boolean NOT NULL);
+INSERT INTO chaos_orders_control VALUES (false)`
+
+// stopOrders makes the applications insert no more orders, once every order under way is
+// committed or rolled back (their transactions hold the control row FOR SHARE), so that the
+// drain that follows sees each of their tasks. An application restarted later stops too: the
+// flag is in the database.
+func stopOrders(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, `UPDATE chaos_orders_control SET stopped = true`)
+	return err
+}

@@ -461,6 +461,11 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	}
 	cancel()
 	s.removeSchedules(endCtx)
+	ordersCtx, cancel := context.WithTimeout(endCtx, 30*time.Second)
+	if err := stopOrders(ordersCtx, s.pool); err != nil {
+		s.problem("could not stop the applications' orders: %v", err)
+	}
+	cancel()
 	if !interrupted {
 		drained := s.drain(ctx)
 		s.mu.Lock()
