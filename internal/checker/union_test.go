@@ -14,7 +14,7 @@ import (
 // attempt) and then went apart: the old one made an acquisition and a
 // task attempt the new one never received, and the new one made its own
 // after the failover, with the fences given.
-func diverged(newLease, newAttempt int64) (old, new checker.History) {
+func diverged(newLease, newAttempt int64) (before, after checker.History) {
 	shared := func() *history {
 		h := &history{readAt: 9000}
 		h.acquire("res:a", "a", 10, 0, 1000).release(500)
@@ -42,8 +42,8 @@ func diverged(newLease, newAttempt int64) (old, new checker.History) {
 // handed out again (its sequence had not seen the old one's last) is
 // caught, for a lease and for a task attempt alike.
 func TestVerifyFencesAcrossAFailover(t *testing.T) {
-	old, new := diverged(1_000_000_013, 1_000_000_014)
-	rep := checker.VerifyFences(old, new)
+	old, cur := diverged(1_000_000_013, 1_000_000_014)
+	rep := checker.VerifyFences(old, cur)
 	if len(rep.Violations) != 0 {
 		t.Errorf("fences advanced past the old primary's: %v; want no violation", rep.Violations)
 	}
@@ -63,8 +63,8 @@ func TestVerifyFencesAcrossAFailover(t *testing.T) {
 		{"a lease's fence again", 13, 1_000_000_014, "fence 13 given twice: res:a"},
 		{"a task attempt's fence again", 1_000_000_013, 14, "fence 14 given twice: task:1 (attempt 2) and task:1 (attempt 2)"},
 	} {
-		old, new := diverged(c.lease, c.attempt)
-		rep := checker.VerifyFences(old, new)
+		old, cur := diverged(c.lease, c.attempt)
+		rep := checker.VerifyFences(old, cur)
 		if len(rep.Violations) != 1 || rep.Violations[0].Rule != checker.RuleFenceReused || !strings.Contains(rep.Violations[0].Detail, c.want) {
 			t.Errorf("%s: %v; want one %s violation with %q", c.name, rep.Violations, checker.RuleFenceReused, c.want)
 		}

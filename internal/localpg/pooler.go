@@ -84,7 +84,10 @@ func (p *Pair) NewPooler(ctx context.Context, cfg PoolerConfig) (_ *Pooler, err 
 	if out, err := c.run(ctx, bin, "-d", b.config()); err != nil {
 		return nil, fmt.Errorf("localpg: start PgBouncer: %w\n%s%s", err, out, b.logTail())
 	}
-	return b, b.waitServing(ctx)
+	if err := b.waitServing(ctx); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // URL is the URL of database Database through the pooler. PgBouncer before 1.21 does not
@@ -199,5 +202,5 @@ func (b *Pooler) logTail() string {
 	if err != nil {
 		return ""
 	}
-	return "\nlast lines of PgBouncer's log:\n" + string(lastLines(raw, 10))
+	return "\nlast lines of PgBouncer's log:\n" + lastLines(raw, 10)
 }
