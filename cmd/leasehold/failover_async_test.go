@@ -183,7 +183,7 @@ func TestAsyncFailoverUnderLoad(t *testing.T) {
 			rerun++
 		}
 	}
-	t.Logf("primary killed; standby promoted %v later; first lease granted by the new primary %v after the kill",
+	t.Logf("primary killed; Promote returned %v later (it ends with a checkpoint); the first lease granted by the new primary %v after the kill",
 		promoted.Round(time.Millisecond), granted.Round(time.Millisecond))
 	t.Logf("acknowledged: %s; lost: %s (%d of them sent after the cut, %d kept in all); tasks done on the old primary alone and run again: %d",
 		counts(acked), counts(lost), lostLate, kept, rerun)
