@@ -296,7 +296,8 @@ func checkName(field, v string) error {
 	return nil
 }
 
-// Spec is a parsed cron expression in its zone: it tells the ticks.
+// Spec is a parsed cron expression in its zone: it tells the ticks. It is
+// safe for concurrent use.
 type Spec struct {
 	expr  string
 	sched cron.Schedule

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,6 +18,34 @@ import (
 type Store struct {
 	pool *pgxpool.Pool
 	q    *db.Queries
+
+	mu    sync.Mutex
+	specs map[[2]string]parsed // by (cron, zone): the scheduler reads every schedule each round
+}
+
+// parsed is a definition parsed once.
+type parsed struct {
+	spec *schedule.Spec
+	err  error
+}
+
+// maxSpecs bounds Store.specs; past it the cache starts afresh.
+const maxSpecs = 10_000
+
+// spec parses cron in zone, or returns the result of an earlier parse of them.
+func (s *Store) spec(cron, zone string) (*schedule.Spec, error) {
+	key := [2]string{cron, zone}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p, ok := s.specs[key]; ok {
+		return p.spec, p.err
+	}
+	if s.specs == nil || len(s.specs) >= maxSpecs {
+		s.specs = make(map[[2]string]parsed)
+	}
+	spec, err := schedule.Parse(cron, zone)
+	s.specs[key] = parsed{spec, err}
+	return spec, err
 }
 
 // NewStore returns a Store on the pool.
@@ -177,7 +206,7 @@ func (s *Store) times(ctx context.Context) ([]due, time.Time, error) {
 	out := make([]due, len(rows))
 	var now time.Time
 	for i, r := range rows {
-		spec, err := schedule.Parse(r.Cron, r.Zone)
+		spec, err := s.spec(r.Cron, r.Zone)
 		out[i] = due{id: r.ID, name: r.Name, spec: spec, specErr: err, next: r.NextTickAt}
 		now = r.DBNow
 	}
