@@ -21,7 +21,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs := flag.NewFlagSet("leasehold bench", flag.ContinueOnError)
 	var (
 		dbURL     = fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL; scenarios create databases beside its (env DATABASE_URL; default: the local PostgreSQL)")
-		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog) and longpoll (long-poll claims, leasehold work; a few minutes)")
+		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes) and capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle and task)")
 		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
 		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
 		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts")
@@ -38,13 +38,15 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		idleWait  = fs.Int("idle-waiters", bench.DefaultIdleWaiters, "claims longpoll holds waiting while it counts what they cost")
 		idleHold  = fs.Duration("idle-hold", bench.DefaultIdleHold, "how long longpoll holds its idle waiters (and as long with none)")
 		restWork  = fs.Int("rest-workers", bench.DefaultRESTWorkers, "longpoll's HTTP workers per replica, and the slots of each of its leasehold work processes")
+		capLeases = fs.String("capacity-leases", "", "leases capacity holds and renews, comma-separated (default 1000,10000)")
+		renewEvry = fs.Duration("renew-every", bench.DefaultRenewEvery, "how often capacity renews each lease it holds")
 	)
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
 	cfg := bench.Config{DatabaseURL: *dbURL, Duration: *duration, Tasks: *tasks, Replicas: *replicas,
 		Workers: *workers, Samples: *samples, SteadyRate: *rate, Fanout: *fanout, Log: stderr,
-		Waiters: *waiters, IdleWaiters: *idleWait, IdleHold: *idleHold, RESTWorkers: *restWork}
+		Waiters: *waiters, IdleWaiters: *idleWait, IdleHold: *idleHold, RESTWorkers: *restWork, RenewEvery: *renewEvry}
 	for _, s := range strings.Split(*scenarios, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			cfg.Scenarios = append(cfg.Scenarios, s)
@@ -63,6 +65,15 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 	}
 	cfg.BacklogWorkers = *blWorkers
+	if *capLeases != "" {
+		for _, s := range strings.Split(*capLeases, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil {
+				return usagef("--capacity-leases %q must be whole numbers separated by commas, e.g. 1000,10000", *capLeases)
+			}
+			cfg.CapacityLeases = append(cfg.CapacityLeases, n)
+		}
+	}
 	for _, s := range strings.Split(*clients, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil {
@@ -70,8 +81,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		cfg.Clients = append(cfg.Clients, n)
 	}
-	if *waiters <= 0 || *idleWait <= 0 || *idleHold <= 0 || *restWork <= 0 {
-		return usagef("--waiters, --idle-waiters, --idle-hold and --rest-workers must be above 0")
+	if *waiters <= 0 || *idleWait <= 0 || *idleHold <= 0 || *restWork <= 0 || *renewEvry <= 0 {
+		return usagef("--waiters, --idle-waiters, --idle-hold, --rest-workers and --renew-every must be above 0")
 	}
 	if *duration <= 0 || *tasks <= 0 || *replicas <= 0 || *workers <= 0 || *samples <= 0 || *rate <= 0 || *fanout <= 0 || *blWorkers <= 0 {
 		return usagef("--duration, --tasks, --replicas, --workers, --samples, --steady-rate, --fanout and --backlog-workers must be above 0")

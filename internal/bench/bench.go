@@ -33,7 +33,7 @@ import (
 var Scenarios = []string{"baseline", "leases", "drain", "steady", "latency", "notify-cost", "fanout"}
 
 // Optional are the scenarios that run only when named: long ones.
-var Optional = []string{"backlog", "longpoll"}
+var Optional = []string{"backlog", "longpoll", "capacity"}
 
 // Config is what to measure and how hard.
 type Config struct {
@@ -59,6 +59,10 @@ type Config struct {
 	// and the slots of each of its `leasehold work` processes (0: DefaultRESTWorkers).
 	Waiters, IdleWaiters, RESTWorkers int
 	IdleHold                          time.Duration
+	// CapacityLeases are the counts of leases capacity holds, renewing each every
+	// RenewEvery (nil: DefaultCapacityLeases; 0: DefaultRenewEvery).
+	CapacityLeases []int
+	RenewEvery     time.Duration
 	// Work, when set, is a leasehold binary whose `work` command longpoll runs.
 	Work string
 	// Executable, when set, is a leasehold binary: drain then also runs its replicas as
@@ -138,6 +142,14 @@ func (c Config) Validate() error {
 		if n < 1 || n > 256 {
 			errs = append(errs, fmt.Errorf("clients %d must be between 1 and 256", n))
 		}
+	}
+	for _, n := range c.CapacityLeases {
+		if n < 1 || n > 1_000_000 {
+			errs = append(errs, fmt.Errorf("capacity leases %d must be between 1 and 1000000", n))
+		}
+	}
+	if c.RenewEvery < 0 || c.RenewEvery > 10*time.Minute {
+		errs = append(errs, fmt.Errorf("renew every %s must be between 0 (the default, %s) and 10m", c.RenewEvery, DefaultRenewEvery))
 	}
 	if c.IdleHold > 270*time.Second {
 		errs = append(errs, fmt.Errorf("idle hold %s must be at most 4m30s (a claim waits at most 300 s)", c.IdleHold))
@@ -223,6 +235,7 @@ var scenarios = map[string]func(ctx context.Context, c Config, earlier []Result)
 	"fanout":      runFanout,
 	"backlog":     runBacklog,
 	"longpoll":    runLongpoll,
+	"capacity":    runCapacity,
 }
 
 func machine(ctx context.Context, dbURL string) (Machine, error) {

@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// pgProcs is PostgreSQL's process tree on this machine: the postmaster and the processes
+// it forked (backends, the WAL writer, the checkpointer, autovacuum…).
+type pgProcs struct {
+	pid  int           // the postmaster's
+	how  string        // how it was found
+	tick time.Duration // of the times in /proc/<pid>/stat
+}
+
+// findServer finds the postmaster of backend, the pid of a session on database, on this
+// machine: it is the backend's parent, confirmed by the data directory's postmaster.pid
+// (when dataDir is known and readable) or by the backend's process title, which names
+// database. When it cannot be found here it returns nil and why, rather than measure some
+// other process.
+func findServer(backend int, database, dataDir string) (*pgProcs, string) {
+	if runtime.GOOS != "linux" {
+		return nil, fmt.Sprintf("this machine runs %s, and only Linux's /proc is read for a server's CPU time", runtime.GOOS)
+	}
+	st, err := readStat(backend)
+	if err != nil {
+		return nil, fmt.Sprintf("PostgreSQL is not on this machine: no process %d here, the pid its backend reports "+
+			"(another host, or a container with a process namespace of its own)", backend)
+	}
+	s := &pgProcs{pid: st.ppid, tick: clockTick()}
+	if dataDir != "" {
+		if b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid")); err == nil {
+			first, _, _ := strings.Cut(string(b), "\n")
+			if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil {
+				if pid != st.ppid {
+					return nil, fmt.Sprintf("PostgreSQL is not on this machine: process %d here has parent %d, "+
+						"but %s/postmaster.pid names %d", backend, st.ppid, dataDir, pid)
+				}
+				s.how = "found by " + filepath.Join(dataDir, "postmaster.pid")
+				return s, ""
+			}
+		}
+	}
+	title, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", backend))
+	if err != nil || !bytes.Contains(title, []byte(" "+database+" ")) {
+		return nil, fmt.Sprintf("PostgreSQL is not on this machine: process %d here is not its backend "+
+			"(its title does not name database %s)", backend, database)
+	}
+	s.how = "found as the parent of a backend whose title names the database"
+	return s, ""
+}
+
+// tree returns the CPU ticks, user and system, that each live child of the postmaster has
+// used so far (its children's included), and those of the whole tree: the children's, and
+// the postmaster's own and those of the children it reaped (a backend that exited is
+// counted there).
+func (s *pgProcs) tree() (children map[int]int64, whole int64, err error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, 0, fmt.Errorf("read /proc for PostgreSQL's processes: %w", err)
+	}
+	children = map[int]int64{}
+	// Children first: one that exits meanwhile is then counted twice (its own and its
+	// parent's reaped time) rather than not at all, for the few milliseconds of its exit.
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == s.pid {
+			continue
+		}
+		st, err := readStat(pid)
+		if err != nil || st.ppid != s.pid {
+			continue // gone meanwhile, or not PostgreSQL's
+		}
+		children[pid] = st.total()
+		whole += st.total()
+	}
+	st, err := readStat(s.pid)
+	if err != nil {
+		return nil, 0, fmt.Errorf("the postmaster (pid %d) is gone: %w", s.pid, err)
+	}
+	return children, whole + st.total(), nil
+}
+
+// ticksOf returns the CPU ticks process pid has used so far, its children's included;
+// false when it is gone.
+func (s *pgProcs) ticksOf(pid int) (int64, bool) {
+	st, err := readStat(pid)
+	if err != nil {
+		return 0, false
+	}
+	return st.total(), true
+}
+
+// dur converts ticks to time.
+func (s *pgProcs) dur(ticks int64) time.Duration { return time.Duration(ticks) * s.tick }
+
+// procStat is what capacity reads of /proc/<pid>/stat.
+type procStat struct {
+	ppid                         int
+	utime, stime, cutime, cstime int64 // clock ticks
+}
+
+// total is the process's CPU ticks and those of the children it reaped.
+func (st procStat) total() int64 { return st.utime + st.stime + st.cutime + st.cstime }
+
+func readStat(pid int) (procStat, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, err
+	}
+	return parseStat(string(b))
+}
+
+// parseStat parses a /proc/<pid>/stat line. The command name, second, is in parentheses and
+// may hold spaces and parentheses itself, so the fields are counted from the last ')'.
+func parseStat(line string) (procStat, error) {
+	i := strings.LastIndexByte(line, ')')
+	if i < 0 {
+		return procStat{}, errors.New("a stat line without a command name")
+	}
+	f := strings.Fields(line[i+1:]) // f[0] is field 3 (state)
+	if len(f) < 15 {
+		return procStat{}, fmt.Errorf("a stat line of %d fields", len(f)+2)
+	}
+	var st procStat
+	var err error
+	num := func(field int) int64 {
+		n, e := strconv.ParseInt(f[field-3], 10, 64)
+		err = errors.Join(err, e)
+		return n
+	}
+	st.ppid = int(num(4))
+	st.utime, st.stime, st.cutime, st.cstime = num(14), num(15), num(16), num(17)
+	return st, err
+}
+
+// clockTick is the unit of /proc's times: 1/AT_CLKTCK from the auxiliary vector, which is
+// sysconf(_SC_CLK_TCK) without cgo; 10 ms (USER_HZ 100, every Linux Go runs on) when it
+// cannot be read.
+func clockTick() time.Duration {
+	const atClkTck = 17
+	b, err := os.ReadFile("/proc/self/auxv")
+	if err == nil {
+		word := strconv.IntSize / 8
+		for ; len(b) >= 2*word; b = b[2*word:] {
+			key, val := auxWord(b, word), auxWord(b[word:], word)
+			if key == atClkTck && val > 0 {
+				return time.Second / time.Duration(val)
+			}
+		}
+	}
+	return 10 * time.Millisecond
+}
+
+func auxWord(b []byte, word int) uint64 {
+	if word == 4 {
+		return uint64(binary.NativeEndian.Uint32(b))
+	}
+	return binary.NativeEndian.Uint64(b)
+}

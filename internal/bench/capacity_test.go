@@ -1,0 +1,112 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/pgtest"
+)
+
+// TestCapacity runs the capacity scenario small on the test server and checks that every
+// figure is there and positive: the rates, the CPU and WAL per operation and what they
+// give per core and per GB. The figures themselves are for people (docs/operations.md).
+func TestCapacity(t *testing.T) {
+	t.Parallel()
+	cfg := Config{
+		DatabaseURL: pgtest.ServerURL(t), Scenarios: []string{"capacity"}, Duration: 400 * time.Millisecond,
+		CapacityLeases: []int{50, 300}, RenewEvery: 100 * time.Millisecond, Clients: []int{4},
+		Tasks: 500, Replicas: 2, Workers: 2, SteadyRate: 300,
+	}
+	rep, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) == 0 || rep.Results[0].Case != "PostgreSQL's CPU" {
+		t.Fatalf("the first figure should say where PostgreSQL's CPU was measured: %+v", rep.Results)
+	}
+	local := strings.HasPrefix(rep.Results[0].Note, "measured:")
+	if !local {
+		t.Logf("the CPU figures are not checked: %s", rep.Results[0].Note)
+	}
+	workloads := map[string]int{}
+	for _, r := range rep.Results[1:] {
+		if r.Scenario != "capacity" {
+			t.Errorf("figure of scenario %q, want capacity", r.Scenario)
+		}
+		name, what, ok := strings.Cut(r.Case, ": ")
+		if !ok {
+			t.Errorf("case %q has no workload: figure", r.Case)
+			continue
+		}
+		workloads[name]++
+		switch {
+		case what == "not run": // pgbench is missing, and the note says so
+		case strings.HasPrefix(what, "active sessions"):
+			if r.Value < 0 {
+				t.Errorf("%s: %v sessions, want at least 0", r.Case, r.Value)
+			}
+		case strings.Contains(what, "CPU") || strings.Contains(what, "per PostgreSQL core"):
+			if local && r.Value <= 0 {
+				t.Errorf("%s: %v, want above 0 (%s)", r.Case, r.Value, r.Note)
+			}
+		default:
+			if r.Value <= 0 {
+				t.Errorf("%s: %v %s, want above 0 (%s)", r.Case, r.Value, r.Unit, r.Note)
+			}
+		}
+	}
+	// Two renewal workloads, the cycles, two drains, the steady tasks and pgbench; eight
+	// figures each, or one saying why pgbench did not run.
+	_, noPgbench := findPgbench()
+	if len(workloads) != 7 {
+		t.Errorf("%d workloads, want 7: %v", len(workloads), workloads)
+	}
+	for name, n := range workloads {
+		want := 8
+		if name == yardstick && noPgbench != nil {
+			want = 1
+		}
+		if n != want {
+			t.Errorf("workload %q gave %d figures, want %d", name, n, want)
+		}
+	}
+}
+
+func TestParseProcessed(t *testing.T) {
+	t.Parallel()
+	out := []byte("transaction type: <builtin: simple update>\nnumber of transactions actually processed: 28000\ntps = 5600.1 (without initial connection time)\n")
+	if n, err := parseProcessed(out); err != nil || n != 28000 {
+		t.Fatalf("parseProcessed: %v, %v", n, err)
+	}
+	if _, err := parseProcessed([]byte("pgbench: error: connection refused")); err == nil {
+		t.Fatal("parseProcessed found a count where there is none")
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	t.Parallel()
+	// A command name with a space and a parenthesis, as a process may call itself.
+	line := "26642 (postgres: x) y) S 1 26642 26642 0 -1 4194304 52671 5635390 0 36 16 136 9799 6596 20 0 1 0 3195092\n"
+	got, err := parseStat(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := procStat{ppid: 1, utime: 16, stime: 136, cutime: 9799, cstime: 6596}
+	if got != want {
+		t.Errorf("parseStat: got %+v, want %+v", got, want)
+	}
+	if _, err := parseStat("12 (short) S 1 2"); err == nil {
+		t.Error("parseStat accepted a short line")
+	}
+}
+
+// TestFindServerElsewhere checks that a backend pid with no process here is said to be
+// elsewhere, not measured as whatever runs here.
+func TestFindServerElsewhere(t *testing.T) {
+	t.Parallel()
+	pg, why := findServer(1<<30, "leasehold_bench_x", "")
+	if pg != nil || !strings.Contains(why, "not on this machine") {
+		t.Errorf("findServer of a pid that does not exist: %+v, %q", pg, why)
+	}
+}
