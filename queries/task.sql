@@ -98,11 +98,11 @@ WITH buried AS (
 -- The function assigns them itself, since it reads with snapshots later
 -- than this statement's, which may not see a task it claims. Looked for
 -- only while a gated task is pending: a one-time filter, one probe of an
--- index that is empty but for them.
+-- index that is empty but for them (tasks_gated_waiting, schema/0014).
 gated AS (
     SELECT g.*
     FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], @processors::text[], @ttl_seconds::integer) AS g
-    WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
+    WHERE tasks_gated_waiting()
 ),
 due AS (
     SELECT d.id, d.priority, d.scheduled_at
@@ -414,7 +414,7 @@ completed AS (
 gated AS (
     SELECT g.*
     FROM tasks_gated(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[], @claim_for::text[], @ttl_seconds::integer) AS g
-    WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
+    WHERE tasks_gated_waiting()
 ),
 picked AS (
     SELECT d.id, (SELECT count(*) FROM gated) + row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n

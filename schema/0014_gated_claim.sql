@@ -31,6 +31,10 @@ RETURNS SETOF tasks
 LANGUAGE plpgsql VOLATILE
 ROWS 1
 -- As in schema/0012: the claims call it only while a gated task is pending.
+-- Sorts are off as in tasks_gated_waiting: both of its reads of tasks are
+-- in tasks_gated_idx's order, which only that index gives without a sort,
+-- so no statistics can make it walk the pending tasks of tasks_filter_idx.
+SET enable_sort = off
 SET enable_bitmapscan = off
 SET enable_seqscan = off
 SET jit = off
@@ -105,7 +109,33 @@ BEGIN
 END;
 $$;
 
+-- tasks_gated_waiting reports whether any gated task is pending: the
+-- claims' one-time filter before they call tasks_gated. An inline EXISTS
+-- let the planner read tasks_filter_idx on state = 'pending' instead of
+-- the gated tasks' own index whenever the statistics were taken while the
+-- queue was empty (they make the two look alike), and then every claim
+-- read every pending task: a third of the drain's rate (the capacity
+-- bench, docs/performance.md). Asked in tasks_gated_due_idx's order with
+-- sorts disabled, only that index can answer without a sort, so the plan is
+-- its scan whatever the statistics say (an EXISTS would drop the ORDER BY).
+CREATE FUNCTION tasks_gated_waiting() RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+BEGIN
+    PERFORM t.scheduled_at FROM tasks AS t
+    WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
+    ORDER BY t.scheduled_at
+    LIMIT 1;
+    RETURN FOUND;
+END;
+$$;
+
 -- +goose Down
+DROP FUNCTION tasks_gated_waiting();
 DROP FUNCTION tasks_gated(text[], text[], text[], integer);
 -- schema/0012's: it acquires the locks, and the claims assign the tasks.
 CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], processors text[], ttl_default integer)

@@ -102,7 +102,7 @@ WITH buried AS (
 gated AS (
     SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick
     FROM tasks_gated($2::text[], $3::text[], $4::text[], $5::integer) AS g
-    WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
+    WHERE tasks_gated_waiting()
 ),
 due AS (
     SELECT d.id, d.priority, d.scheduled_at
@@ -228,7 +228,7 @@ type TaskClaimRow struct {
 // The function assigns them itself, since it reads with snapshots later
 // than this statement's, which may not see a task it claims. Looked for
 // only while a gated task is pending: a one-time filter, one probe of an
-// index that is empty but for them.
+// index that is empty but for them (tasks_gated_waiting, schema/0014).
 // The gated tasks have the first processors; the others follow in order.
 func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskClaimRow, error) {
 	rows, err := q.db.Query(ctx, taskClaim,
@@ -370,7 +370,7 @@ completed AS (
 gated AS (
     SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick
     FROM tasks_gated($5::text[], $6::text[], $7::text[], $8::integer) AS g
-    WHERE EXISTS (SELECT 1 FROM tasks AS x WHERE x.state = 'pending' AND x.lock_resource IS NOT NULL)
+    WHERE tasks_gated_waiting()
 ),
 picked AS (
     SELECT d.id, (SELECT count(*) FROM gated) + row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
