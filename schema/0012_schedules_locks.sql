@@ -267,76 +267,48 @@ BEGIN
 END;
 $$;
 
--- tasks_gated claims the locks of up to cardinality(processors) due gated
--- tasks of want_queues and want_kinds (NULL: all), at most one per lock,
--- only of locks whose lease is free: for each, the first of the lock in
--- (priority, scheduled_at, id) order is locked (FOR UPDATE SKIP LOCKED)
--- and the lock's lease acquired for the next processor, with a fence
--- drawn under the lease's row lock and the task's TTL (or ttl_default),
--- as an acquisition by the REST API is. It returns those tasks with their
--- processor, fence, and the lease's acquisition and expiry, which the
--- claim that calls it gives the task (its attempt is that holding of the
--- lock); a task whose lock someone took meanwhile is not returned, and
--- stays pending. Locks are visited in name order by a loose scan of
--- tasks_gated_idx (one probe each), so a busy lock costs a claim one
--- probe and one look at its lease, however many tasks wait on it.
-CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], processors text[], ttl_default integer)
-RETURNS TABLE (id bigint, processor text, fence bigint, acquired_at timestamptz, expires_at timestamptz)
+-- tasks_gated picks, locks (FOR UPDATE SKIP LOCKED) and returns up to
+-- max_tasks due gated tasks of want_queues and want_kinds (NULL: all), at
+-- most one per lock, and only of locks whose lease is free: the first of
+-- each such lock in (priority, scheduled_at, id) order. Locks are visited
+-- in name order by a loose scan of tasks_gated_idx (one probe each), so a
+-- busy lock costs a claim one probe and one look at its lease, however
+-- many tasks wait on it. The claim acquires the lock's lease as it takes
+-- the task (task_lock_follow); one whose lease someone took meanwhile is
+-- left pending.
+CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], max_tasks integer)
+RETURNS TABLE (id bigint, priority smallint, scheduled_at timestamptz)
 LANGUAGE plpgsql VOLATILE
 ROWS 1
--- The SET clauses keep the planner on the indexes whatever the statistics
--- say, as tasks_claimable's; they cost a call a save and a restore of each,
--- so the claims call it only while a gated task is pending (TaskClaim).
 SET enable_bitmapscan = off
 SET enable_seqscan = off
 SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    cur  text;
-    next integer := 1;
-    tid  bigint;
-    ttl  integer;
+    cur       text;
+    left_over integer := max_tasks;
+    got       integer;
 BEGIN
-    IF coalesce(cardinality(processors), 0) = 0 THEN
+    IF max_tasks IS NULL OR max_tasks < 1 THEN
         RETURN;
     END IF;
     SELECT t.lock_resource INTO cur FROM tasks AS t
     WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
     ORDER BY t.lock_resource LIMIT 1;
-    WHILE cur IS NOT NULL AND next <= cardinality(processors) LOOP
+    WHILE cur IS NOT NULL AND left_over > 0 LOOP
         IF NOT EXISTS (SELECT 1 FROM leases AS l
                        WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
-            SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
+            RETURN QUERY
+            SELECT c.id, c.priority, c.scheduled_at FROM tasks AS c
             WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
               AND (want_queues IS NULL OR c.queue = ANY (want_queues))
               AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
             ORDER BY c.priority, c.scheduled_at, c.id
             LIMIT 1
             FOR UPDATE SKIP LOCKED;
-            IF FOUND THEN
-                INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
-                VALUES (cur, processors[next], nextval('lease_fence_seq'), ttl,
-                        clock_timestamp() + make_interval(secs => ttl))
-                ON CONFLICT (resource) DO UPDATE
-                SET holder      = excluded.holder,
-                    -- Drawn now, under the row lock, and the holding begins
-                    -- after the previous one ended (as LeaseAcquire).
-                    fence       = nextval('lease_fence_seq'),
-                    ttl_seconds = excluded.ttl_seconds,
-                    created_at  = clock_timestamp(),
-                    renewed_at  = NULL,
-                    released_at = NULL,
-                    expired_at  = NULL,
-                    expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
-                WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
-                RETURNING tid, l.holder, l.fence, l.created_at, l.expires_at
-                INTO id, processor, fence, acquired_at, expires_at;
-                IF FOUND THEN
-                    RETURN NEXT;
-                    next := next + 1;
-                END IF;
-            END IF;
+            GET DIAGNOSTICS got = ROW_COUNT;
+            left_over := left_over - got;
         END IF;
         SELECT t.lock_resource INTO cur FROM tasks AS t
         WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL AND t.lock_resource > cur
@@ -416,32 +388,61 @@ BEGIN
 END;
 $$;
 
--- task_lock_follow keeps a running gated task's lock in step with the
--- task's own lease, in the statement that changes the task (the claim
--- acquired it: tasks_gated):
+-- task_lock_follow keeps a gated task's lock in step with the task's own
+-- lease, in the statement that changes the task:
+--   * a claim (running with a new fence) acquires the lock's lease for the
+--     processor, with a fence drawn under the lease's row lock, which the
+--     task takes as its own; when the lease is held (someone took it after
+--     tasks_gated looked), the row is left as it was: not claimed;
 --   * a renewal of the task's lease renews the lock's to the same expiry;
---     when the lock's lease is gone (released by someone using the
---     processor's name), the renewal fails with SQLSTATE LH001, which the
---     store reports as a lost lease: a gated task never runs on without
---     its lock;
+--     when the lock's lease is gone (released by its holder's name), the
+--     renewal is refused as a lost lease is;
 --   * the end of an attempt (done, failed, dead, cancelled, handed back,
---     lapsed) releases the lock's lease of that fence, unless it has
---     expired already.
--- An AFTER trigger whose WHEN is false for every other task: an update of
--- an ungated task costs the evaluation of the WHEN and nothing more (a
--- BEFORE trigger would make every update lock its row first, one more WAL
--- record per completion). Lease events and NOTIFYs follow from
--- leases_changed.
+--     lapsed and taken again) releases the lock's lease of that fence,
+--     unless it has expired already.
+-- The task's lease is the lock's: the claim gives the task the lock's
+-- acquisition time as started_at and its expiry, and a renewal sets both
+-- alike. Lease events and NOTIFYs follow from leases_changed.
 CREATE FUNCTION task_lock_follow() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    got      bigint;
+    acquired timestamptz;
+    expiry   timestamptz;
 BEGIN
-    IF NEW.state <> 'running' OR NEW.fence IS DISTINCT FROM OLD.fence THEN
+    IF OLD.state = 'running' AND (NEW.state <> 'running' OR NEW.fence IS DISTINCT FROM OLD.fence) THEN
         UPDATE leases AS l
         SET released_at = least(clock_timestamp(), l.expires_at),
             expires_at  = least(clock_timestamp(), l.expires_at)
         WHERE l.resource = OLD.lock_resource AND l.fence = OLD.fence
           AND l.released_at IS NULL AND l.expires_at > now();
-    ELSIF NEW.must_heartbeat_before IS DISTINCT FROM OLD.must_heartbeat_before THEN
+    END IF;
+    IF NEW.state = 'running' AND (OLD.state <> 'running' OR NEW.fence IS DISTINCT FROM OLD.fence) THEN
+        INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
+        VALUES (NEW.lock_resource, NEW.processor, nextval('lease_fence_seq'), NEW.ttl_seconds,
+                clock_timestamp() + make_interval(secs => NEW.ttl_seconds))
+        ON CONFLICT (resource) DO UPDATE
+        SET holder      = excluded.holder,
+            fence       = nextval('lease_fence_seq'),
+            ttl_seconds = excluded.ttl_seconds,
+            created_at  = clock_timestamp(),
+            renewed_at  = NULL,
+            released_at = NULL,
+            expired_at  = NULL,
+            expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
+        WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
+        RETURNING l.fence, l.created_at, l.expires_at INTO got, acquired, expiry;
+        IF got IS NULL THEN
+            RETURN NULL; -- the lock is held: the task stays as it was
+        END IF;
+        -- The attempt begins when the lock was acquired, not when the
+        -- statement did (it may have waited for the lock's row), and its
+        -- lease ends with the lock's.
+        NEW.fence := got;
+        NEW.started_at := acquired;
+        NEW.last_heartbeat_at := acquired;
+        NEW.must_heartbeat_before := expiry;
+    ELSIF NEW.state = 'running' AND NEW.must_heartbeat_before IS DISTINCT FROM OLD.must_heartbeat_before THEN
         UPDATE leases AS l
         SET renewed_at  = now(),
             ttl_seconds = NEW.ttl_seconds,
@@ -449,18 +450,17 @@ BEGIN
         WHERE l.resource = NEW.lock_resource AND l.fence = NEW.fence
           AND l.released_at IS NULL AND l.expired_at IS NULL AND l.expires_at > now();
         IF NOT FOUND THEN
-            RAISE EXCEPTION 'the lease of the lock % of task % under fence % is no longer held', NEW.lock_resource, NEW.id, NEW.fence
-                USING ERRCODE = 'LH001';
+            RETURN NULL; -- the lock's lease is gone: so is the task's
         END IF;
     END IF;
-    RETURN NULL;
+    RETURN NEW;
 END;
 $$;
 
 -- tasks_changed as in schema/0011, but for how it tells a claim: a row
 -- running that started at the statement's time or later. A gated task's
--- claim starts when its lock's lease was acquired (tasks_gated), which may
--- be after the statement began (it waited for the lock's row).
+-- claim starts when its lock's lease was acquired (task_lock_follow), which
+-- may be after the statement began (it waited for the lock's row).
 CREATE OR REPLACE FUNCTION tasks_changed() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_bitmapscan = off
@@ -514,9 +514,9 @@ END;
 $$;
 
 CREATE TRIGGER task_lock_follow
-AFTER UPDATE ON tasks
+BEFORE UPDATE ON tasks
 FOR EACH ROW
-WHEN (OLD.lock_resource IS NOT NULL AND OLD.state = 'running')
+WHEN (NEW.lock_resource IS NOT NULL)
 EXECUTE FUNCTION task_lock_follow();
 
 -- leases_changed as in schema/0006, and besides: a lease released or
@@ -687,7 +687,7 @@ BEGIN
 END;
 $$;
 DROP FUNCTION task_lock_follow();
-DROP FUNCTION tasks_gated(text[], text[], text[], integer);
+DROP FUNCTION tasks_gated(text[], text[], integer);
 DROP INDEX tasks_gated_due_idx;
 DROP INDEX tasks_gated_idx;
 DROP INDEX tasks_claim_idx;
