@@ -11,8 +11,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // ErrNoPooler is returned by NewPooler when PgBouncer is not installed (Debian's package
@@ -178,23 +176,11 @@ func (b *Pooler) pid() (int, error) {
 
 // waitServing waits until a query through the pooler is answered.
 func (b *Pooler) waitServing(ctx context.Context) error {
-	var lastErr error
-	for {
-		conn, err := pgx.Connect(ctx, b.URL())
-		if err == nil {
-			_, err = conn.Exec(ctx, `SELECT 1`)
-			_ = conn.Close(context.WithoutCancel(ctx))
-			if err == nil {
-				return nil
-			}
-		}
-		lastErr = err
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("localpg: PgBouncer on 127.0.0.1:%d does not serve %s (%w): %w%s", b.port, Database, ctx.Err(), lastErr, b.logTail())
-		case <-time.After(pollInterval):
-		}
+	what := fmt.Sprintf("PgBouncer on 127.0.0.1:%d to serve %s", b.port, Database)
+	if err := pollAt(ctx, b.URL(), what, `SELECT true`); err != nil {
+		return fmt.Errorf("%w%s", err, b.logTail())
 	}
+	return nil
 }
 
 func (b *Pooler) logTail() string {

@@ -150,12 +150,17 @@ func NewPair(ctx context.Context, cfg PairConfig) (_ *Pair, err error) {
 // appendInclude makes postgresql.conf include replicationConf, after leasehold.conf so that
 // its settings win. pg_basebackup and pg_rewind copy postgresql.conf to the other node.
 func appendInclude(c *cluster) error {
-	path := filepath.Join(c.dataDir, "postgresql.conf")
+	return appendFile(filepath.Join(c.dataDir, "postgresql.conf"),
+		"\n# The node's part in its pair (internal/localpg/standby.go).\ninclude_if_exists = '"+replicationConf+"'\n")
+}
+
+// appendFile adds text at the end of the file at path.
+func appendFile(path, text string) error {
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", path, err)
 	}
-	_, err = f.WriteString("\n# The node's part in its pair (internal/localpg/standby.go).\ninclude_if_exists = '" + replicationConf + "'\n")
+	_, err = f.WriteString(text)
 	if closeErr := f.Close(); err == nil {
 		err = closeErr
 	}
@@ -376,17 +381,10 @@ func (p *Pair) ReopenOld(ctx context.Context) error {
 	if err := p.writeReplicationConf(old, nil, nil, false); err != nil {
 		return err
 	}
-	path := filepath.Join(old.c.dataDir, replicationConf)
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	err := appendFile(filepath.Join(old.c.dataDir, replicationConf),
+		"# Reopened to be read (ReopenOld): the pair's primary is the other node.\ndefault_transaction_read_only = on\n")
 	if err != nil {
-		return fmt.Errorf("localpg: open %s: %w", path, err)
-	}
-	_, err = f.WriteString("# Reopened to be read (ReopenOld): the pair's primary is the other node.\ndefault_transaction_read_only = on\n")
-	if closeErr := f.Close(); err == nil {
-		err = closeErr
-	}
-	if err != nil {
-		return fmt.Errorf("localpg: write %s: %w", path, err)
+		return fmt.Errorf("localpg: %w", err)
 	}
 	p.logf("reopening %s, the old primary, read-only", old.name)
 	// pg_ctl start waits until the server accepts connections: after its crash
@@ -634,7 +632,18 @@ func (n *Node) exec(ctx context.Context, sql string, args ...any) error {
 
 // queryRow runs sql with args on database postgres of the node and scans its one row into dest.
 func (n *Node) queryRow(ctx context.Context, sql string, args []any, dest ...any) error {
-	conn, err := pgx.Connect(ctx, URL(n.c.port, "postgres"))
+	return queryRowAt(ctx, URL(n.c.port, "postgres"), sql, args, dest...)
+}
+
+// poll runs sql, which returns one boolean, on database postgres of the node until it returns
+// true or ctx ends: see pollAt.
+func (n *Node) poll(ctx context.Context, what, sql string, args ...any) error {
+	return pollAt(ctx, URL(n.c.port, "postgres"), what, sql, args...)
+}
+
+// queryRowAt runs sql with args on a new connection to url and scans its one row into dest.
+func queryRowAt(ctx context.Context, url, sql string, args []any, dest ...any) error {
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return err
 	}
@@ -642,14 +651,14 @@ func (n *Node) queryRow(ctx context.Context, sql string, args []any, dest ...any
 	return conn.QueryRow(ctx, sql, args...).Scan(dest...)
 }
 
-// poll runs sql, which returns one boolean, until it returns true or ctx ends; what says what
-// it waits for. Errors (the server restarting, say) count as false, and the last one is
-// reported if ctx ends.
-func (n *Node) poll(ctx context.Context, what, sql string, args ...any) error {
+// pollAt runs sql, which returns one boolean, on url until it returns true or ctx ends; what
+// says what it waits for. Errors (the server restarting, say) count as false, and the last one
+// is reported if ctx ends.
+func pollAt(ctx context.Context, url, what, sql string, args ...any) error {
 	var lastErr error
 	for {
 		var ok bool
-		lastErr = n.queryRow(ctx, sql, args, &ok)
+		lastErr = queryRowAt(ctx, url, sql, args, &ok)
 		if lastErr == nil && ok {
 			return nil
 		}
