@@ -146,14 +146,30 @@ func TestFencesNeverRepeatAfterLostFailover(t *testing.T) {
 	t.Logf("%d acknowledged acquisitions lost (fences %d–%d); the first fence granted after the failover: %d", lost, kept.Fence+1, highest, after.Fence)
 }
 
-// TestReadyOnAStandby: a replica whose pool reaches a standby (a URL not
-// limited to the primary) is not ready, and says so: nothing can be
-// written there.
+// TestReadyOnAStandby: a replica whose pool (serve's, poolConfig) reaches
+// a standby of its database (a URL not limited to the primary) is not
+// ready, and says so: nothing can be written there.
 func TestReadyOnAStandby(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pair := newPair(t, false)
-	pool, err := pgxpool.New(ctx, pair.Standby().URL())
+	primary, err := pgxpool.New(ctx, pair.Primary().URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = schema.Migrate(ctx, primary)
+	primary.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pair.WaitReplayed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := poolConfig(pair.Standby().URL(), "leasehold test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,20 +53,13 @@ func (r *readiness) check(ctx context.Context) error {
 
 func (r *readiness) probe(ctx context.Context) error {
 	if err := r.pool.Ping(ctx); err != nil {
+		// A URL that is not limited to the primary (target_session_attrs)
+		// may reach a standby, where nothing can be written: the pool's
+		// sessions refuse it as they connect (schema.PrepareSession).
 		if errors.Is(err, schema.ErrStandby) {
 			return &server.NotReady{Reason: reasonStandby, Err: err}
 		}
 		return databaseDown(err)
-	}
-	// A URL that is not limited to the primary (target_session_attrs) may
-	// reach a standby, where nothing can be written.
-	var standby bool
-	if err := r.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
-		return databaseDown(err)
-	}
-	if standby {
-		return &server.NotReady{Reason: reasonStandby,
-			Err: errors.New("the database is in recovery (a standby); name the primary, or every host with target_session_attrs=read-write, in DATABASE_URL")}
 	}
 	v, err := schema.Applied(ctx, r.pool)
 	if err != nil {
