@@ -153,13 +153,7 @@ func TestReadyOnAStandby(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pair := newPair(t, false)
-	primary, err := pgxpool.New(ctx, pair.Primary().URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = schema.Migrate(ctx, primary)
-	primary.Close()
-	if err != nil {
+	if _, err := schema.Migrate(ctx, openPool(t, pair.Primary().URL())); err != nil {
 		t.Fatal(err)
 	}
 	if err := pair.WaitReplayed(ctx); err != nil {
