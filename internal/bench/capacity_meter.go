@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/internal/procstat"
 )
 
 // sampleEvery is how often the meter samples pg_stat_activity (and the CPU time of the
@@ -150,11 +152,11 @@ func (m *meter) start(ctx context.Context) error {
 			return err
 		}
 		m.wholeStart = whole
-		st, err := readStat(m.pg.pid)
+		st, err := procstat.Read(m.pg.pid)
 		if err != nil {
 			return fmt.Errorf("the postmaster (pid %d) is gone: %w", m.pg.pid, err)
 		}
-		m.ownStart = st.utime + st.stime
+		m.ownStart = st.UTime + st.STime
 		for pid, ticks := range children {
 			procs[pid] = &tracked{class: classShared, first: ticks, last: ticks}
 		}
@@ -286,8 +288,8 @@ func (m *meter) stop(ctx context.Context) (window, error) {
 		}
 		// The postmaster's own time is shared; its children's that it reaped are the
 		// exited processes', counted above as each was last read.
-		if st, err := readStat(m.pg.pid); err == nil {
-			cpu += st.utime + st.stime - m.ownStart
+		if st, err := procstat.Read(m.pg.pid); err == nil {
+			cpu += st.UTime + st.STime - m.ownStart
 		}
 		own := int64(0)
 		if p := s.procs[m.pid]; p != nil {

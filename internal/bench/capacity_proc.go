@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/procstat"
 )
 
 // pgProcs is PostgreSQL's process tree on this machine: the postmaster and the processes
@@ -30,19 +31,19 @@ func findServer(backend int, database, dataDir string) (*pgProcs, string) {
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Sprintf("this machine runs %s, and only Linux's /proc is read for a server's CPU time", runtime.GOOS)
 	}
-	st, err := readStat(backend)
+	st, err := procstat.Read(backend)
 	if err != nil {
 		return nil, fmt.Sprintf("PostgreSQL is not on this machine: no process %d here, the pid its backend reports "+
 			"(another host, or a container with a process namespace of its own)", backend)
 	}
-	s := &pgProcs{pid: st.ppid, tick: clockTick()}
+	s := &pgProcs{pid: st.PPID, tick: clockTick()}
 	if dataDir != "" {
 		if b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid")); err == nil {
 			first, _, _ := strings.Cut(string(b), "\n")
 			if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil {
-				if pid != st.ppid {
+				if pid != st.PPID {
 					return nil, fmt.Sprintf("PostgreSQL is not on this machine: process %d here has parent %d, "+
-						"but %s/postmaster.pid names %d", backend, st.ppid, dataDir, pid)
+						"but %s/postmaster.pid names %d", backend, st.PPID, dataDir, pid)
 				}
 				s.how = "found by " + filepath.Join(dataDir, "postmaster.pid")
 				return s, ""
@@ -63,84 +64,36 @@ func findServer(backend int, database, dataDir string) (*pgProcs, string) {
 // the postmaster's own and those of the children it reaped (a backend that exited is
 // counted there).
 func (s *pgProcs) tree() (children map[int]int64, whole int64, err error) {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, 0, fmt.Errorf("read /proc for PostgreSQL's processes: %w", err)
-	}
-	children = map[int]int64{}
 	// Children first: one that exits meanwhile is then counted twice (its own and its
 	// parent's reaped time) rather than not at all, for the few milliseconds of its exit.
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == s.pid {
-			continue
-		}
-		st, err := readStat(pid)
-		if err != nil || st.ppid != s.pid {
-			continue // gone meanwhile, or not PostgreSQL's
-		}
-		children[pid] = st.total()
-		whole += st.total()
+	stats, err := procstat.Children(s.pid)
+	if err != nil {
+		return nil, 0, fmt.Errorf("PostgreSQL's processes: %w", err)
 	}
-	st, err := readStat(s.pid)
+	children = make(map[int]int64, len(stats))
+	for _, st := range stats {
+		children[st.PID] = st.CPU()
+		whole += st.CPU()
+	}
+	st, err := procstat.Read(s.pid)
 	if err != nil {
 		return nil, 0, fmt.Errorf("the postmaster (pid %d) is gone: %w", s.pid, err)
 	}
-	return children, whole + st.total(), nil
+	return children, whole + st.CPU(), nil
 }
 
 // ticksOf returns the CPU ticks process pid has used so far, its children's included;
 // false when it is gone.
 func (s *pgProcs) ticksOf(pid int) (int64, bool) {
-	st, err := readStat(pid)
+	st, err := procstat.Read(pid)
 	if err != nil {
 		return 0, false
 	}
-	return st.total(), true
+	return st.CPU(), true
 }
 
 // dur converts ticks to time.
 func (s *pgProcs) dur(ticks int64) time.Duration { return time.Duration(ticks) * s.tick }
-
-// procStat is what capacity reads of /proc/<pid>/stat.
-type procStat struct {
-	ppid                         int
-	utime, stime, cutime, cstime int64 // clock ticks
-}
-
-// total is the process's CPU ticks and those of the children it reaped.
-func (st procStat) total() int64 { return st.utime + st.stime + st.cutime + st.cstime }
-
-func readStat(pid int) (procStat, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return procStat{}, err
-	}
-	return parseStat(string(b))
-}
-
-// parseStat parses a /proc/<pid>/stat line. The command name, second, is in parentheses and
-// may hold spaces and parentheses itself, so the fields are counted from the last ')'.
-func parseStat(line string) (procStat, error) {
-	i := strings.LastIndexByte(line, ')')
-	if i < 0 {
-		return procStat{}, errors.New("a stat line without a command name")
-	}
-	f := strings.Fields(line[i+1:]) // f[0] is field 3 (state)
-	if len(f) < 15 {
-		return procStat{}, fmt.Errorf("a stat line of %d fields", len(f)+2)
-	}
-	var st procStat
-	var err error
-	num := func(field int) int64 {
-		n, e := strconv.ParseInt(f[field-3], 10, 64)
-		err = errors.Join(err, e)
-		return n
-	}
-	st.ppid = int(num(4))
-	st.utime, st.stime, st.cutime, st.cstime = num(14), num(15), num(16), num(17)
-	return st, err
-}
 
 // clockTick is the unit of /proc's times: 1/AT_CLKTCK from the auxiliary vector, which is
 // sysconf(_SC_CLK_TCK) without cgo; 10 ms (USER_HZ 100, every Linux Go runs on) when it

@@ -84,23 +84,6 @@ func TestParseProcessed(t *testing.T) {
 	}
 }
 
-func TestParseStat(t *testing.T) {
-	t.Parallel()
-	// A command name with a space and a parenthesis, as a process may call itself.
-	line := "26642 (postgres: x) y) S 1 26642 26642 0 -1 4194304 52671 5635390 0 36 16 136 9799 6596 20 0 1 0 3195092\n"
-	got, err := parseStat(line)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := procStat{ppid: 1, utime: 16, stime: 136, cutime: 9799, cstime: 6596}
-	if got != want {
-		t.Errorf("parseStat: got %+v, want %+v", got, want)
-	}
-	if _, err := parseStat("12 (short) S 1 2"); err == nil {
-		t.Error("parseStat accepted a short line")
-	}
-}
-
 // TestFindServerElsewhere checks that a backend pid with no process here is said to be
 // elsewhere, not measured as whatever runs here.
 func TestFindServerElsewhere(t *testing.T) {

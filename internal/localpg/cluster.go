@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/procstat"
 )
 
 // debianRoot holds one bin directory per installed major version on Debian and Ubuntu.
@@ -225,17 +227,11 @@ func (c *cluster) clearStalePID(ctx context.Context) error {
 		return nil
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		st, err := procstat.Read(pid)
 		if err != nil {
-			return nil // gone (or no /proc): postgres sees that for itself
+			return nil // gone (or no /proc, or unreadable): postgres sees that for itself
 		}
-		// "pid (comm) state …"; comm may hold spaces and parentheses, so cut at the last ')'.
-		i := bytes.LastIndexByte(stat, ')')
-		lparen := bytes.IndexByte(stat, '(')
-		if i < 0 || lparen < 0 || i+2 >= len(stat) {
-			return nil
-		}
-		comm, state := string(stat[lparen+1:i]), stat[i+2]
+		comm, state := st.Comm, st.State
 		switch {
 		case state == 'Z' && time.Now().Before(deadline):
 			select {

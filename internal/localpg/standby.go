@@ -1,7 +1,6 @@
 package localpg
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/leasehold/leasehold/internal/procstat"
 )
 
 // PairConfig says how NewPair builds a primary and its standby. The zero value is an
@@ -581,37 +582,22 @@ func (n *Node) removeLockFiles() error {
 
 // childrenOf lists the processes whose parent is pid, from /proc.
 func childrenOf(pid int) []int {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	var children []int
-	for _, path := range stats {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			continue
-		}
-		// "pid (comm) state ppid …"; comm may hold spaces and parentheses.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(b[i+1:]))
-		if len(fields) < 2 || fields[1] != strconv.Itoa(pid) {
-			continue
-		}
-		if child, err := strconv.Atoi(filepath.Base(filepath.Dir(path))); err == nil {
-			children = append(children, child)
-		}
+	stats, _ := procstat.Children(pid)
+	children := make([]int, len(stats))
+	for i, st := range stats {
+		children[i] = st.PID
 	}
 	return children
 }
 
-// alive reports whether process pid exists and is not a zombie.
+// alive reports whether process pid exists and is not a zombie (or has a
+// stat line that cannot be read).
 func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procstat.Read(pid)
 	if err != nil {
-		return false
+		return errors.Is(err, procstat.ErrFormat)
 	}
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+	return st.State != 'Z'
 }
 
 // conninfo is a libpq connection string of database db on the node, for the server programs.
