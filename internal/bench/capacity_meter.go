@@ -173,9 +173,13 @@ func (m *meter) start(ctx context.Context) error {
 // (adding those born since, with no ticks before), reads the CPU time of the workload's, and
 // returns how many of the scenario's client sessions and of other databases' were active.
 func (m *meter) classify(ctx context.Context, procs map[int]*tracked) (ours, others int, err error) {
+	// Every column may be NULL: a background process has no database, and a client backend
+	// still authenticating has neither a database nor a state yet (other tests connect while the
+	// meter samples).
 	rows, err := m.conn.Query(ctx, `
-		SELECT pid, coalesce(datname = current_database(), false), datname IS NOT NULL AND datname <> current_database(),
-		       backend_type = 'client backend' AND state <> 'idle'
+		SELECT pid, coalesce(datname = current_database(), false),
+		       coalesce(datname <> current_database(), false),
+		       coalesce(backend_type = 'client backend' AND state <> 'idle', false)
 		FROM pg_stat_activity WHERE pid <> pg_backend_pid()`)
 	if err != nil {
 		return 0, 0, fmt.Errorf("sample pg_stat_activity: %w", err)

@@ -93,3 +93,38 @@ func TestFindServerElsewhere(t *testing.T) {
 		t.Errorf("findServer of a pid that does not exist: %+v, %q", pg, why)
 	}
 }
+
+// TestMeterReadsSessionsWithoutAState feeds the meter's classify the rows pg_stat_activity
+// shows for processes with no database and for a client backend that has not reported a
+// state yet (one still starting, as other tests' sessions are while the meter samples), by
+// a temporary view of that name, which the session finds before pg_catalog's.
+func TestMeterReadsSessionsWithoutAState(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	d, err := newDB(ctx, pgtest.ServerURL(t), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	m, err := newMeter(ctx, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.close(ctx)
+	if _, err := m.conn.Exec(ctx, `
+		CREATE TEMP VIEW pg_stat_activity (pid, datname, backend_type, state) AS VALUES
+			(1, NULL::name, 'checkpointer', NULL::text),
+			(2, NULL, 'client backend', NULL),
+			(3, current_database(), 'client backend', NULL),
+			(4, current_database(), 'client backend', 'active'),
+			(5, 'elsewhere', 'client backend', 'idle in transaction')`); err != nil {
+		t.Fatal(err)
+	}
+	ours, others, err := m.classify(ctx, map[int]*tracked{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ours != 1 || others != 1 {
+		t.Errorf("classify counted %d active sessions of ours and %d of others, want 1 and 1", ours, others)
+	}
+}
