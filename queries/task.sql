@@ -43,8 +43,7 @@ WITH live AS (
     WHERE l.resource = 'leasehold:generator'
       AND l.holder = @holder
       AND l.fence = @fence
-      AND l.released_at IS NULL
-      AND l.expired_at IS NULL
+      AND coalesce(l.released_at, l.expired_at) IS NULL -- not the reaper's index (LeaseRenew)
       AND l.expires_at > now()
     FOR SHARE
 )

@@ -915,8 +915,7 @@ WITH live AS (
     WHERE l.resource = 'leasehold:generator'
       AND l.holder = $2
       AND l.fence = $3
-      AND l.released_at IS NULL
-      AND l.expired_at IS NULL
+      AND coalesce(l.released_at, l.expired_at) IS NULL -- not the reaper's index (LeaseRenew)
       AND l.expires_at > now()
     FOR SHARE
 )
