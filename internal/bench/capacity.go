@@ -264,30 +264,18 @@ func capacityCycles(ctx context.Context, c Config) ([]Result, error) {
 // done (an empty queue, as autovacuum finds a quiet one): the sessions plan for those
 // statistics, and the claims' plans differ.
 func capacityDrain(ctx context.Context, c Config, backlog bool) ([]Result, error) {
-	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8))
+	q, err := warmQueue(ctx, c, 0, backlog)
 	if err != nil {
 		return nil, err
 	}
-	defer d.Close()
-	tasks := taskstore.NewStore(d.Pool)
-	var completed atomic.Int64
-	r, warmed, err := warmTasks(ctx, c, d, tasks, &completed, backlog)
-	if err != nil {
+	defer q.close(ctx)
+	if err := insertMany(ctx, q.tasks, c.Tasks); err != nil {
 		return nil, err
 	}
-	defer r.Stop()
-	m, err := startMeter(ctx, d)
-	if err != nil {
+	if err := awaitCompleted(ctx, &q.completed, q.warmed+int64(c.Tasks)); err != nil {
 		return nil, err
 	}
-	defer m.close(ctx)
-	if err := insertMany(ctx, tasks, c.Tasks); err != nil {
-		return nil, err
-	}
-	if err := awaitCompleted(ctx, &completed, warmed+int64(c.Tasks)); err != nil {
-		return nil, err
-	}
-	w, err := m.stop(ctx)
+	w, err := q.m.stop(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -303,23 +291,12 @@ func capacityDrain(ctx context.Context, c Config, backlog bool) ([]Result, error
 // statement of its own from a few clients (as API requests insert them), while Replicas ×
 // Workers complete them, and measures until every inserted task is done.
 func capacitySteady(ctx context.Context, c Config) ([]Result, error) {
-	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8+steadyInserters))
+	q, err := warmQueue(ctx, c, steadyInserters, true)
 	if err != nil {
 		return nil, err
 	}
-	defer d.Close()
-	tasks := taskstore.NewStore(d.Pool)
-	var completed atomic.Int64
-	r, warmed, err := warmTasks(ctx, c, d, tasks, &completed, true)
-	if err != nil {
-		return nil, err
-	}
-	defer r.Stop()
-	m, err := startMeter(ctx, d)
-	if err != nil {
-		return nil, err
-	}
-	defer m.close(ctx)
+	defer q.close(ctx)
+	tasks := q.tasks
 	// The pacer hands out one token per task due; a token the inserters are too busy to
 	// take is dropped, so the rate inserted says what the database took.
 	tokens := make(chan struct{}, steadyInserters)
@@ -364,10 +341,10 @@ func capacitySteady(ctx context.Context, c Config) ([]Result, error) {
 		return nil, insErr
 	}
 	n := inserted.Load()
-	if err := awaitCompleted(ctx, &completed, warmed+n); err != nil {
+	if err := awaitCompleted(ctx, &q.completed, q.warmed+n); err != nil {
 		return nil, err
 	}
-	w, err := m.stop(ctx)
+	w, err := q.m.stop(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -388,6 +365,50 @@ func capacitySteady(ctx context.Context, c Config) ([]Result, error) {
 // table to update a few rows by id. With those of an empty queue, the claim's look for gated
 // tasks walks every pending task (tasks_filter_idx) instead of the empty index of gated
 // ones: O(backlog) a claim.
+// warmedQueue is a task workload's setup: a database of its own, replicas that have drained
+// a warm-up (warmTasks) and count their completions, and a meter started after it.
+type warmedQueue struct {
+	d         *freshDB
+	tasks     *taskstore.Store
+	completed atomic.Int64
+	r         *replicas
+	warmed    int64 // tasks completed before the meter started
+	m         *meter
+}
+
+// warmQueue sets a task workload up, with extraConns connections in the pool beyond the
+// replicas' workers' for the workload's own clients.
+func warmQueue(ctx context.Context, c Config, extraConns int, backlog bool) (_ *warmedQueue, err error) {
+	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8+extraConns))
+	if err != nil {
+		return nil, err
+	}
+	q := &warmedQueue{d: d, tasks: taskstore.NewStore(d.Pool)}
+	defer func() {
+		if err != nil {
+			q.close(ctx)
+		}
+	}()
+	if q.r, q.warmed, err = warmTasks(ctx, c, d, q.tasks, &q.completed, backlog); err != nil {
+		return nil, err
+	}
+	if q.m, err = startMeter(ctx, d); err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// close stops what warmQueue started, the last first.
+func (q *warmedQueue) close(ctx context.Context) {
+	if q.m != nil {
+		q.m.close(ctx)
+	}
+	if q.r != nil {
+		q.r.Stop()
+	}
+	q.d.Close()
+}
+
 func warmTasks(ctx context.Context, c Config, d *freshDB, tasks *taskstore.Store, completed *atomic.Int64, backlog bool) (*replicas, int64, error) {
 	n := min(c.Tasks, 10000)
 	analyze := func() error {
