@@ -5,10 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/procstat"
@@ -38,16 +36,13 @@ func findServer(backend int, database, dataDir string) (*pgProcs, string) {
 	}
 	s := &pgProcs{pid: st.PPID, tick: clockTick()}
 	if dataDir != "" {
-		if b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid")); err == nil {
-			first, _, _ := strings.Cut(string(b), "\n")
-			if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil {
-				if pid != st.PPID {
-					return nil, fmt.Sprintf("PostgreSQL is not on this machine: process %d here has parent %d, "+
-						"but %s/postmaster.pid names %d", backend, st.PPID, dataDir, pid)
-				}
-				s.how = "found by " + filepath.Join(dataDir, "postmaster.pid")
-				return s, ""
+		if pid, path, err := procstat.PostmasterPID(dataDir); err == nil {
+			if pid != st.PPID {
+				return nil, fmt.Sprintf("PostgreSQL is not on this machine: process %d here has parent %d, "+
+					"but %s names %d", backend, st.PPID, path, pid)
 			}
+			s.how = "found by " + path
+			return s, ""
 		}
 	}
 	title, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", backend))

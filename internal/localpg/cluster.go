@@ -216,15 +216,9 @@ func (c *cluster) start(ctx context.Context, probeErr error) error {
 // for that; or, after a reboot, its PID now belongs to an unrelated process, so remove the file.
 // It reads /proc and does nothing where there is none.
 func (c *cluster) clearStalePID(ctx context.Context) error {
-	pidFile := filepath.Join(c.dataDir, "postmaster.pid")
-	b, err := os.ReadFile(pidFile)
+	pid, pidFile, err := procstat.PostmasterPID(c.dataDir)
 	if err != nil {
-		return nil // none, or unreadable: let pg_ctl judge
-	}
-	first, _, _ := strings.Cut(string(b), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(first))
-	if err != nil || pid <= 0 {
-		return nil
+		return nil // none, unreadable or not a PID: let pg_ctl judge
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		st, err := procstat.Read(pid)

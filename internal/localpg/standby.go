@@ -532,18 +532,12 @@ func (n *Node) Crash(ctx context.Context) error { return n.c.stop(ctx, "immediat
 // the kernel's OOM killer or a dead machine would, and waits until they are gone. It does
 // nothing when the server is down.
 func (n *Node) Kill(ctx context.Context) error {
-	pidFile := filepath.Join(n.c.dataDir, "postmaster.pid")
-	b, err := os.ReadFile(pidFile)
+	pid, _, err := procstat.PostmasterPID(n.c.dataDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("localpg: read %s: %w", pidFile, err)
-	}
-	first, _, _ := strings.Cut(string(b), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(first))
-	if err != nil || pid <= 0 {
-		return fmt.Errorf("localpg: %s does not start with a PID: %q", pidFile, first)
+		return fmt.Errorf("localpg: the server to kill: %w", err)
 	}
 	n.c.logf("killing PostgreSQL on 127.0.0.1:%d (SIGKILL to postmaster %d and its children)", n.c.port, pid)
 	// Stopped, the postmaster forks no new child while we list them, nor restarts the ones

@@ -1,5 +1,6 @@
 // Package procstat reads what leasehold needs of a process from Linux's
-// /proc/<pid>/stat: its command name, state, parent and CPU time.
+// /proc/<pid>/stat (its command name, state, parent and CPU time), and the PID
+// of a PostgreSQL server from its data directory.
 package procstat
 
 import (

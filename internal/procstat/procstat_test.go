@@ -55,3 +55,27 @@ func TestReadSelf(t *testing.T) {
 		t.Errorf("Children(%d) does not list this process (%d): %+v", os.Getppid(), os.Getpid(), children)
 	}
 }
+
+func TestPostmasterPID(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if _, _, err := procstat.PostmasterPID(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("no file: %v, want os.ErrNotExist", err)
+	}
+	path := dir + "/postmaster.pid"
+	// As PostgreSQL writes it: the PID, the data directory, the start time, the port, …
+	if err := os.WriteFile(path, []byte("4242\n"+dir+"\n1764600000\n5432\n\n127.0.0.1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if pid, got, err := procstat.PostmasterPID(dir); err != nil || pid != 4242 || got != path {
+		t.Errorf("PostmasterPID = %d, %q, %v; want 4242, %q", pid, got, err, path)
+	}
+	for _, bad := range []string{"", "\n", "x\n", "-3\n"} {
+		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := procstat.PostmasterPID(dir); !errors.Is(err, procstat.ErrPIDFile) {
+			t.Errorf("file %q: %v, want ErrPIDFile", bad, err)
+		}
+	}
+}
