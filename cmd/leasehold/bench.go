@@ -40,6 +40,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		restWork  = fs.Int("rest-workers", bench.DefaultRESTWorkers, "longpoll's HTTP workers per replica, and the slots of each of its leasehold work processes")
 		capLeases = fs.String("capacity-leases", "", "leases capacity holds and renews, comma-separated (default 1000,10000)")
 		renewEvry = fs.Duration("renew-every", bench.DefaultRenewEvery, "how often capacity renews each lease it holds")
+		standby   = fs.String("standby", "", "with `sync` or `async`, run on a local primary built for the run with a streaming standby of its own, "+
+			"synchronous (every commit waits for the standby's flush) or asynchronous, removed after; not with --database-url")
 	)
 	if err := parse(fs, args, stderr); err != nil {
 		return err
@@ -90,6 +92,12 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
 	}
+	switch {
+	case *standby != "" && *standby != "sync" && *standby != "async":
+		return usagef("--standby %q must be sync or async (or the flag left out, for the local PostgreSQL or --database-url)", *standby)
+	case *standby != "" && cfg.DatabaseURL != "":
+		return usagef("--standby builds a local primary and standby of its own; leave out --database-url (and DATABASE_URL) with it")
+	}
 	if slices.Contains(cfg.Scenarios, "longpoll") {
 		exe, err := os.Executable()
 		if err != nil {
@@ -103,6 +111,14 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 			return fmt.Errorf("find this binary for --processes: %w", err)
 		}
 		cfg.Executable = exe
+	}
+	if *standby != "" {
+		pair, err := localpg.NewPair(ctx, localpg.PairConfig{Synchronous: *standby == "sync", Log: stderr})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = pair.Close(context.WithoutCancel(ctx)) }()
+		cfg.DatabaseURL = pair.Primary().URL()
 	}
 	if cfg.DatabaseURL == "" {
 		url, err := localpg.Ensure(ctx, stderr)

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -40,5 +42,52 @@ func TestBenchDrainProcesses(t *testing.T) {
 	}
 	if !inProcess || !processes {
 		t.Fatalf("drain figures %+v; want one in-process and one with processes", rep.Results)
+	}
+}
+
+func TestBenchRejectsBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"bench", "--standby", "maybe"},
+		{"bench", "--standby", "sync", "--database-url", "postgres://127.0.0.1:1/x"},
+		{"bench", "--tasks", "0"},
+		{"bench", "--clients", "1,many"},
+		{"bench", "--capacity-leases", "lots"},
+	} {
+		err := run(t.Context(), args, env(), io.Discard, io.Discard)
+		if !errors.Is(err, errUsage) {
+			t.Errorf("run %q: got %v, want a usage error", args, err)
+		}
+	}
+}
+
+// TestBenchOnAStandbyPair runs `leasehold bench --standby sync` as a user would: the bench
+// builds a primary with a synchronous standby of its own, the figures come from it, and the
+// report says the commits waited for a standby.
+func TestBenchOnAStandbyPair(t *testing.T) {
+	t.Parallel()
+	exe := buildLeasehold(t)
+	cmd := exec.CommandContext(t.Context(), exe, "bench", "--standby", "sync", "--scenarios", "leases",
+		"--clients", "2", "--duration", "300ms", "--json")
+	cmd.Env = append(os.Environ(), "DATABASE_URL=")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("leasehold bench: %v\n%s", err, stderr.String())
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, stdout.String())
+	}
+	if rep.Machine.Standbys != 1 || rep.Machine.SynchronousStandbys == "" || rep.Machine.SynchronousCommit != "on" {
+		t.Errorf("machine %+v: want 1 streaming standby named in synchronous_standby_names, synchronous_commit on", rep.Machine)
+	}
+	if len(rep.Results) == 0 {
+		t.Fatal("no figures")
+	}
+	for _, r := range rep.Results {
+		if r.Scenario != "leases" || r.Value <= 0 {
+			t.Errorf("unexpected figure %+v", r)
+		}
 	}
 }

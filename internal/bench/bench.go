@@ -189,6 +189,11 @@ type Machine struct {
 	OS                string `json:"os"`
 	PostgreSQL        string `json:"postgresql"`
 	SynchronousCommit string `json:"synchronous_commit"`
+	// SynchronousStandbys is synchronous_standby_names: the standbys every commit waits for
+	// (empty: none).
+	SynchronousStandbys string `json:"synchronous_standby_names"`
+	// Standbys is how many standbys were streaming from the server when the run began.
+	Standbys int `json:"standbys"`
 	Fsync             string `json:"fsync"`
 	StartedAt         string `json:"started_at"`
 }
@@ -246,8 +251,9 @@ func machine(ctx context.Context, dbURL string) (Machine, error) {
 	defer conn.Close(context.WithoutCancel(ctx))
 	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH,
 		StartedAt: time.Now().UTC().Format(time.RFC3339)}
-	err = conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('synchronous_commit'), current_setting('fsync')").
-		Scan(&m.PostgreSQL, &m.SynchronousCommit, &m.Fsync)
+	err = conn.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit'), current_setting('fsync'),
+		current_setting('synchronous_standby_names'), (SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming')`).
+		Scan(&m.PostgreSQL, &m.SynchronousCommit, &m.Fsync, &m.SynchronousStandbys, &m.Standbys)
 	return m, err
 }
 
@@ -333,8 +339,12 @@ func (r *Report) WriteJSON(w io.Writer) error {
 // WriteTable writes the report as a table for people.
 func (r *Report) WriteTable(w io.Writer) error {
 	m := r.Machine
-	fmt.Fprintf(w, "machine: %d CPUs, %s %s, PostgreSQL %s (synchronous_commit=%s, fsync=%s)\n\n",
-		m.CPUs, m.GoVersion, m.OS, m.PostgreSQL, m.SynchronousCommit, m.Fsync)
+	standbys := "no standby"
+	if m.Standbys > 0 {
+		standbys = fmt.Sprintf("%d streaming standby(s), synchronous_standby_names=%q", m.Standbys, m.SynchronousStandbys)
+	}
+	fmt.Fprintf(w, "machine: %d CPUs, %s %s, PostgreSQL %s (synchronous_commit=%s, fsync=%s, %s)\n\n",
+		m.CPUs, m.GoVersion, m.OS, m.PostgreSQL, m.SynchronousCommit, m.Fsync, standbys)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SCENARIO\tCASE\tCLIENTS\tVALUE\tVS PGBENCH\tNOTE")
 	for _, res := range r.Results {
