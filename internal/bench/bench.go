@@ -193,9 +193,9 @@ type Machine struct {
 	// (empty: none).
 	SynchronousStandbys string `json:"synchronous_standby_names"`
 	// Standbys is how many standbys were streaming from the server when the run began.
-	Standbys int `json:"standbys"`
-	Fsync             string `json:"fsync"`
-	StartedAt         string `json:"started_at"`
+	Standbys  int    `json:"standbys"`
+	Fsync     string `json:"fsync"`
+	StartedAt string `json:"started_at"`
 }
 
 // Run runs the configured scenarios in order and returns their figures. A scenario that
