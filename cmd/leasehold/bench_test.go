@@ -19,19 +19,8 @@ import (
 // come back in the JSON.
 func TestBenchDrainProcesses(t *testing.T) {
 	t.Parallel()
-	exe := buildLeasehold(t)
-	cmd := exec.CommandContext(t.Context(), exe, "bench", "--scenarios", "drain", "--processes",
-		"--tasks", "60", "--replicas", "2", "--workers", "2", "--json")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+pgtest.ServerURL(t))
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("leasehold bench: %v\n%s", err, stderr.String())
-	}
-	var rep bench.Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("bench --json: %v\n%s", err, stdout.String())
-	}
+	rep := runBenchJSON(t, pgtest.ServerURL(t), "--scenarios", "drain", "--processes",
+		"--tasks", "60", "--replicas", "2", "--workers", "2")
 	var inProcess, processes bool
 	for _, r := range rep.Results {
 		if r.Scenario != "drain" || r.Value <= 0 {
@@ -66,19 +55,7 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 // report says the commits waited for a standby.
 func TestBenchOnAStandbyPair(t *testing.T) {
 	t.Parallel()
-	exe := buildLeasehold(t)
-	cmd := exec.CommandContext(t.Context(), exe, "bench", "--standby", "sync", "--scenarios", "leases",
-		"--clients", "2", "--duration", "300ms", "--json")
-	cmd.Env = append(os.Environ(), "DATABASE_URL=")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("leasehold bench: %v\n%s", err, stderr.String())
-	}
-	var rep bench.Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("bench --json: %v\n%s", err, stdout.String())
-	}
+	rep := runBenchJSON(t, "", "--standby", "sync", "--scenarios", "leases", "--clients", "2", "--duration", "300ms")
 	if rep.Machine.Standbys != 1 || rep.Machine.SynchronousStandbys == "" || rep.Machine.SynchronousCommit != "on" {
 		t.Errorf("machine %+v: want 1 streaming standby named in synchronous_standby_names, synchronous_commit on", rep.Machine)
 	}
@@ -90,4 +67,22 @@ func TestBenchOnAStandbyPair(t *testing.T) {
 			t.Errorf("unexpected figure %+v", r)
 		}
 	}
+}
+
+// runBenchJSON runs the built binary's `leasehold bench --json` with args and DATABASE_URL set
+// to databaseURL, and returns its report.
+func runBenchJSON(t *testing.T, databaseURL string, args ...string) bench.Report {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), buildLeasehold(t), append(append([]string{"bench"}, args...), "--json")...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+databaseURL)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("leasehold bench: %v\n%s", err, stderr.String())
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, stdout.String())
+	}
+	return rep
 }
