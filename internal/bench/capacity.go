@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
 )
 
 // DefaultCapacityLeases are the counts of leases capacity holds and renews when
@@ -65,6 +67,12 @@ func runCapacity(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 		}
 		out = append(out, res...)
 	}
+	// Heartbeats are each a commit of their own: the smallest count is enough to price one.
+	res, err := capacityHeartbeats(ctx, c, slices.Min(counts), every)
+	if err != nil {
+		return nil, fmt.Errorf("heartbeats of %d running tasks: %w", slices.Min(counts), err)
+	}
+	out = append(out, res...)
 	workloads := []func(context.Context, Config) ([]Result, error){
 		capacityCycles,
 		func(ctx context.Context, c Config) ([]Result, error) { return capacityDrain(ctx, c, true) },
@@ -120,10 +128,9 @@ func capacityRenewals(ctx context.Context, c Config, n int, every time.Duration)
 	for i := range stores {
 		stores[i] = leasing.NewStore(d.Pool)
 	}
-	// Long enough that a lease outlives a renewal that falls behind by the whole run.
-	ttl := (max(30*time.Second, 3*every) + c.Duration).Round(time.Second)
-	if ttl > time.Hour {
-		return nil, fmt.Errorf("renewing every %s for %s needs a TTL of %s, above a lease's 1h", every, c.Duration, ttl)
+	ttl, err := pacedTTL(every, c.Duration)
+	if err != nil {
+		return nil, err
 	}
 	goroutines := min(n, c.Replicas*renewersPerReplica)
 	resource := func(i int) string { return fmt.Sprintf("capacity:lease:%d", i) }
@@ -143,10 +150,9 @@ func capacityRenewals(ctx context.Context, c Config, n int, every time.Duration)
 	if err != nil {
 		return nil, fmt.Errorf("acquire the leases: %w", err)
 	}
-	// Statistics, as a deployment that has run a while has them (autovacuum's ANALYZE). On
-	// a table that has none yet, the generic plan of a renewal may walk every live lease
-	// (leases_unannounced_idx, whose predicate the statement repeats) instead of taking the
-	// resource's row by its key: its estimate is as low, and it costs O(leases) a renewal.
+	// Statistics, as a deployment that has run a while has them (autovacuum's ANALYZE).
+	// (Those of an empty table once made the renewal walk every live lease: see
+	// TestRenewReadsOneLease.)
 	if _, err := d.Pool.Exec(ctx, "ANALYZE leases, lease_events"); err != nil {
 		return nil, fmt.Errorf("analyze the leases: %w", err)
 	}
@@ -155,8 +161,41 @@ func capacityRenewals(ctx context.Context, c Config, n int, every time.Duration)
 		return nil, err
 	}
 	defer m.close(ctx)
+	ops, maxLag, err := paced(ctx, n, every, c.Duration, goroutines, func(ctx context.Context, i int) error {
+		_, err := stores[i%c.Replicas].Renew(ctx, lease.RenewParams{Resource: resource(i), Holder: holder(i), Fence: fences[i]})
+		if errors.Is(err, lease.ErrNotHeld) {
+			return fmt.Errorf("lease %s lapsed before its renewal (TTL %s): the renewals fell behind by more than the TTL", resource(i), ttl)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	w, err := m.stop(ctx)
+	if err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("renew %d held, each every %s (%.0f/s offered), %d replicas", n, every, float64(n)/every.Seconds(), c.Replicas)
+	return w.results(name, "renewal", ops, 0, pacedNote(n, every, ops, maxLag, w.elapsed)), nil
+}
+
+// pacedTTL is the TTL of the leases (and tasks) a paced workload renews every interval for
+// run: long enough that one outlives a renewal that falls behind by the whole run.
+func pacedTTL(every, run time.Duration) (time.Duration, error) {
+	ttl := (max(30*time.Second, 3*every) + run).Round(time.Second)
+	if ttl > time.Hour {
+		return 0, fmt.Errorf("renewing every %s for %s needs a TTL of %s, above the 1h a lease or task may have", every, run, ttl)
+	}
+	return ttl, nil
+}
+
+// paced runs op(i) for each of n items every interval for run, on schedule, from goroutines
+// goroutines: item i is due at start + i/n × every, then every interval after. An op that
+// falls behind is sent at once, and none is sent after run. It returns the ops done and how
+// far behind schedule the latest one was sent.
+func paced(ctx context.Context, n int, every, run time.Duration, goroutines int, op func(ctx context.Context, i int) error) (int, time.Duration, error) {
 	start := time.Now()
-	end := start.Add(c.Duration)
+	end := start.Add(run)
 	var lagMu sync.Mutex
 	var maxLag time.Duration
 	ops, _, err := timed(ctx, goroutines, 0, func(ctx context.Context, g int, _ func() bool) (int, error) {
@@ -180,16 +219,81 @@ func capacityRenewals(ctx context.Context, c Config, n int, every time.Duration)
 				} else {
 					lag = max(lag, -wait)
 				}
-				_, err := stores[i%c.Replicas].Renew(ctx, lease.RenewParams{Resource: resource(i), Holder: holder(i), Fence: fences[i]})
-				if errors.Is(err, lease.ErrNotHeld) {
-					return count, fmt.Errorf("lease %s lapsed before its renewal (TTL %s): the renewals fell behind by more than the TTL", resource(i), ttl)
-				}
-				if err != nil {
+				if err := op(ctx, i); err != nil {
 					return count, err
 				}
 				count++
 			}
 		}
+	})
+	return ops, maxLag, err
+}
+
+// pacedNote is the note of a paced workload's rate: how far behind it fell, and whether
+// the database kept up with the rate offered.
+func pacedNote(n int, every time.Duration, ops int, maxLag, elapsed time.Duration) string {
+	note := fmt.Sprintf("most behind schedule: %s", maxLag.Round(time.Millisecond))
+	if float64(ops)/elapsed.Seconds() < 0.95*float64(n)/every.Seconds() {
+		note = "below the rate offered: the database did not keep up; " + note
+	}
+	return note
+}
+
+// capacityHeartbeats has n tasks running, claimed for n processors spread over Replicas
+// replicas' names, and heartbeats each every interval for Duration, on schedule as
+// capacityRenewals renews: what long-running tasks cost while they run. Each heartbeat is a
+// statement and a commit of its own, as a worker sends it.
+func capacityHeartbeats(ctx context.Context, c Config, n int, every time.Duration) ([]Result, error) {
+	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8))
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	ttl, err := pacedTTL(every, c.Duration)
+	if err != nil {
+		return nil, err
+	}
+	tasks := taskstore.NewStore(d.Pool)
+	if err := insertLike(ctx, tasks, n, taskstore.NewTask{TaskData: zeroWork, TTL: ttl}); err != nil {
+		return nil, err
+	}
+	type running struct {
+		id        int64
+		processor string
+		fence     int64
+	}
+	run := make([]running, 0, n)
+	for len(run) < n {
+		procs := make([]string, min(100, n-len(run)))
+		for i := range procs {
+			procs[i] = fmt.Sprintf("bench-%d/worker-%d", (len(run)+i)%c.Replicas+1, len(run)+i)
+		}
+		claimed, err := tasks.Claim(ctx, taskstore.ClaimParams{Processors: procs, TTL: ttl})
+		if err != nil {
+			return nil, err
+		}
+		if len(claimed) == 0 {
+			return nil, fmt.Errorf("claimed %d of %d tasks, then none", len(run), n)
+		}
+		for _, t := range claimed {
+			run = append(run, running{t.ID, t.Processor, t.Fence})
+		}
+	}
+	if _, err := d.Pool.Exec(ctx, "ANALYZE tasks"); err != nil {
+		return nil, fmt.Errorf("analyze the tasks: %w", err)
+	}
+	m, err := startMeter(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	defer m.close(ctx)
+	ops, maxLag, err := paced(ctx, n, every, c.Duration, min(n, c.Replicas*renewersPerReplica), func(ctx context.Context, i int) error {
+		r := run[i]
+		_, err := tasks.Heartbeat(ctx, r.id, r.processor, r.fence)
+		if errors.Is(err, task.ErrLeaseLost) {
+			return fmt.Errorf("task %d lapsed before its heartbeat (TTL %s): the heartbeats fell behind by more than the TTL", r.id, ttl)
+		}
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -198,13 +302,8 @@ func capacityRenewals(ctx context.Context, c Config, n int, every time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	offered := float64(n) / every.Seconds()
-	name := fmt.Sprintf("renew %d held, each every %s (%.0f/s offered), %d replicas", n, every, offered, c.Replicas)
-	rateNote := fmt.Sprintf("most behind schedule: %s", maxLag.Round(time.Millisecond))
-	if achieved := float64(ops) / w.elapsed.Seconds(); achieved < 0.95*offered {
-		rateNote = "below the rate offered: the database did not keep up; " + rateNote
-	}
-	return w.results(name, "renewal", ops, 0, rateNote), nil
+	name := fmt.Sprintf("heartbeat %d running tasks, each every %s (%.0f/s offered), %d replicas", n, every, float64(n)/every.Seconds(), c.Replicas)
+	return w.results(name, "heartbeat", ops, 0, pacedNote(n, every, ops, maxLag, w.elapsed)), nil
 }
 
 // capacityCycles runs acquire+release cycles on the largest of Clients clients, each on a

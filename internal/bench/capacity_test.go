@@ -56,11 +56,14 @@ func TestCapacity(t *testing.T) {
 			}
 		}
 	}
-	// Two renewal workloads, the cycles, two drains, the steady tasks and pgbench; eight
-	// figures each, or one saying why pgbench did not run.
+	// Two renewal workloads, the heartbeats, the cycles, two drains, the steady tasks and
+	// pgbench; eight figures each, or one saying why pgbench did not run.
 	_, noPgbench := findPgbench()
-	if len(workloads) != 7 {
-		t.Errorf("%d workloads, want 7: %v", len(workloads), workloads)
+	if len(workloads) != 8 {
+		t.Errorf("%d workloads, want 8: %v", len(workloads), workloads)
+	}
+	if n := workloads["heartbeat 50 running tasks, each every 100ms (500/s offered), 2 replicas"]; n == 0 {
+		t.Errorf("no heartbeat workload of the 50 tasks: %v", workloads)
 	}
 	for name, n := range workloads {
 		want := 8
