@@ -21,7 +21,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs := flag.NewFlagSet("leasehold bench", flag.ContinueOnError)
 	var (
 		dbURL     = fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL; scenarios create databases beside its (env DATABASE_URL; default: the local PostgreSQL)")
-		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes) and capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle and task)")
+		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes) and capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle, task and task heartbeat)")
 		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
 		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
 		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts")

@@ -60,7 +60,8 @@ type Config struct {
 	Waiters, IdleWaiters, RESTWorkers int
 	IdleHold                          time.Duration
 	// CapacityLeases are the counts of leases capacity holds, renewing each every
-	// RenewEvery (nil: DefaultCapacityLeases; 0: DefaultRenewEvery).
+	// RenewEvery (nil: DefaultCapacityLeases; 0: DefaultRenewEvery). The smallest is also
+	// the count of running tasks it heartbeats as often.
 	CapacityLeases []int
 	RenewEvery     time.Duration
 	// Work, when set, is a leasehold binary whose `work` command longpoll runs.

@@ -38,10 +38,11 @@ const (
 )
 
 // runCapacity measures what each kind of work costs PostgreSQL, for the capacity model of
-// docs/operations.md: renewals of held leases at a fixed rate, acquire+release cycles, a
-// drain of pre-inserted tasks (twice: with statistics taken while tasks were pending, and
-// with those of an empty queue), a steady stream of tasks inserted one per statement, and
-// pgbench's simple update as a yardstick. For each it reports the rate achieved, the
+// docs/operations.md: renewals of held leases at a fixed rate, heartbeats of as many running
+// tasks as the smallest count of leases, acquire+release cycles, a drain of pre-inserted
+// tasks (twice: with statistics taken while tasks were pending, and with those of an empty
+// queue), a steady stream of tasks inserted one per statement, and pgbench's simple update
+// as a yardstick. For each it reports the rate achieved, the
 // server's CPU time, WAL bytes and writing transactions per operation, and how many of the
 // scenario's sessions were active at once (what a transaction-mode pooler's server pool must
 // cover). Each workload runs on a fresh database of its own.
