@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -153,6 +155,29 @@ func (r restTasks) Claim(ctx context.Context, processor, queue string, kinds []s
 		return task.Task{}, false, err
 	}
 	return t, true, nil
+}
+
+// HeldBy pages GET /api/tasks?state=running&queue=… for the tasks of queue held by one of
+// processors.
+func (r restTasks) HeldBy(ctx context.Context, queue string, processors []string) ([]task.Task, error) {
+	const page = 1000
+	q := url.Values{"state": {task.StateRunning}, "queue": {queue}, "limit": {strconv.Itoa(page)}}
+	var held []task.Task
+	for {
+		var ts []task.Task
+		if _, err := r.c.do(ctx, http.MethodGet, "/api/tasks", q, nil, &ts, nil); err != nil {
+			return held, err
+		}
+		for _, t := range ts {
+			if slices.Contains(processors, t.Processor) {
+				held = append(held, t)
+			}
+		}
+		if len(ts) < page {
+			return held, nil
+		}
+		q.Set("after_id", strconv.FormatInt(ts[len(ts)-1].ID, 10))
+	}
 }
 
 type holderBody struct {

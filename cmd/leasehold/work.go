@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"runtime"
@@ -60,6 +61,9 @@ flags:
 const (
 	// claimWait is how long one claim waits on the server for a task.
 	claimWait = 30 * time.Second
+	// cutHandBackTimeout bounds the shutdown's look for tasks claimed as it cut the claims
+	// off (handBackCut).
+	cutHandBackTimeout = 5 * time.Second
 	// heldHeartbeatGap is the least time between the sends of two held
 	// heartbeats of a task. The next goes right after an answer that came
 	// when its wait was over; after a 202 that came early (a replica that
@@ -236,6 +240,9 @@ type taskWorker struct {
 	stopClaims context.CancelCauseFunc
 	fatalOnce  sync.Once
 	fatal      error // why the worker gave up; read after the slots ended
+
+	cutMu sync.Mutex
+	cut   []string // the slots whose claim the shutdown cut off before its answer came
 }
 
 // run runs the slots until ctx ends or the worker gives up, then shuts
@@ -270,8 +277,47 @@ func (w *taskWorker) run(ctx context.Context) error {
 		<-ended
 	}
 	grace.Stop()
+	w.handBackCut()
 	w.log.Info().Msg("worker stopped")
 	return w.fatal
+}
+
+// handBackCut hands back the tasks claimed for the slots whose claim the shutdown cut off:
+// the server may have claimed a task for one just as the request was abandoned, and an
+// answer that never arrived cannot be handed back by the slot. The server hands back what
+// it claims for a client it sees gone; this finds the rest, the running tasks held by those
+// slots' processors, and gives each back under its fence (a fence moved on since is
+// refused, and nothing changes).
+func (w *taskWorker) handBackCut() {
+	w.cutMu.Lock()
+	cut := w.cut
+	w.cutMu.Unlock()
+	if len(cut) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cutHandBackTimeout)
+	defer cancel()
+	q := url.Values{"state": {task.StateRunning}, "limit": {"1000"}}
+	for {
+		page, _, err := w.api.listTasks(ctx, q)
+		if err != nil {
+			w.log.Warn().Err(err).Strs("processors", cut).
+				Msg("could not look for tasks claimed as the shutdown cut the claims off; any such task is claimed again when its lease lapses")
+			return
+		}
+		for _, t := range page {
+			if slices.Contains(cut, t.Processor) {
+				w.log.Info().Int64("task", t.ID).Str("processor", t.Processor).Int64("fence", t.Fence).
+					Msg("handing back a task claimed as the shutdown cut its claim off")
+				s := &slot{w: w, processor: t.Processor}
+				s.handBack(t, "the worker shut down as the task was claimed for it")
+			}
+		}
+		if len(page) < 1000 {
+			return
+		}
+		q.Set("after_id", strconv.FormatInt(page[len(page)-1].ID, 10))
+	}
 }
 
 // giveUp stops the worker for a refusal that asking again cannot change.
@@ -473,8 +519,13 @@ func (s *slot) run(ctx context.Context, abort <-chan struct{}) {
 		t, ok, err := s.w.claim(ctx, s.processor)
 		switch {
 		case ctx.Err() != nil:
-			if ok {
+			switch {
+			case ok:
 				s.handBack(t, "the worker shut down as it claimed the task")
+			case err != nil: // cut off before its answer: see handBackCut
+				s.w.cutMu.Lock()
+				s.w.cut = append(s.w.cut, s.processor)
+				s.w.cutMu.Unlock()
 			}
 			return
 		case err != nil && claimFatal(err):

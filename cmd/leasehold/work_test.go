@@ -856,6 +856,7 @@ func TestWorkHeldHeartbeats(t *testing.T) {
 	if got := finished(t, r, tk.ID, api, w.logs); got.State != task.StateDone {
 		t.Fatalf("the task: %s (%s), want done", got.State, got.LastError)
 	}
+	stopping := time.Now()
 	if err := w.stop(t); err != nil {
 		t.Errorf("leasehold work after its shutdown: got %v, want nil", err)
 	}
@@ -867,7 +868,11 @@ func TestWorkHeldHeartbeats(t *testing.T) {
 	api.mu.Lock()
 	defer api.mu.Unlock()
 	for _, req := range api.requests {
-		if req.method == http.MethodGet {
+		switch {
+		case req.method != http.MethodGet:
+		case req.at.After(stopping) && req.path == "/api/tasks" && strings.Contains(req.query, "state=running"):
+			// the shutdown's one look for a task claimed as it cut the claim off
+		default:
 			t.Errorf("the worker sent %s %s?%s; want no polling, only claims, heartbeats and the completion", req.method, req.path, req.query)
 		}
 	}
@@ -938,5 +943,45 @@ func TestWorkHeldHeartbeatAnsweredEarly(t *testing.T) {
 		if gap := at[i].Sub(at[i-1]); waits[i-1] == 17 && gap < heldHeartbeatGap-50*time.Millisecond {
 			t.Errorf("heartbeat %d came %v after the one before, which was answered at once; want at least %v\n%s", i+1, gap, heldHeartbeatGap, api)
 		}
+	}
+}
+
+// TestWorkShutdownHandsBackACutClaim: the shutdown cuts off a slot's waiting claim, and the
+// server may have claimed a task for it just then, an answer that never arrives. The worker
+// looks for such tasks as it stops and hands each back. Here the task is claimed for the
+// slot's processor before the worker starts (as the server would have claimed it for the
+// cut claim), and the worker is stopped while that slot's claim waits.
+func TestWorkShutdownHandsBackACutClaim(t *testing.T) {
+	t.Parallel()
+	r, db := workReplica(t)
+	rec := newAPIRecorder(t, r.url, "")
+	created := addTask(t, r, `{"kind":"cut","task_data":{}}`)
+	held := call[task.Task](t, r, "POST", "/api/tasks/next", `{"processor":"cutter/w1","kinds":["cut"]}`, http.StatusOK)
+	if held.ID != created.ID {
+		t.Fatalf("claimed task %d, want %d", held.ID, created.ID)
+	}
+	w := startWork(t, rec.url, "--processor", "cutter", "--concurrency", "1", "--kind", "cut", "--", "true")
+	waitUntil(t, "the slot's claim to wait on the server", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for _, q := range rec.requests {
+			if q.path == "/api/tasks/next" && q.body["processor"] == "cutter/w1" {
+				return true
+			}
+		}
+		return false
+	}, rec, w.logs)
+	if err := w.stop(t); err != nil {
+		t.Fatalf("leasehold work: %v\n%s", err, w.logs)
+	}
+	got := getTask(t, r, created.ID)
+	if got.State != task.StatePending || got.Attempts != 0 {
+		t.Errorf("the task claimed for the cut claim is %s after %d attempts; want pending, the attempt not counted\n%s", got.State, got.Attempts, w.logs)
+	}
+	if h := history(t, db, created.ID); len(h) != 1 || h[0].Outcome != task.OutcomeRequeued || !strings.Contains(h[0].Error, "shut down") {
+		t.Errorf("its history: %+v, want the attempt requeued by the shutdown", h)
+	}
+	if !logged(w.logs, "handing back a task claimed as the shutdown cut its claim off", "task", float64(created.ID)) {
+		t.Errorf("the worker did not say it handed the task back:\n%s", w.logs)
 	}
 }

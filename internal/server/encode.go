@@ -39,6 +39,22 @@ func encode(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v) // the status is sent; a broken connection is the client's
 }
 
+// encodeFlushed is encode for an answer the handler must know was handed to the connection:
+// it writes and flushes, and returns the error of either (a connection the client closed,
+// when the server has seen it closed; a write that succeeds may still never be read). A
+// writer that cannot flush (a wrapper of the caller's without Unwrap) counts as delivered.
+func encodeFlushed(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		return err
+	}
+	if err := http.NewResponseController(w).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
+}
+
 // validator is a request body that checks itself after decoding.
 type validator interface {
 	validate() error

@@ -282,7 +282,15 @@ func handleTaskClaim(d Deps) http.Handler {
 			writeError(w, r, d.Log, err)
 			return
 		}
-		encode(w, http.StatusOK, tasks[0])
+		// A client gone already, or a connection that breaks under the answer, never learns
+		// of the task: hand it back rather than leave it held, unrun, for its TTL.
+		if r.Context().Err() != nil {
+			handBackAbandoned(d, tasks)
+			return
+		}
+		if err := encodeFlushed(w, http.StatusOK, tasks[0]); err != nil {
+			handBackAbandoned(d, tasks)
+		}
 	})
 }
 

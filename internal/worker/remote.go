@@ -22,6 +22,8 @@ type RemoteTasks interface {
 	// the wait by NOTIFY: no polling on either side). ok is false when
 	// none came in time.
 	Claim(ctx context.Context, processor, queue string, kinds []string, wait time.Duration) (t task.Task, ok bool, err error)
+	// HeldBy returns the running tasks of queue whose lease one of processors holds.
+	HeldBy(ctx context.Context, queue string, processors []string) ([]task.Task, error)
 }
 
 // RemotePool runs the task workers of one queue against a leasehold
@@ -131,11 +133,13 @@ func (p *RemotePool) Run(ctx context.Context) error {
 			}
 		})
 	}
+	cut := &cutClaims{}
 	for range fetchers {
-		fetching.Go(func() { p.fetch(ctx, log, idle, queue, wait) })
+		fetching.Go(func() { p.fetch(ctx, log, idle, queue, wait, cut) })
 	}
 	log.Info().Int("workers", p.Workers).Strs("kinds", p.Kinds).Msg("remote worker pool started")
 	fetching.Wait()
+	p.handBackCut(log, queue, cut.processors)
 	for _, w := range workers {
 		close(w.tasks)
 	}
@@ -147,10 +151,67 @@ func (p *RemotePool) Run(ctx context.Context) error {
 	return nil
 }
 
+// handBack gives a task claimed for processor back to the queue, not counted as an attempt,
+// when it will not run: within the task's TTL (less a tenth), after which its lease has
+// lapsed anyway.
+func (p *RemotePool) handBack(log zerolog.Logger, t task.Task, processor string) {
+	ttl := t.TTL()
+	if ttl <= 0 {
+		ttl = p.TTL
+	}
+	if ttl <= 0 {
+		ttl = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ttl-ttl/10)
+	defer cancel()
+	if _, err := p.Tasks.Requeue(ctx, t.ID, processor, t.Fence, "the worker pool stopped as it claimed the task"); err != nil &&
+		!errors.Is(err, task.ErrLeaseLost) {
+		log.Warn().Err(err).Int64("task", t.ID).Msg("could not hand a task back; it is claimed again when its lease lapses")
+	}
+}
+
+// cutClaims are the workers whose claim the pool's stop cut off before its answer came.
+type cutClaims struct {
+	mu         sync.Mutex
+	processors []string
+}
+
+func (c *cutClaims) add(processor string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.processors = append(c.processors, processor)
+}
+
+// handBackCut hands back the tasks claimed for workers whose claim the stop cut off: the
+// service may have claimed a task for one just as the request was abandoned, an answer
+// that never arrived. The service hands back what it claims for a client it sees gone;
+// this finds the rest, the running tasks those workers' names hold, and gives each back
+// under its fence (one whose fence moved on since is refused, and nothing changes).
+func (p *RemotePool) handBackCut(log zerolog.Logger, queue string, processors []string) {
+	if len(processors) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cutHandBackTimeout)
+	defer cancel()
+	held, err := p.Tasks.HeldBy(ctx, queue, processors)
+	if err != nil {
+		log.Warn().Err(err).Strs("processors", processors).
+			Msg("could not look for tasks claimed as the stop cut the claims off; any such task is claimed again when its lease lapses")
+	}
+	for _, t := range held {
+		log.Info().Int64("task", t.ID).Str("processor", t.Processor).Int64("fence", t.Fence).
+			Msg("handing back a task claimed as the stop cut its claim off")
+		p.handBack(log, t, t.Processor)
+	}
+}
+
+// cutHandBackTimeout bounds the stop's look for tasks claimed as it cut the claims off.
+const cutHandBackTimeout = 5 * time.Second
+
 // fetch claims tasks for idle workers until ctx ends: one waiting claim at
 // a time, for the worker it took from idle, which gets the task or goes
-// back.
-func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *worker, queue string, wait time.Duration) {
+// back. A claim that ctx's end cuts off is added to cut.
+func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *worker, queue string, wait time.Duration, cut *cutClaims) {
 	failures := 0
 	for {
 		var w *worker
@@ -164,6 +225,12 @@ func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *w
 		p.counters.claims.Add(1)
 		switch {
 		case ctx.Err() != nil:
+			switch {
+			case ok: // it came as the pool stopped: it will not run here
+				p.handBack(log, t, w.name)
+			case err != nil: // cut off before its answer: see handBackCut
+				cut.add(w.name)
+			}
 			idle <- w
 			return
 		case err != nil:

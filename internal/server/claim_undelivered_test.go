@@ -1,0 +1,51 @@
+package server_test
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/server"
+	"github.com/leasehold/leasehold/task"
+)
+
+// brokenConn is a ResponseWriter whose connection breaks under the answer: the body is
+// buffered, and the flush that would send it fails, as it does once the server has seen the
+// client's connection closed.
+type brokenConn struct{ *httptest.ResponseRecorder }
+
+func (b brokenConn) FlushError() error { return errors.New("write tcp: broken pipe") }
+
+// TestClaimAnswerUndelivered: a claim whose answer cannot be sent (the client's connection
+// broke under it) hands the task back: pending again, the attempt not counted, the history
+// saying why; so the task is not held, unrun, for its TTL. The next claim gets it.
+func TestClaimAnswerUndelivered(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	h := server.NewServer(testDeps(db))
+	b := bundle{db: db}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	b.srv = srv
+	created := b.createTask(t, `{"task_data":{}}`)
+
+	req := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/api/tasks/next", strings.NewReader(`{"processor":"w-broken"}`))
+	req.Header.Set("Content-Type", "application/json")
+	h.ServeHTTP(brokenConn{httptest.NewRecorder()}, req)
+
+	got := b.do(t, "GET", "/api/tasks/"+strconv.FormatInt(created.ID, 10), "").want(t, "the task", http.StatusOK).task(t, "the task")
+	if got.State != task.StatePending || got.Attempts != 0 {
+		t.Errorf("after a claim whose answer was not delivered the task is %s after %d attempts; want pending, none counted", got.State, got.Attempts)
+	}
+	if h := b.earlierAttempts(t, created.ID); len(h) != 1 || h[0].Outcome != task.OutcomeRequeued || h[0].Processor != "w-broken" {
+		t.Errorf("its history: %+v; want the undelivered attempt, requeued", h)
+	}
+	next := b.claimTask(t, "w-next")
+	if next.ID != created.ID || next.Attempts != 1 {
+		t.Errorf("the next claim got task %d in attempt %d; want task %d in its first", next.ID, next.Attempts, created.ID)
+	}
+}
