@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
@@ -47,5 +48,24 @@ func TestClaimAnswerUndelivered(t *testing.T) {
 	next := b.claimTask(t, "w-next")
 	if next.ID != created.ID || next.Attempts != 1 {
 		t.Errorf("the next claim got task %d in attempt %d; want task %d in its first", next.ID, next.Attempts, created.ID)
+	}
+}
+
+// TestClaimWaitAnsweredPastTheBudget: a waiting claim answered after the API's database
+// budget has run out (the wait bundle's 1 s) gets its task: the budget ending is not the
+// client going away, and the task is not handed back.
+func TestClaimWaitAnsweredPastTheBudget(t *testing.T) {
+	t.Parallel()
+	b := newWaitBundle(t)
+	answer := b.claimWaitAsync(t.Context(), t, obj{"processor": "w-patient", "wait_seconds": 30})
+	b.claimWaits(t, "w-patient")
+	time.Sleep(1500 * time.Millisecond) // the budget (1 s) runs out: time itself is the condition
+	created := b.createTask(t, `{"task_data":{}}`)
+	a := receiveClaim(t, "the patient claim", answer)
+	if a.err != nil || a.status != http.StatusOK || a.task.ID != created.ID {
+		t.Fatalf("the claim answered past the budget got %d %q, %v; want task %d", a.status, a.body, a.err, created.ID)
+	}
+	if got := b.do(t, "GET", "/api/tasks/"+strconv.FormatInt(created.ID, 10), "").want(t, "the task", http.StatusOK).task(t, "the task"); got.State != task.StateRunning {
+		t.Errorf("the task answered to the claim is %s; want running, not handed back", got.State)
 	}
 }

@@ -133,6 +133,15 @@ func BoundRequest(r *http.Request, budget time.Duration) (*http.Request, context
 	return r.WithContext(ctx), cancel
 }
 
+// clientGone reports whether r's client went away (its connection closed), whatever
+// BoundRequest's budget says: a waiting request outlives the budget on purpose.
+func clientGone(r *http.Request) bool {
+	if b, ok := r.Context().Value(budgetKey{}).(budgeted); ok {
+		return b.parent.Err() != nil
+	}
+	return r.Context().Err() != nil
+}
+
 // unbounded returns a context of r that ends when the client goes away but
 // not with the API budget of BoundRequest, and that budget (zero when r was
 // not bounded: its context is then returned as it is).

@@ -284,7 +284,7 @@ func handleTaskClaim(d Deps) http.Handler {
 		}
 		// A client gone already, or a connection that breaks under the answer, never learns
 		// of the task: hand it back rather than leave it held, unrun, for its TTL.
-		if r.Context().Err() != nil {
+		if clientGone(r) {
 			handBackAbandoned(d, tasks)
 			return
 		}
