@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -67,5 +68,44 @@ func TestClaimWaitAnsweredPastTheBudget(t *testing.T) {
 	}
 	if got := b.do(t, "GET", "/api/tasks/"+strconv.FormatInt(created.ID, 10), "").want(t, "the task", http.StatusOK).task(t, "the task"); got.State != task.StateRunning {
 		t.Errorf("the task answered to the claim is %s; want running, not handed back", got.State)
+	}
+}
+
+// TestAcquireAnswerUndelivered: an acquisition whose answer cannot be sent releases the
+// holding it made, which its holder never learned of, so the next holder need not wait out
+// its TTL; an acquisition of a lease the holder already held leaves it held.
+func TestAcquireAnswerUndelivered(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	h := server.NewServer(testDeps(db))
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	b := bundle{db: db, srv: srv}
+	acquireBroken := func(resource, holder string) {
+		req := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/api/leases",
+			strings.NewReader(`{"resource":"`+resource+`","holder":"`+holder+`","ttl_seconds":3600}`))
+		req.Header.Set("Content-Type", "application/json")
+		h.ServeHTTP(brokenConn{httptest.NewRecorder()}, req)
+	}
+
+	acquireBroken("lost-answer", "a")
+	if got := b.acquire(t, "lost-answer", "b", 60); got.Holder != "b" {
+		t.Errorf("after an acquisition whose answer was lost, b got the lease of %s; want b's own at once", got.Holder)
+	}
+
+	kept := b.acquire(t, "kept", "a", 60)
+	acquireBroken("kept", "a") // a again: it holds the lease and knows its fence
+	r := b.do(t, "POST", "/api/leases", `{"resource":"kept","holder":"b","ttl_seconds":60}`)
+	if r.status != http.StatusConflict {
+		t.Fatalf("b's acquisition of the lease a holds: %s; want 409", r)
+	}
+	var held struct {
+		Lease leaseJSON `json:"lease"`
+	}
+	if err := json.Unmarshal(r.body, &held); err != nil {
+		t.Fatalf("the 409's body %s: %v", r.body, err)
+	}
+	if got := held.Lease; got.Holder != "a" || got.Fence != kept.Fence {
+		t.Errorf("the lease is %s's under fence %d; want a's under %d", got.Holder, got.Fence, kept.Fence)
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"time"
@@ -61,12 +62,29 @@ func handleLeaseAcquire(d Deps) http.Handler {
 			writeError(w, r, d.Log, err)
 			return
 		}
-		status := http.StatusOK
-		if acq.New {
-			status = http.StatusCreated
+		if !acq.New {
+			encode(w, http.StatusOK, acq.Lease)
+			return
 		}
-		encode(w, status, acq.Lease)
+		// A holding this request made, whose client is gone or whose answer cannot be sent,
+		// is one its holder never learns of: release it rather than leave it to expire. (A
+		// lease it already held is left alone: the holder knows its fence.)
+		if clientGone(r) || encodeFlushed(w, http.StatusCreated, acq.Lease) != nil {
+			releaseAbandoned(d, acq.Lease)
+		}
 	})
+}
+
+// releaseAbandoned releases, under its fence, a lease acquired for a client that went away
+// before it could hear so.
+func releaseAbandoned(d Deps, l lease.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := d.Leases.Release(ctx, lease.ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence}); err != nil &&
+		!errors.Is(err, lease.ErrNotHeld) {
+		d.Log.Warn().Err(err).Str("resource", l.Resource).Int64("fence", l.Fence).
+			Msg("could not release a lease acquired for a client that went away; it expires at its TTL")
+	}
 }
 
 // errStopping ends a waiting acquisition or claim when the replica shuts
