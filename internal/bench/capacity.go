@@ -157,18 +157,26 @@ func capacityRenewals(ctx context.Context, c Config, n int, every time.Duration)
 	if _, err := d.Pool.Exec(ctx, "ANALYZE leases, lease_events"); err != nil {
 		return nil, fmt.Errorf("analyze the leases: %w", err)
 	}
-	m, err := startMeter(ctx, d)
-	if err != nil {
-		return nil, err
-	}
-	defer m.close(ctx)
-	ops, maxLag, err := paced(ctx, n, every, c.Duration, goroutines, func(ctx context.Context, i int) error {
+	name := fmt.Sprintf("renew %d held, each every %s (%.0f/s offered), %d replicas", n, every, float64(n)/every.Seconds(), c.Replicas)
+	return meterPaced(ctx, d, n, every, c.Duration, goroutines, name, "renewal", func(ctx context.Context, i int) error {
 		_, err := stores[i%c.Replicas].Renew(ctx, lease.RenewParams{Resource: resource(i), Holder: holder(i), Fence: fences[i]})
 		if errors.Is(err, lease.ErrNotHeld) {
 			return fmt.Errorf("lease %s lapsed before its renewal (TTL %s): the renewals fell behind by more than the TTL", resource(i), ttl)
 		}
 		return err
 	})
+}
+
+// meterPaced meters paced(op) on d's database and returns its figures, as workload name's
+// operations called what.
+func meterPaced(ctx context.Context, d *freshDB, n int, every, run time.Duration, goroutines int, name, what string,
+	op func(ctx context.Context, i int) error) ([]Result, error) {
+	m, err := startMeter(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	defer m.close(ctx)
+	ops, maxLag, err := paced(ctx, n, every, run, goroutines, op)
 	if err != nil {
 		return nil, err
 	}
@@ -176,8 +184,7 @@ func capacityRenewals(ctx context.Context, c Config, n int, every time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	name := fmt.Sprintf("renew %d held, each every %s (%.0f/s offered), %d replicas", n, every, float64(n)/every.Seconds(), c.Replicas)
-	return w.results(name, "renewal", ops, 0, pacedNote(n, every, ops, maxLag, w.elapsed)), nil
+	return w.results(name, what, ops, 0, pacedNote(n, every, ops, maxLag, w.elapsed)), nil
 }
 
 // pacedTTL is the TTL of the leases (and tasks) a paced workload renews every interval for
@@ -283,12 +290,8 @@ func capacityHeartbeats(ctx context.Context, c Config, n int, every time.Duratio
 	if _, err := d.Pool.Exec(ctx, "ANALYZE tasks"); err != nil {
 		return nil, fmt.Errorf("analyze the tasks: %w", err)
 	}
-	m, err := startMeter(ctx, d)
-	if err != nil {
-		return nil, err
-	}
-	defer m.close(ctx)
-	ops, maxLag, err := paced(ctx, n, every, c.Duration, min(n, c.Replicas*renewersPerReplica), func(ctx context.Context, i int) error {
+	name := fmt.Sprintf("heartbeat %d running tasks, each every %s (%.0f/s offered), %d replicas", n, every, float64(n)/every.Seconds(), c.Replicas)
+	return meterPaced(ctx, d, n, every, c.Duration, min(n, c.Replicas*renewersPerReplica), name, "heartbeat", func(ctx context.Context, i int) error {
 		r := run[i]
 		_, err := tasks.Heartbeat(ctx, r.id, r.processor, r.fence)
 		if errors.Is(err, task.ErrLeaseLost) {
@@ -296,15 +299,6 @@ func capacityHeartbeats(ctx context.Context, c Config, n int, every time.Duratio
 		}
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	w, err := m.stop(ctx)
-	if err != nil {
-		return nil, err
-	}
-	name := fmt.Sprintf("heartbeat %d running tasks, each every %s (%.0f/s offered), %d replicas", n, every, float64(n)/every.Seconds(), c.Replicas)
-	return w.results(name, "heartbeat", ops, 0, pacedNote(n, every, ops, maxLag, w.elapsed)), nil
 }
 
 // capacityCycles runs acquire+release cycles on the largest of Clients clients, each on a
