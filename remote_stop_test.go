@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -87,5 +88,98 @@ func TestRemoteStopHandsBackACutClaim(t *testing.T) {
 	}
 	if len(got.EarlierAttempts) != 1 || got.EarlierAttempts[0].Outcome != task.OutcomeRequeued || got.EarlierAttempts[0].Processor != processor {
 		t.Errorf("its history: %+v; want the attempt of %s requeued", got.EarlierAttempts, processor)
+	}
+}
+
+// TestRemoteStopDuringTheHeartbeatAfterAClaim: a claim that waited sends a heartbeat before
+// the task runs (the lease counted from the claim's sending). The stop comes while that
+// heartbeat is on its way: the task is handed back, not left to its lease as a heartbeat
+// cut off by the stop would leave it (the chaos soak's app-remote did). The proxy holds the
+// heartbeat until the stop has cut off the other worker's waiting claim.
+func TestRemoteStopDuringTheHeartbeatAfterAClaim(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	svc := startService(t, db)
+	target, err := url.Parse(svc.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var (
+		mu                sync.Mutex
+		claiming          = map[string]bool{}
+		bothWait          = make(chan struct{})
+		cut, heartbeating = make(chan struct{}), make(chan struct{})
+		cutOnce, hbOnce   sync.Once
+	)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/api/tasks/next":
+			raw, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(raw))
+			var body struct {
+				Processor string `json:"processor"`
+			}
+			_ = json.Unmarshal(raw, &body)
+			mu.Lock()
+			if claiming[body.Processor] = true; len(claiming) == 2 {
+				select {
+				case <-bothWait:
+				default:
+					close(bothWait)
+				}
+			}
+			mu.Unlock()
+			proxy.ServeHTTP(w, r)
+			if r.Context().Err() != nil {
+				cutOnce.Do(func() { close(cut) })
+			}
+			return
+		case r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/heartbeat"):
+			hbOnce.Do(func() { close(heartbeating) })
+			select {
+			case <-cut:
+			case <-t.Context().Done():
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+
+	workers := leasehold.NewWorkers()
+	if err := leasehold.AddWorker(workers, leasehold.WorkFunc[countArgs](func(context.Context, *leasehold.Task[countArgs]) error {
+		t.Error("the handler ran: the task was claimed as the client stopped")
+		return nil
+	}), leasehold.KindConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: front.URL},
+		leasehold.Config{ID: "stopper", Workers: workers, Queues: map[string]leasehold.QueueConfig{"shared": {MaxWorkers: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	<-bothWait
+	// The claims must have waited a tenth of the task's TTL (2 s) for the heartbeat to be
+	// sent: time itself is the condition.
+	time.Sleep(300 * time.Millisecond)
+	inserted, err := svc.tasks.Insert(t.Context(), []taskstore.NewTask{{Kind: countArgs{}.Kind(), Queue: "shared", TaskData: []byte(`{"n":1}`), TTL: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := inserted[0].Task.ID
+	<-heartbeating
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	got, err := svc.tasks.Get(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != task.StatePending || got.Attempts != 0 || len(got.EarlierAttempts) != 1 || got.EarlierAttempts[0].Outcome != task.OutcomeRequeued {
+		t.Errorf("the task claimed as the client stopped is %s after %d attempts, history %+v; want pending, handed back, the attempt not counted",
+			got.State, got.Attempts, got.EarlierAttempts)
 	}
 }

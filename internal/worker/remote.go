@@ -263,7 +263,9 @@ func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *w
 			// heartbeat now starts its deadline afresh.
 			if ttl := t.TTL(); ttl > 0 && time.Since(sent) > ttl/10 {
 				hb := time.Now()
-				hctx, cancel := context.WithTimeout(ctx, ttl-ttl/10)
+				// Not cut off by the pool's stop: the task is handed back below then,
+				// which a heartbeat cut off would leave to its lease.
+				hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl-ttl/10)
 				_, err := p.Tasks.Heartbeat(hctx, t.ID, w.name, t.Fence)
 				cancel()
 				if err != nil {
@@ -274,6 +276,11 @@ func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *w
 					continue
 				}
 				sent = hb
+			}
+			if ctx.Err() != nil { // the pool stopped meanwhile: the task will not run here
+				p.handBack(log, t, w.name)
+				idle <- w
+				continue
 			}
 			w.tasks <- claim{task: t, sent: sent}
 			if p.OnEvent != nil {
