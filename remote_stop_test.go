@@ -60,21 +60,7 @@ func TestRemoteStopHandsBackACutClaim(t *testing.T) {
 	}))
 	t.Cleanup(front.Close)
 
-	workers := leasehold.NewWorkers()
-	if err := leasehold.AddWorker(workers, leasehold.WorkFunc[countArgs](func(context.Context, *leasehold.Task[countArgs]) error {
-		t.Error("the handler ran: the task held for the cut claim was claimed again")
-		return nil
-	}), leasehold.KindConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: front.URL},
-		leasehold.Config{ID: "cutter", Workers: workers, Queues: map[string]leasehold.QueueConfig{"shared": {MaxWorkers: 1}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	c := startIdleRemote(t, front.URL, "cutter", 1)
 	<-waiting
 	if err := c.Stop(context.Background()); err != nil {
 		t.Fatalf("stop: %v", err)
@@ -146,21 +132,7 @@ func TestRemoteStopDuringTheHeartbeatAfterAClaim(t *testing.T) {
 	}))
 	t.Cleanup(front.Close)
 
-	workers := leasehold.NewWorkers()
-	if err := leasehold.AddWorker(workers, leasehold.WorkFunc[countArgs](func(context.Context, *leasehold.Task[countArgs]) error {
-		t.Error("the handler ran: the task was claimed as the client stopped")
-		return nil
-	}), leasehold.KindConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: front.URL},
-		leasehold.Config{ID: "stopper", Workers: workers, Queues: map[string]leasehold.QueueConfig{"shared": {MaxWorkers: 2}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	c := startIdleRemote(t, front.URL, "stopper", 2)
 	<-bothWait
 	// The claims must have waited a tenth of the task's TTL (2 s) for the heartbeat to be
 	// sent: time itself is the condition.
@@ -182,4 +154,26 @@ func TestRemoteStopDuringTheHeartbeatAfterAClaim(t *testing.T) {
 		t.Errorf("the task claimed as the client stopped is %s after %d attempts, history %+v; want pending, handed back, the attempt not counted",
 			got.State, got.Attempts, got.EarlierAttempts)
 	}
+}
+
+// startIdleRemote starts a remote client of url named id, with workers count tasks of queue
+// "shared"; the tests stop it before any task is theirs, and a handler that runs fails them.
+func startIdleRemote(t *testing.T, url, id string, workers int) *leasehold.Client {
+	t.Helper()
+	w := leasehold.NewWorkers()
+	if err := leasehold.AddWorker(w, leasehold.WorkFunc[countArgs](func(context.Context, *leasehold.Task[countArgs]) error {
+		t.Error("the handler ran: a task claimed as the client stopped was run, not handed back")
+		return nil
+	}), leasehold.KindConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: url},
+		leasehold.Config{ID: id, Workers: w, Queues: map[string]leasehold.QueueConfig{"shared": {MaxWorkers: workers}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
