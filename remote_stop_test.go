@@ -177,3 +177,73 @@ func startIdleRemote(t *testing.T, url, id string, workers int) *leasehold.Clien
 	}
 	return c
 }
+
+// TestRemoteHandsBackWhenTheHeartbeatAfterAClaimFails: a remote worker's heartbeat after a
+// claim that waited fails with an answer that says nothing (a 502): the task goes back at once,
+// not counted, rather than wait out its lease, and is claimed again and run.
+func TestRemoteHandsBackWhenTheHeartbeatAfterAClaimFails(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	svc := startService(t, db)
+	target, err := url.Parse(svc.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var (
+		failOnce sync.Once
+		claiming = make(chan struct{})
+		seen     sync.Once
+	)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/tasks/next" {
+			seen.Do(func() { close(claiming) })
+		}
+		if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/heartbeat") {
+			failed := false
+			failOnce.Do(func() { failed = true })
+			if failed {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusBadGateway)
+				_, _ = io.WriteString(w, `{"error":"the replica failed before it answered"}`)
+				return
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	ran := make(chan int64, 1)
+	workers := leasehold.NewWorkers()
+	if err := leasehold.AddWorker(workers, leasehold.WorkFunc[countArgs](func(_ context.Context, tk *leasehold.Task[countArgs]) error {
+		ran <- tk.ID
+		return nil
+	}), leasehold.KindConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: front.URL},
+		leasehold.Config{ID: "hb", Workers: workers, Queues: map[string]leasehold.QueueConfig{"shared": {MaxWorkers: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop(context.Background()) //nolint:errcheck // the test's checks are above it
+	<-claiming
+	// The claim must have waited a tenth of the task's TTL (2 s) for the heartbeat to be sent:
+	// time itself is the condition.
+	time.Sleep(300 * time.Millisecond)
+	inserted, err := svc.tasks.Insert(t.Context(), []taskstore.NewTask{{Kind: countArgs{}.Kind(), Queue: "shared", TaskData: []byte(`{"n":1}`), TTL: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := inserted[0].Task.ID
+	if got := <-ran; got != id {
+		t.Fatalf("the handler ran task %d, want %d", got, id)
+	}
+	done := waitState(t, c, id, task.StateDone)
+	if done.Attempts != 1 || len(done.EarlierAttempts) != 1 || done.EarlierAttempts[0].Outcome != task.OutcomeRequeued {
+		t.Errorf("the task: done after %d attempts, earlier %+v; want 1, the one whose heartbeat failed handed back and not counted",
+			done.Attempts, done.EarlierAttempts)
+	}
+}

@@ -615,8 +615,16 @@ func (s *slot) work(abort <-chan struct{}, t task.Task, sent time.Time) {
 		ctx, cancel := context.WithTimeout(context.Background(), ttl-ttl/10)
 		err := s.w.heartbeat(ctx, t, s.processor, 0)
 		cancel()
-		if err != nil {
-			log.Warn().Err(err).Msg("the heartbeat after a long claim failed; CMD did not run, the task is left to its lease")
+		switch {
+		case errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound):
+			log.Warn().Err(err).Msg("the heartbeat after a long claim was refused; CMD did not run")
+			return
+		case err != nil:
+			// It may or may not have renewed the lease: CMD does not run, and the task goes
+			// back under its fence now (refused, and nothing changes, if the lease is gone)
+			// rather than wait out its lease.
+			log.Warn().Err(err).Msg("the heartbeat after a long claim failed; CMD did not run, handing the task back")
+			s.handBack(t, "the heartbeat after its claim failed: "+err.Error())
 			return
 		}
 		sent = hb

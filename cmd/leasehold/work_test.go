@@ -744,10 +744,12 @@ func TestWorkRejectsBadUsage(t *testing.T) {
 // requests it forwards. Its mode changes the heartbeats with wait_seconds:
 // "old" answers them as a release before held heartbeats did (400, an
 // unknown field); "early" has them answered at once, as a replica that
-// shuts down does.
+// shuts down does. "502-once" answers the first heartbeat of all 502, as a
+// front door whose replica died under the request does.
 type apiRecorder struct {
-	url  string
-	mode string
+	url    string
+	mode   string
+	failed bool // "502-once": the heartbeat is answered
 
 	mu       sync.Mutex
 	requests []recorded
@@ -776,8 +778,17 @@ func newAPIRecorder(t *testing.T, target, mode string) *apiRecorder {
 		a.mu.Lock()
 		a.requests = append(a.requests, rec)
 		a.mu.Unlock()
+		a.mu.Lock()
+		fail := a.mode == "502-once" && !a.failed && strings.HasSuffix(r.URL.Path, "/heartbeat")
+		a.failed = a.failed || fail
+		a.mu.Unlock()
 		_, held := rec.body["wait_seconds"]
 		switch held = held && strings.HasSuffix(r.URL.Path, "/heartbeat"); {
+		case fail:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			fmt.Fprint(w, `{"error":"the replica failed before it answered; the request may or may not have taken effect, check and retry"}`)
+			return
 		case held && a.mode == "old":
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusBadRequest)
@@ -983,5 +994,33 @@ func TestWorkShutdownHandsBackACutClaim(t *testing.T) {
 	}
 	if !logged(w.logs, "handing back a task claimed as the shutdown cut its claim off", "task", float64(created.ID)) {
 		t.Errorf("the worker did not say it handed the task back:\n%s", w.logs)
+	}
+}
+
+// TestWorkHandsBackWhenTheHeartbeatAfterAClaimFails: a claim that waited sends a heartbeat
+// before CMD runs. When that heartbeat fails with an answer that says nothing (a 502: it may or
+// may not have renewed the lease), CMD does not run and the task goes back at once, rather
+// than wait out its lease; the worker then claims it again and runs it.
+func TestWorkHandsBackWhenTheHeartbeatAfterAClaimFails(t *testing.T) {
+	t.Parallel()
+	r, db := workReplica(t)
+	api := newAPIRecorder(t, r.url, "502-once")
+	w := startWork(t, api.url, "--processor", "hb", "--concurrency", "1", "--kind", "after", "--", "true")
+	waitUntil(t, "the worker's claim to wait", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return len(api.requests) > 0
+	}, api, w.logs)
+	// The claim must have waited a tenth of the task's TTL (2 s) for the heartbeat to be sent:
+	// time itself is the condition.
+	time.Sleep(300 * time.Millisecond)
+	tk := addTask(t, r, `{"kind":"after","task_data":{},"ttl_seconds":2}`)
+	got := finished(t, r, tk.ID, api, w.logs)
+	if got.State != task.StateDone || got.Attempts != 1 {
+		t.Fatalf("the task: %s after %d attempts (%s), want done in 1, the handed-back one not counted", got.State, got.Attempts, got.LastError)
+	}
+	h := history(t, db, tk.ID)
+	if len(h) != 1 || h[0].Outcome != task.OutcomeRequeued || !strings.Contains(h[0].Error, "heartbeat after its claim failed") {
+		t.Errorf("its earlier attempts: %+v; want the one handed back as its heartbeat failed\n%s", h, w.logs)
 	}
 }

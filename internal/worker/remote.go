@@ -268,10 +268,17 @@ func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *w
 				hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl-ttl/10)
 				_, err := p.Tasks.Heartbeat(hctx, t.ID, w.name, t.Fence)
 				cancel()
-				if err != nil {
-					// Lost already, or the service is unreachable: the lease
-					// lapses and the task is claimed again.
-					log.Warn().Err(err).Int64("task", t.ID).Msg("the heartbeat after a long claim failed; leaving the task to its lease")
+				switch {
+				case errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound):
+					log.Warn().Err(err).Int64("task", t.ID).Msg("the heartbeat after a long claim was refused; the task is not this worker's")
+					idle <- w
+					continue
+				case err != nil:
+					// It may or may not have renewed the lease: the task does not run here,
+					// and goes back under its fence now (refused, and nothing changes, if the
+					// lease is gone) rather than wait out its lease.
+					log.Warn().Err(err).Int64("task", t.ID).Msg("the heartbeat after a long claim failed; handing the task back")
+					p.handBack(log, t, w.name)
 					idle <- w
 					continue
 				}
