@@ -297,26 +297,26 @@ func (w *taskWorker) handBackCut() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cutHandBackTimeout)
 	defer cancel()
-	q := url.Values{"state": {task.StateRunning}, "limit": {"1000"}}
+	const page = 1000 // the API's largest
+	q := url.Values{"state": {task.StateRunning}, "limit": {strconv.Itoa(page)}}
 	for {
-		page, _, err := w.api.listTasks(ctx, q)
+		running, _, err := w.api.listTasks(ctx, q)
 		if err != nil {
 			w.log.Warn().Err(err).Strs("processors", cut).
 				Msg("could not look for tasks claimed as the shutdown cut the claims off; any such task is claimed again when its lease lapses")
 			return
 		}
-		for _, t := range page {
+		for _, t := range running {
 			if slices.Contains(cut, t.Processor) {
 				w.log.Info().Int64("task", t.ID).Str("processor", t.Processor).Int64("fence", t.Fence).
 					Msg("handing back a task claimed as the shutdown cut its claim off")
-				s := &slot{w: w, processor: t.Processor}
-				s.handBack(t, "the worker shut down as the task was claimed for it")
+				w.handBack(t, t.Processor, "the worker shut down as the task was claimed for it")
 			}
 		}
-		if len(page) < 1000 {
+		if len(running) < page {
 			return
 		}
-		q.Set("after_id", strconv.FormatInt(page[len(page)-1].ID, 10))
+		q.Set("after_id", strconv.FormatInt(running[len(running)-1].ID, 10))
 	}
 }
 
@@ -521,7 +521,7 @@ func (s *slot) run(ctx context.Context, abort <-chan struct{}) {
 		case ctx.Err() != nil:
 			switch {
 			case ok:
-				s.handBack(t, "the worker shut down as it claimed the task")
+				s.w.handBack(t, s.processor, "the worker shut down as it claimed the task")
 			case err != nil: // cut off before its answer: see handBackCut
 				s.w.cutMu.Lock()
 				s.w.cut = append(s.w.cut, s.processor)
@@ -552,14 +552,14 @@ func (s *slot) run(ctx context.Context, abort <-chan struct{}) {
 	}
 }
 
-// handBack gives a claimed task back to the queue, not counted as an
-// attempt, when the worker will not run it.
-func (s *slot) handBack(t task.Task, reason string) {
+// handBack gives a task claimed for processor back to the queue, not
+// counted as an attempt, when the worker will not run it.
+func (w *taskWorker) handBack(t task.Task, processor, reason string) {
 	ttl := orDefault(t.TTL(), defaultTaskTTL)
 	ctx, cancel := context.WithTimeout(context.Background(), ttl-ttl/10)
 	defer cancel()
-	if _, err := s.w.requeue(ctx, t, s.processor, reason); err != nil && !errors.Is(err, task.ErrLeaseLost) {
-		s.w.log.Warn().Err(err).Int64("task", t.ID).Msg("could not hand a task back; it is claimed again when its lease lapses")
+	if _, err := w.requeue(ctx, t, processor, reason); err != nil && !errors.Is(err, task.ErrLeaseLost) {
+		w.log.Warn().Err(err).Int64("task", t.ID).Msg("could not hand a task back; it is claimed again when its lease lapses")
 	}
 }
 
@@ -624,7 +624,7 @@ func (s *slot) work(abort <-chan struct{}, t task.Task, sent time.Time) {
 			// back under its fence now (refused, and nothing changes, if the lease is gone)
 			// rather than wait out its lease.
 			log.Warn().Err(err).Msg("the heartbeat after a long claim failed; CMD did not run, handing the task back")
-			s.handBack(t, "the heartbeat after its claim failed: "+err.Error())
+			s.w.handBack(t, s.processor, "the heartbeat after its claim failed: "+err.Error())
 			return
 		}
 		sent = hb
