@@ -155,13 +155,7 @@ func (p *RemotePool) Run(ctx context.Context) error {
 // when it will not run: within the task's TTL (less a tenth), after which its lease has
 // lapsed anyway.
 func (p *RemotePool) handBack(log zerolog.Logger, t task.Task, processor string) {
-	ttl := t.TTL()
-	if ttl <= 0 {
-		ttl = p.TTL
-	}
-	if ttl <= 0 {
-		ttl = 30 * time.Second
-	}
+	ttl := ttlOf(t, p.TTL) // p.TTL is 1s at least: Run checks it
 	ctx, cancel := context.WithTimeout(context.Background(), ttl-ttl/10)
 	defer cancel()
 	if _, err := p.Tasks.Requeue(ctx, t.ID, processor, t.Fence, "the worker pool stopped as it claimed the task"); err != nil &&

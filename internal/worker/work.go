@@ -54,11 +54,14 @@ type Ops interface {
 
 // taskTTL is the TTL of t's lease: its own, which the claim set, or the
 // pool's default for a row that has none.
-func (r *runner) taskTTL(t task.Task) time.Duration {
+func (r *runner) taskTTL(t task.Task) time.Duration { return ttlOf(t, r.ttl) }
+
+// ttlOf is t's lease TTL, or def when its claim said none.
+func ttlOf(t task.Task, def time.Duration) time.Duration {
 	if t.TTLSeconds > 0 {
 		return t.TTL()
 	}
-	return r.ttl
+	return def
 }
 
 // work runs one claimed task under its lease, then completes it, fails it,
