@@ -284,11 +284,7 @@ func handleTaskClaim(d Deps) http.Handler {
 		}
 		// A client gone already, or a connection that breaks under the answer, never learns
 		// of the task: hand it back rather than leave it held, unrun, for its TTL.
-		if clientGone(r) {
-			handBackAbandoned(d, tasks)
-			return
-		}
-		if err := encodeFlushed(w, http.StatusOK, tasks[0]); err != nil {
+		if clientGone(r) || encodeFlushed(w, http.StatusOK, tasks[0]) != nil {
 			handBackAbandoned(d, tasks)
 		}
 	})
