@@ -120,15 +120,11 @@ func capacityWhere(ctx context.Context, c Config) (Result, error) {
 // sent at once, and none is sent after Duration: the rate achieved says whether the database
 // kept up.
 func capacityRenewals(ctx context.Context, c Config, n int, every time.Duration) ([]Result, error) {
-	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8))
+	d, stores, err := leaseReplicas(ctx, c)
 	if err != nil {
 		return nil, err
 	}
 	defer d.Close()
-	stores := make([]*leasing.Store, c.Replicas)
-	for i := range stores {
-		stores[i] = leasing.NewStore(d.Pool)
-	}
 	ttl, err := pacedTTL(every, c.Duration)
 	if err != nil {
 		return nil, err
@@ -165,6 +161,20 @@ func capacityRenewals(ctx context.Context, c Config, n int, every time.Duration)
 		}
 		return err
 	})
+}
+
+// leaseReplicas makes a database of its own for a lease workload, and a store for each of
+// Replicas replicas on its pool (a store groups the operations of one replica).
+func leaseReplicas(ctx context.Context, c Config) (*freshDB, []*leasing.Store, error) {
+	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8))
+	if err != nil {
+		return nil, nil, err
+	}
+	stores := make([]*leasing.Store, c.Replicas)
+	for i := range stores {
+		stores[i] = leasing.NewStore(d.Pool)
+	}
+	return d, stores, nil
 }
 
 // meterPaced meters paced(op) on d's database and returns its figures, as workload name's
@@ -306,19 +316,12 @@ func capacityHeartbeats(ctx context.Context, c Config, n int, every time.Duratio
 // cycle is two operations (two commits, shared with the other clients' by the store's
 // groups).
 func capacityCycles(ctx context.Context, c Config) ([]Result, error) {
-	clients := 0
-	for _, n := range c.Clients {
-		clients = max(clients, n)
-	}
-	d, err := newDB(ctx, c.DatabaseURL, int32(c.Replicas*c.Workers+8))
+	clients := slices.Max(c.Clients)
+	d, stores, err := leaseReplicas(ctx, c)
 	if err != nil {
 		return nil, err
 	}
 	defer d.Close()
-	stores := make([]*leasing.Store, c.Replicas)
-	for i := range stores {
-		stores[i] = leasing.NewStore(d.Pool)
-	}
 	m, err := startMeter(ctx, d)
 	if err != nil {
 		return nil, err
