@@ -30,37 +30,22 @@ func TestRemoteStopHandsBackACutClaim(t *testing.T) {
 	db := pgtest.New(t)
 	svc := startService(t, db)
 	const processor = "cutter/shared/w1"
-	inserted, err := svc.tasks.Insert(t.Context(), []taskstore.NewTask{{Kind: countArgs{}.Kind(), Queue: "shared", TaskData: []byte(`{"n":1}`)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := inserted[0].Task.ID
+	id := insertShared(t, svc, 0)
 	if claimed, err := svc.tasks.Claim(t.Context(), taskstore.ClaimParams{Processors: []string{processor}, Queues: []string{"shared"}, TTL: 30 * time.Second}); err != nil || len(claimed) != 1 || claimed[0].ID != id {
 		t.Fatalf("claim for %s: %v, %v; want task %d", processor, claimed, err, id)
 	}
 
 	// A proxy that says when the worker's claim reaches the service.
 	waiting := make(chan struct{})
-	target, err := url.Parse(svc.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httputil.NewSingleHostReverseProxy(target)
 	var once sync.Once
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		raw, _ := io.ReadAll(r.Body)
-		r.Body = io.NopCloser(bytes.NewReader(raw))
-		var body struct {
-			Processor string `json:"processor"`
-		}
-		if r.URL.Path == "/api/tasks/next" && json.Unmarshal(raw, &body) == nil && body.Processor == processor {
+	front := startFront(t, svc.URL, func(w http.ResponseWriter, r *http.Request, proxy http.Handler) {
+		if r.URL.Path == "/api/tasks/next" && claimsFor(r) == processor {
 			once.Do(func() { close(waiting) })
 		}
 		proxy.ServeHTTP(w, r)
-	}))
-	t.Cleanup(front.Close)
+	})
 
-	c := startIdleRemote(t, front.URL, "cutter", 1)
+	c := startIdleRemote(t, front, "cutter", 1)
 	<-waiting
 	if err := c.Stop(context.Background()); err != nil {
 		t.Fatalf("stop: %v", err)
@@ -86,11 +71,6 @@ func TestRemoteStopDuringTheHeartbeatAfterAClaim(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	svc := startService(t, db)
-	target, err := url.Parse(svc.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httputil.NewSingleHostReverseProxy(target)
 	var (
 		mu                sync.Mutex
 		claiming          = map[string]bool{}
@@ -98,17 +78,11 @@ func TestRemoteStopDuringTheHeartbeatAfterAClaim(t *testing.T) {
 		cut, heartbeating = make(chan struct{}), make(chan struct{})
 		cutOnce, hbOnce   sync.Once
 	)
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	front := startFront(t, svc.URL, func(w http.ResponseWriter, r *http.Request, proxy http.Handler) {
 		switch {
 		case r.URL.Path == "/api/tasks/next":
-			raw, _ := io.ReadAll(r.Body)
-			r.Body = io.NopCloser(bytes.NewReader(raw))
-			var body struct {
-				Processor string `json:"processor"`
-			}
-			_ = json.Unmarshal(raw, &body)
 			mu.Lock()
-			if claiming[body.Processor] = true; len(claiming) == 2 {
+			if claiming[claimsFor(r)] = true; len(claiming) == 2 {
 				select {
 				case <-bothWait:
 				default:
@@ -129,19 +103,14 @@ func TestRemoteStopDuringTheHeartbeatAfterAClaim(t *testing.T) {
 			}
 		}
 		proxy.ServeHTTP(w, r)
-	}))
-	t.Cleanup(front.Close)
+	})
 
-	c := startIdleRemote(t, front.URL, "stopper", 2)
+	c := startIdleRemote(t, front, "stopper", 2)
 	<-bothWait
 	// The claims must have waited a tenth of the task's TTL (2 s) for the heartbeat to be
 	// sent: time itself is the condition.
 	time.Sleep(300 * time.Millisecond)
-	inserted, err := svc.tasks.Insert(t.Context(), []taskstore.NewTask{{Kind: countArgs{}.Kind(), Queue: "shared", TaskData: []byte(`{"n":1}`), TTL: 2 * time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := inserted[0].Task.ID
+	id := insertShared(t, svc, 2*time.Second)
 	<-heartbeating
 	if err := c.Stop(context.Background()); err != nil {
 		t.Fatalf("stop: %v", err)
@@ -185,17 +154,12 @@ func TestRemoteHandsBackWhenTheHeartbeatAfterAClaimFails(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	svc := startService(t, db)
-	target, err := url.Parse(svc.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httputil.NewSingleHostReverseProxy(target)
 	var (
 		failOnce sync.Once
 		claiming = make(chan struct{})
 		seen     sync.Once
 	)
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	front := startFront(t, svc.URL, func(w http.ResponseWriter, r *http.Request, proxy http.Handler) {
 		if r.URL.Path == "/api/tasks/next" {
 			seen.Do(func() { close(claiming) })
 		}
@@ -210,8 +174,7 @@ func TestRemoteHandsBackWhenTheHeartbeatAfterAClaimFails(t *testing.T) {
 			}
 		}
 		proxy.ServeHTTP(w, r)
-	}))
-	t.Cleanup(front.Close)
+	})
 	ran := make(chan int64, 1)
 	workers := leasehold.NewWorkers()
 	if err := leasehold.AddWorker(workers, leasehold.WorkFunc[countArgs](func(_ context.Context, tk *leasehold.Task[countArgs]) error {
@@ -220,7 +183,7 @@ func TestRemoteHandsBackWhenTheHeartbeatAfterAClaimFails(t *testing.T) {
 	}), leasehold.KindConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: front.URL},
+	c, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: front},
 		leasehold.Config{ID: "hb", Workers: workers, Queues: map[string]leasehold.QueueConfig{"shared": {MaxWorkers: 1}}})
 	if err != nil {
 		t.Fatal(err)
@@ -233,11 +196,7 @@ func TestRemoteHandsBackWhenTheHeartbeatAfterAClaimFails(t *testing.T) {
 	// The claim must have waited a tenth of the task's TTL (2 s) for the heartbeat to be sent:
 	// time itself is the condition.
 	time.Sleep(300 * time.Millisecond)
-	inserted, err := svc.tasks.Insert(t.Context(), []taskstore.NewTask{{Kind: countArgs{}.Kind(), Queue: "shared", TaskData: []byte(`{"n":1}`), TTL: 2 * time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := inserted[0].Task.ID
+	id := insertShared(t, svc, 2*time.Second)
 	if got := <-ran; got != id {
 		t.Fatalf("the handler ran task %d, want %d", got, id)
 	}
@@ -246,4 +205,40 @@ func TestRemoteHandsBackWhenTheHeartbeatAfterAClaimFails(t *testing.T) {
 		t.Errorf("the task: done after %d attempts, earlier %+v; want 1, the one whose heartbeat failed handed back and not counted",
 			done.Attempts, done.EarlierAttempts)
 	}
+}
+
+// startFront starts a front door to the service at target for the test: serve answers each
+// request, sending it on through proxy or not.
+func startFront(t *testing.T, target string, serve func(w http.ResponseWriter, r *http.Request, proxy http.Handler)) string {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { serve(w, r, proxy) }))
+	t.Cleanup(front.Close)
+	return front.URL
+}
+
+// claimsFor is the processor a claim's body names; the body stays readable for the proxy.
+func claimsFor(r *http.Request) string {
+	raw, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(raw))
+	var body struct {
+		Processor string `json:"processor"`
+	}
+	_ = json.Unmarshal(raw, &body)
+	return body.Processor
+}
+
+// insertShared inserts a count task of queue "shared" on the service's store, with ttl (0:
+// none), and returns its id.
+func insertShared(t *testing.T, svc service, ttl time.Duration) int64 {
+	t.Helper()
+	inserted, err := svc.tasks.Insert(t.Context(), []taskstore.NewTask{{Kind: countArgs{}.Kind(), Queue: "shared", TaskData: []byte(`{"n":1}`), TTL: ttl}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inserted[0].Task.ID
 }
