@@ -2,6 +2,7 @@ package leasehold
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -179,9 +180,18 @@ const releaseTimeout = 5 * time.Second
 // the lease lost, and cancels its Context, as soon as a renewal is refused
 // (the cause wraps lease.ErrNotHeld) or its deadline passes without a
 // successful renewal (lease.ErrDeadline): the time the last successful
-// renewal (or the acquisition) was sent + TTL − cfg.Margin on this
-// process's monotonic clock, so the holding gives up before the service
-// can hand the lease to anyone else, however late the answers came.
+// renewal (or the acquisition) was sent + cfg.Window() (TTL − Margin −
+// Grace) on this process's monotonic clock, so the holding gives up before
+// the service can hand the lease to anyone else, however late the answers
+// came.
+//
+// A holding that gave up at its deadline cannot know whether its last
+// renewal arrived (its answer may have been lost on the way back), so it
+// releases the lease under its fence, best effort, once the caller has
+// stopped: when Release is called, or cfg.Grace after the deadline (at once
+// with no Grace). Another holder then takes the lease at once rather than
+// at an expiry nobody can tell; a release the service refuses (the lease
+// lapsed or was taken) changes nothing.
 //
 // When ctx ends the holding stops renewing and releases the lease (bounded
 // by a few seconds); Release then reports how that went.
@@ -219,7 +229,7 @@ func (l *Leases) Keep(ctx context.Context, ls lease.Lease, sent time.Time, cfg l
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	hctx, cancel := context.WithCancelCause(ctx)
-	h := &Holding{leases: l, ctx: hctx, cancel: cancel, done: make(chan struct{}), lease: ls}
+	h := &Holding{leases: l, ctx: hctx, cancel: cancel, done: make(chan struct{}), asked: make(chan struct{}), lease: ls}
 	go h.run(ctx, cfg, sent)
 	return h, nil
 }
@@ -229,13 +239,15 @@ func (l *Leases) Keep(ctx context.Context, ls lease.Lease, sent time.Time, cfg l
 // Context() is done. Its methods are safe for concurrent use.
 //
 // Its one goroutine exits when Release is called, the context given to Hold
-// ends (after releasing the lease), or the lease is lost; Release waits for
-// it.
+// ends (after releasing the lease), or the lease is lost (after releasing
+// it, unless a renewal was refused); Release waits for it.
 type Holding struct {
 	leases *Leases
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	done   chan struct{} // closed when the goroutine exited
+	asked  chan struct{} // closed by the first Release
+	ask    sync.Once
 
 	mu       sync.Mutex
 	lease    lease.Lease
@@ -267,12 +279,13 @@ func (h *Holding) Err() error { return context.Cause(h.ctx) }
 // longer held (lost, or released before: a second Release included), and
 // an error that IsTransient when the service could not be reached, in
 // which case calling it again tries again. When the holding already
-// released the lease because the context given to Hold ended, the first
-// Release returns how that went.
+// released the lease itself (the context given to Hold ended, or it gave
+// the lease up at its deadline), the first Release returns how that went.
 func (h *Holding) Release(ctx context.Context) error {
 	h.mu.Lock()
 	h.stopping = true
 	h.mu.Unlock()
+	h.ask.Do(func() { close(h.asked) })
 	h.cancel(lease.ErrReleased)
 	select {
 	case <-h.done:
@@ -322,17 +335,32 @@ func (h *Holding) run(parent context.Context, cfg lease.KeepConfig, sent time.Ti
 		Refused: keepalive.Refusal(lease.ErrNotHeld),
 		Lost:    h.cancel,
 	}
-	if _, reason := loop.Run(h.ctx, sent); reason != nil {
-		return
+	_, reason := loop.Run(h.ctx, sent)
+	switch {
+	case reason == nil:
+		// The holding's context ended: Release was called, or parent ended
+		// and nobody will call Release in time to free the resource.
+	case errors.Is(reason, lease.ErrDeadline):
+		// Given up at the deadline: the last renewal may have renewed the
+		// lease although its answer never came. Released once the caller
+		// has stopped using it: at Release, or a grace after the deadline.
+		if cfg.Grace > 0 {
+			timer := time.NewTimer(cfg.Grace)
+			select {
+			case <-timer.C:
+			case <-h.asked:
+			}
+			timer.Stop()
+		}
+	default:
+		return // refused: the service says the lease is not held
 	}
-	// The holding's context ended: Release was called, or parent ended
-	// and nobody will call Release in time to free the resource.
 	h.mu.Lock()
 	auto := !h.stopping
 	h.stopping = true
 	h.mu.Unlock()
 	if !auto {
-		return
+		return // Release releases it
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), min(releaseTimeout, cfg.TTL))
 	err := h.release(rctx, l)

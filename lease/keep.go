@@ -21,6 +21,14 @@ type KeepConfig struct {
 	// Margin is taken off the holder's deadline to cover clock rate
 	// differences and the time a request takes to arrive (default TTL/10).
 	Margin time.Duration
+	// Grace is how long the holder's own work may take to stop once the
+	// lease counts as lost (default 0: it stops at once). It is taken off
+	// the deadline too, so that work told to stop at the deadline is gone,
+	// grace included, before the service could hand the lease to another;
+	// and a holder that gave the lease up at its deadline (a renewal whose
+	// answer was lost may still have renewed it) releases it only once the
+	// work has stopped, or Grace after the deadline.
+	Grace time.Duration
 	// Observer, if set, hears what becomes of the lease (metrics).
 	Observer KeepObserver
 }
@@ -70,16 +78,26 @@ func (c KeepConfig) Validate() error {
 		return fmt.Errorf("renew interval %s must be positive and shorter than the TTL %s", c.RenewInterval, c.TTL)
 	case c.RetryInterval <= 0 || c.RetryInterval >= c.RenewInterval:
 		return fmt.Errorf("retry interval %s must be positive and shorter than the renew interval %s", c.RetryInterval, c.RenewInterval)
-	case c.Margin < 0 || c.RenewInterval+c.Margin >= c.TTL:
-		return fmt.Errorf("margin %s plus renew interval %s must be shorter than the TTL %s", c.Margin, c.RenewInterval, c.TTL)
+	case c.Margin < 0 || c.Grace < 0:
+		return fmt.Errorf("margin %s and grace %s must not be negative", c.Margin, c.Grace)
+	case c.RenewInterval+c.Margin+c.Grace >= c.TTL:
+		return fmt.Errorf("margin %s, grace %s and renew interval %s must add up to less than the TTL %s", c.Margin, c.Grace, c.RenewInterval, c.TTL)
 	}
 	return nil
+}
+
+// Window is how long after a request was sent its success keeps the lease
+// counted as held: TTL − Margin − Grace, the holder's deadline from that
+// request.
+func (c KeepConfig) Window() time.Duration {
+	c = c.WithDefaults()
+	return c.TTL - c.Margin - c.Grace
 }
 
 // Why a kept lease stopped being held, besides ErrNotHeld.
 var (
 	// ErrDeadline: no renewal succeeded before the holder's local deadline
-	// (the time the last successful renewal was sent + TTL − Margin), so the
+	// (the time the last successful renewal was sent + Window), so the
 	// holder gave the lease up before the service could hand it to another.
 	ErrDeadline = errors.New("lease deadline passed without a successful renewal")
 	// ErrReleased: the holder released the lease itself.

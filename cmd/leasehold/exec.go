@@ -59,8 +59,9 @@ type execOptions struct {
 // given SIGTERM at the deadline and SIGKILL a grace later, is gone before
 // anyone else can win the lease; renewals come at a third of what is left.
 func (o execOptions) keep() lease.KeepConfig {
-	margin := o.ttl/10 + o.grace
-	return lease.KeepConfig{TTL: o.ttl, Margin: margin, RenewInterval: (o.ttl - margin) / 3}
+	c := lease.KeepConfig{TTL: o.ttl, Margin: o.ttl / 10, Grace: o.grace}
+	c.RenewInterval = c.Window() / 3
+	return c
 }
 
 // defaultExecGrace is --grace when it is not given and half the --ttl is
@@ -318,6 +319,10 @@ run:
 	if lost != nil {
 		// What CMD started and left behind would run on without the lease.
 		_ = syscall.Kill(group, syscall.SIGKILL)
+		// CMD is gone: a lease given up at its deadline is released now
+		// (the last renewal may have landed although its answer did not);
+		// refused, and nothing changes, when it lapsed or was refused.
+		_ = h.Release(rctx)
 		return exitStatus{exitLost, fmt.Errorf("lost the lease on %s (fence %d) while %s ran: %s; %s was stopped (it %s)",
 			l.Resource, l.Fence, name, lostReason(lost), name, how)}
 	}

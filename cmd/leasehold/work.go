@@ -593,8 +593,8 @@ func orDefault(d, def time.Duration) time.Duration {
 func (s *slot) work(abort <-chan struct{}, t task.Task, sent time.Time) {
 	ttl := orDefault(t.TTL(), defaultTaskTTL)
 	grace := min(s.w.o.killGrace, ttl/2)
-	keep := lease.KeepConfig{TTL: ttl, Margin: ttl/10 + grace}
-	interval := (ttl - keep.Margin) / 3
+	keep := lease.KeepConfig{TTL: ttl, Margin: ttl / 10, Grace: grace}
+	interval := keep.Window() / 3
 	keep.RenewInterval = interval
 	hold := interval.Truncate(time.Second)
 	if hold > 0 {
@@ -691,6 +691,14 @@ func (s *slot) work(abort <-chan struct{}, t task.Task, sent time.Time) {
 		switch {
 		case errors.Is(cause, task.ErrCancelled):
 			ev.Msg("the task was cancelled; CMD was stopped and nothing is reported")
+		case errors.Is(cause, lease.ErrDeadline):
+			// Given up at the deadline, not refused: the last heartbeat may
+			// have renewed the lease although its answer never came. CMD is
+			// gone, so the task goes back under its fence now (refused, and
+			// nothing changes, if the lease lapsed) rather than wait out a
+			// lease nobody holds.
+			ev.Msg("the task's lease was given up at its deadline; CMD was stopped (or had ended), handing the task back")
+			s.w.handBack(t, s.processor, "the worker gave the lease up at its deadline: "+cause.Error())
 		default:
 			ev.Msg("the task's lease was lost; CMD was stopped (or had ended) and nothing is reported")
 		}

@@ -5,13 +5,22 @@
 //
 // The rule, as client-go's leader election and River's leadership have it:
 // the holder's deadline is the time it sent the request that last succeeded
-// (the acquisition, or a renewal) + TTL − Margin, on its own monotonic
-// clock. The service decides expiry by its own clock, from when that request
-// arrived, which is later; so a holder that stops at its deadline stops
-// before the service can hand the lease to anyone else, however late the
-// answers came and whatever the two clocks say. The deadline is kept by a
-// timer of its own, not by the loop, so the holder is told on time even
-// while a renewal hangs or the loop is held up.
+// (the acquisition, or a renewal) + TTL − Margin − Grace
+// (lease.KeepConfig.Window), on its own monotonic clock. The service
+// decides expiry by its own clock, from when that request arrived, which is
+// later; so a holder that stops at its deadline stops before the service
+// can hand the lease to anyone else, however late the answers came and
+// whatever the two clocks say. The deadline is kept by a timer of its own,
+// not by the loop, so the holder is told on time even while a renewal hangs
+// or the loop is held up.
+//
+// A holder that gives up at its deadline does not know what became of its
+// last renewal: the request may have arrived and renewed the lease while
+// its answer was lost. So every holder, once its work has stopped, releases
+// the lease (a task: hands it back) under its fence, best effort: the lease
+// is free at once instead of at an expiry the holder cannot know, and a
+// release the service refuses (the lease lapsed, or is another's) changes
+// nothing. Only a refusal (Refused) says the lease is gone for certain.
 package keepalive
 
 import (
@@ -57,7 +66,7 @@ func (l *Loop) Run(ctx context.Context, sent time.Time) (time.Time, error) {
 	c := l.Config.WithDefaults()
 	var (
 		mu       sync.Mutex
-		deadline = sent.Add(c.TTL - c.Margin)
+		deadline = sent.Add(c.Window())
 		lastErr  error // the last renewal's error, nil after a success
 		reason   error // set once, by the first of lose's callers
 	)
@@ -126,7 +135,7 @@ func (l *Loop) Run(ctx context.Context, sent time.Time) (time.Time, error) {
 			}
 			mu.Lock()
 			lastErr = nil
-			deadline = attempt.Add(c.TTL - c.Margin)
+			deadline = attempt.Add(c.Window())
 			d = deadline
 			mu.Unlock()
 			expire.Reset(time.Until(d))

@@ -150,7 +150,7 @@ const maxCampaignBackoff = 5 * time.Second
 // TTL, so that the deadline counts from a request it sent and the lease
 // lasts as long on the service as the elector believes.
 //
-// Each request is bounded by TTL − Margin (plus the wait it asks for): a
+// Each request is bounded by the window (KeepConfig.Window, plus the wait it asks for): a
 // later answer would arrive past the deadline it starts, and a service that
 // does not answer must not stall the campaign.
 func (e *Elector) campaign(ctx context.Context, keep lease.KeepConfig) (lease.Acquisition, time.Time, error) {
@@ -158,14 +158,14 @@ func (e *Elector) campaign(ctx context.Context, keep lease.KeepConfig) (lease.Ac
 	if e.Listener == nil {
 		p.Wait = keep.TTL // the service wakes us on a release or an expiry
 	}
-	actx, cancel := context.WithTimeout(ctx, keep.TTL-keep.Margin+p.Wait)
+	actx, cancel := context.WithTimeout(ctx, keep.Window()+p.Wait)
 	defer cancel()
 	sent := time.Now()
 	acq, err := e.Leases.Acquire(actx, p)
 	if err != nil || (acq.New && p.Wait == 0) {
 		return acq, sent, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, keep.TTL-keep.Margin)
+	rctx, cancel := context.WithTimeout(ctx, keep.Window())
 	defer cancel()
 	sent = time.Now()
 	acq.Lease, err = e.Leases.Renew(rctx, lease.RenewParams{Resource: e.Resource, Holder: e.Holder, Fence: acq.Lease.Fence, TTL: keep.TTL})
@@ -184,7 +184,8 @@ func (e *Elector) RunUntilDone(ctx context.Context) error {
 const stepDownPause = 250 * time.Millisecond
 
 // hold runs lead while keeping the lease (the keep-alive loop every holder
-// uses), then releases it.
+// uses), then releases it: also when it gave the lease up at its deadline,
+// but not when a renewal was refused.
 func (e *Elector) hold(ctx context.Context, l lease.Lease, sent time.Time, lead func(ctx context.Context, l lease.Lease)) {
 	leadCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -207,6 +208,12 @@ func (e *Elector) hold(ctx context.Context, l lease.Lease, sent time.Time, lead 
 	cancel(nil)
 	if reason := <-lost; reason != nil {
 		e.Log.Warn().Err(reason).Str("resource", l.Resource).Msg("lost the lease")
+		if errors.Is(reason, lease.ErrDeadline) {
+			// Given up at the deadline, not refused: the last renewal may
+			// have renewed the lease although its answer never came. lead
+			// has returned, so the lease is free to go at once.
+			e.release(ctx, lease.ReleaseParams{Resource: l.Resource, Holder: l.Holder, Fence: l.Fence})
+		}
 		if e.Stopped != nil {
 			e.Stopped(l, reason)
 		}

@@ -152,17 +152,12 @@ func (p *RemotePool) Run(ctx context.Context) error {
 }
 
 // handBack gives a task claimed for processor back to the queue, not counted as an attempt,
-// when it will not run: within the task's TTL (less a tenth), after which its lease has
-// lapsed anyway.
-func (p *RemotePool) handBack(log zerolog.Logger, t task.Task, processor string) {
-	ttl := ttlOf(t, p.TTL) // p.TTL is 1s at least: Run checks it
-	ctx, cancel := context.WithTimeout(context.Background(), ttl-ttl/10)
-	defer cancel()
-	if _, err := p.Tasks.Requeue(ctx, t.ID, processor, t.Fence, "the worker pool stopped as it claimed the task"); err != nil &&
-		!errors.Is(err, task.ErrLeaseLost) {
-		log.Warn().Err(err).Int64("task", t.ID).Msg("could not hand a task back; it is claimed again when its lease lapses")
-	}
+// when it will not run.
+func (p *RemotePool) handBack(log zerolog.Logger, t task.Task, processor, reason string) {
+	handBack(p.Tasks, log, t, processor, ttlOf(t, p.TTL), reason) // p.TTL is 1s at least: Run checks it
 }
+
+const stoppedAsClaimed = "the worker pool stopped as it claimed the task"
 
 // cutClaims are the workers whose claim the pool's stop cut off before its answer came.
 type cutClaims struct {
@@ -195,7 +190,7 @@ func (p *RemotePool) handBackCut(log zerolog.Logger, queue string, processors []
 	for _, t := range held {
 		log.Info().Int64("task", t.ID).Str("processor", t.Processor).Int64("fence", t.Fence).
 			Msg("handing back a task claimed as the stop cut its claim off")
-		p.handBack(log, t, t.Processor)
+		p.handBack(log, t, t.Processor, stoppedAsClaimed)
 	}
 }
 
@@ -221,7 +216,7 @@ func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *w
 		case ctx.Err() != nil:
 			switch {
 			case ok: // it came as the pool stopped: it will not run here
-				p.handBack(log, t, w.name)
+				p.handBack(log, t, w.name, stoppedAsClaimed)
 			case err != nil: // cut off before its answer: see handBackCut
 				cut.add(w.name)
 			}
@@ -272,14 +267,14 @@ func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *w
 					// and goes back under its fence now (refused, and nothing changes, if the
 					// lease is gone) rather than wait out its lease.
 					log.Warn().Err(err).Int64("task", t.ID).Msg("the heartbeat after a long claim failed; handing the task back")
-					p.handBack(log, t, w.name)
+					p.handBack(log, t, w.name, "the heartbeat after its claim failed: "+err.Error())
 					idle <- w
 					continue
 				}
 				sent = hb
 			}
 			if ctx.Err() != nil { // the pool stopped meanwhile: the task will not run here
-				p.handBack(log, t, w.name)
+				p.handBack(log, t, w.name, stoppedAsClaimed)
 				idle <- w
 				continue
 			}

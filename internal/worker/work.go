@@ -89,7 +89,7 @@ func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, 
 	defer w.running.Store(nil)
 	// The lease's local deadline when the heartbeats stopped; the claim's
 	// when none was due.
-	deadline := c.sent.Add(keep.TTL - keep.Margin)
+	deadline := c.sent.Add(keep.Window())
 	// The heartbeat goroutine, and its context, start when the first
 	// heartbeat is nearly due (the earliest its jitter allows): most tasks
 	// of a busy queue are over by then, and cost neither.
@@ -133,7 +133,19 @@ func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, 
 		ev.Kind = EventCrashed
 		r.emit(ev)
 		return EventCrashed, nil
-	case errors.Is(cause, task.ErrLeaseLost) || errors.Is(cause, lease.ErrDeadline) || errors.Is(cause, task.ErrCancelled):
+	case errors.Is(cause, lease.ErrDeadline):
+		// Given up at the deadline, not refused: the last heartbeat may have
+		// renewed the lease although its answer never came. The handler has
+		// returned, so the task goes back under its fence now (refused, and
+		// nothing changes, if the lease lapsed) instead of waiting out a
+		// lease nobody holds.
+		log().Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("task lease given up at its deadline: handing the task back")
+		handBack(r.ops, *log(), *t, w.name, ttl, "the worker gave the lease up at its deadline: "+cause.Error())
+		r.counters.leaseLost.Add(1)
+		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
+		r.emit(ev)
+		return EventLeaseLost, nil
+	case errors.Is(cause, task.ErrLeaseLost) || errors.Is(cause, task.ErrCancelled):
 		log().Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("task lease lost: abandoned the task without completing it")
 		r.counters.leaseLost.Add(1)
 		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
@@ -174,6 +186,18 @@ func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, 
 			t, err := r.ops.Fail(ctx, t.ID, w.name, t.Fence, failureText(runErr), retryIn)
 			return t.State, err
 		}), nil
+	}
+}
+
+// handBack gives t back to the queue under its fence, its attempt not
+// counted, best effort: within ttl less a tenth, after which its lease has
+// lapsed anyway. Refused, and nothing changes, when the lease is gone.
+func handBack(ops Ops, log zerolog.Logger, t task.Task, processor string, ttl time.Duration, reason string) {
+	ctx, cancel := context.WithTimeout(context.Background(), ttl-ttl/10)
+	defer cancel()
+	if _, err := ops.Requeue(ctx, t.ID, processor, t.Fence, reason); err != nil &&
+		!errors.Is(err, task.ErrLeaseLost) && !errors.Is(err, task.ErrNotFound) {
+		log.Warn().Err(err).Int64("task", t.ID).Msg("could not hand the task back; it is claimed again when its lease lapses")
 	}
 }
 
