@@ -457,7 +457,7 @@ func openCluster(t *testing.T, name string) *localpg.Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := cluster.Stop(context.Background()); err != nil {
+		if err := cluster.Close(context.Background(), true); err != nil {
 			t.Errorf("stop the %s cluster: %v", name, err)
 		}
 	})

@@ -128,7 +128,7 @@ func (s *soak) checkApps(ctx context.Context) error {
 			id                     int64
 			kind, state, processor string
 			data, output, attempts []byte
-			history                []struct{ Outcome string }
+			history                []struct{ Processor, Outcome, Error string }
 			digestArgs             DigestArgs
 			flakyArgs              FlakyArgs
 			digestOut              struct{ Digest string }
@@ -161,7 +161,7 @@ func (s *soak) checkApps(ctx context.Context) error {
 			continue
 		case "dead":
 			stats.Dead++
-			bad("task %d (%s) is dead: its workers should have completed it", id, kind)
+			bad("task %d (%s) is dead: its workers should have completed it; its attempts: %s", id, kind, attemptsText(history))
 			continue
 		case "done":
 		default:
@@ -246,4 +246,21 @@ func (s *soak) checkApps(ctx context.Context) error {
 		s.problem("applications: %s", w)
 	}
 	return nil
+}
+
+// attemptsText words a task's earlier attempts for a problem's line: each one's processor
+// and outcome, and its error when it has one.
+func attemptsText(history []struct{ Processor, Outcome, Error string }) string {
+	var parts []string
+	for _, a := range history {
+		p := a.Processor + " " + a.Outcome
+		if a.Error != "" {
+			p += " (" + a.Error + ")"
+		}
+		parts = append(parts, p)
+	}
+	if len(parts) == 0 {
+		return "none recorded"
+	}
+	return strings.Join(parts, "; ")
 }

@@ -118,9 +118,14 @@ func joinKinds(kinds []Kind) string {
 type Options struct {
 	// Binary is the leasehold executable the replicas run. Required.
 	Binary string
-	// Duration is how long the load and the faults last; default 1 minute. Draining the
-	// queue and checking the history come after it.
+	// Duration is how long the load and the faults last at least; default 1 minute.
+	// Draining the queue and checking the history come after it.
 	Duration time.Duration
+	// MaxDuration bounds the load and the faults when the Forced faults are not all in
+	// after Duration: the soak goes on until the last of them has been injected, for at
+	// most MaxDuration, and a soak that ran out of it reports the faults it missed as a
+	// problem. Default 4 × Duration, and at least Duration + 2 minutes.
+	MaxDuration time.Duration
 	// Replicas is the number of replicas, 1 to 26; default 3.
 	Replicas int
 	// FaultInterval is the mean pause between two faults (each pause is drawn uniformly
@@ -208,6 +213,9 @@ func (o *Options) setDefaults() error {
 	if o.Duration == 0 {
 		o.Duration = defaultDuration
 	}
+	if o.MaxDuration == 0 {
+		o.MaxDuration = max(4*o.Duration, o.Duration+2*time.Minute)
+	}
 	if o.Replicas == 0 {
 		o.Replicas = defaultReplicas
 	}
@@ -244,6 +252,8 @@ func (o *Options) setDefaults() error {
 	switch {
 	case o.Duration < 0:
 		return fmt.Errorf("chaos: duration %v is negative", o.Duration)
+	case o.MaxDuration < o.Duration:
+		return fmt.Errorf("chaos: max duration %v is shorter than the duration %v", o.MaxDuration, o.Duration)
 	case o.Replicas < 1 || o.Replicas > maxReplicas:
 		return fmt.Errorf("chaos: %d replicas: want 1 to %d", o.Replicas, maxReplicas)
 	case o.FaultInterval < 0:
@@ -433,12 +443,14 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	}
 
 	s.log.Info().Dur("duration", s.opts.Duration).Dur("fault_interval", s.opts.FaultInterval).
-		Msgf("chaos: load and faults for %v, a fault every %v on average", s.opts.Duration, s.opts.FaultInterval)
-	phase, endPhase := context.WithTimeout(ctx, s.opts.Duration)
+		Msgf("chaos: load and faults for %v (and until the %d forced fault(s) are in, for at most %v), a fault every %v on average",
+			s.opts.Duration, len(s.opts.Forced), s.opts.MaxDuration, s.opts.FaultInterval)
+	phase, endPhase := context.WithTimeout(ctx, s.opts.MaxDuration)
 	defer endPhase()
 	started := time.Now()
+	forcedIn := make(chan struct{}) // closed once every forced fault has been injected
 	var wg sync.WaitGroup
-	wg.Go(func() { s.injectFaults(ctx, phase.Done()) })
+	wg.Go(func() { s.injectFaults(ctx, phase.Done(), forcedIn) })
 	wg.Go(func() { s.createTasks(phase) })
 	wg.Go(func() { s.createAppTasks(phase) })
 	wg.Go(func() { s.controlTasks(phase) })
@@ -446,7 +458,7 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	for i := range leaseClients {
 		wg.Go(func() { s.leaseClient(phase, i) })
 	}
-	<-phase.Done()
+	s.endPhase(phase, endPhase, forcedIn)
 	wg.Wait() // a fault under way is finished: a paused replica continued, PostgreSQL up
 	interrupted := ctx.Err() != nil
 	s.mu.Lock()
@@ -511,6 +523,40 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	return &rep, nil
 }
 
+// endPhase ends the load and the faults once Duration has passed and every forced fault is
+// in, or when phase ends (MaxDuration, or the soak's context): counted in events, not only in
+// seconds, so that a slow machine does not end a soak before what it was asked to do.
+func (s *soak) endPhase(phase context.Context, end context.CancelFunc, forcedIn <-chan struct{}) {
+	defer end()
+	timer := time.NewTimer(s.opts.Duration)
+	defer timer.Stop()
+	select {
+	case <-phase.Done():
+		return
+	case <-timer.C:
+	}
+	select {
+	case <-forcedIn:
+		return
+	default:
+	}
+	s.log.Info().Msg("chaos: the duration is over; going on until the forced faults are in")
+	select {
+	case <-forcedIn:
+	case <-phase.Done():
+		if errors.Is(phase.Err(), context.DeadlineExceeded) {
+			s.mu.Lock()
+			var got []string
+			for _, f := range s.report.Faults {
+				got = append(got, string(f.Kind))
+			}
+			s.mu.Unlock()
+			s.problem("the forced faults %s were not all injected within the max duration %v: the soak injected %s",
+				joinKinds(s.opts.Forced), s.opts.MaxDuration, strings.Join(got, ","))
+		}
+	}
+}
+
 // resetDatabase drops the cluster's leasehold database, with any session still on it, and
 // creates it again: every run starts from an empty history.
 func resetDatabase(ctx context.Context, c *localpg.Cluster) error {
@@ -537,11 +583,14 @@ func (s *soak) closeCluster(ctx context.Context) {
 			what = "the primary and the standby"
 		}
 		s.log.Info().Str("url", redact(s.dbURL)).Msgf("chaos: %s left running", what)
+		if s.cluster != nil {
+			_ = s.cluster.Close(ctx, false)
+		}
 		return
 	}
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	stop := func(ctx context.Context) error { return s.cluster.Stop(ctx) }
+	stop := func(ctx context.Context) error { return s.cluster.Close(ctx, true) }
 	if s.pair != nil {
 		stop = s.pair.Close
 	}

@@ -26,13 +26,17 @@ import (
 const measureEvery = 20 * time.Millisecond
 
 // injectFaults injects one fault after each pause until stop is closed or ctx ends: the
-// forced kinds first, in order, then kinds drawn at random, but a failover in place of the
+// forced kinds first, in order (forcedIn is closed once they are all in), then kinds drawn
+// at random, but a failover in place of the
 // kind drawn once FailoverEvery has passed without one (when failover is among the kinds).
 // A fault is over (a paused replica continued, PostgreSQL up again, its effect measured)
 // before the next pause.
-func (s *soak) injectFaults(ctx context.Context, stop <-chan struct{}) {
+func (s *soak) injectFaults(ctx context.Context, stop <-chan struct{}, forcedIn chan<- struct{}) {
 	rng := rand.New(rand.NewPCG(s.opts.Seed, 1))
 	forced := s.opts.Forced
+	if len(forced) == 0 {
+		close(forcedIn)
+	}
 	lastFailover := time.Now()
 	for {
 		wait := s.opts.FaultInterval/2 + jitter(rng, s.opts.FaultInterval)
@@ -55,7 +59,9 @@ func (s *soak) injectFaults(ctx context.Context, stop <-chan struct{}) {
 			continue // tried again after the next pause, should it be forced
 		}
 		if len(forced) > 0 {
-			forced = forced[1:]
+			if forced = forced[1:]; len(forced) == 0 {
+				close(forcedIn)
+			}
 		}
 		if kind == KindFailover {
 			lastFailover = time.Now()

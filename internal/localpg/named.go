@@ -14,11 +14,15 @@ import (
 // soak that stop, crash and restart their server, which they must not do to the cluster
 // every other test shares. Its data directory is named/<name>/<major> under the development
 // cluster's directory and is kept between runs, so only the first Open pays for initdb.
+// One Cluster of a name is open at a time, on this machine: a second Open of the name waits
+// until the first is closed (or its process died), so that two runs of a suite side by side
+// take turns rather than stop each other's server.
 type Cluster struct {
-	name string
-	base string
-	port int
-	logw io.Writer
+	name   string
+	base   string
+	port   int
+	logw   io.Writer
+	unlock func() // the name's lock, held from Open to Close
 }
 
 var clusterName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,39}$`)
@@ -42,14 +46,33 @@ func Open(ctx context.Context, name string, logw io.Writer) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{name: name, base: filepath.Join(dir, "named", name), port: port, logw: logw}
+	if err := os.MkdirAll(filepath.Dir(c.base), 0o755); err != nil {
+		return nil, fmt.Errorf("create the local PostgreSQL directory: %w", err)
+	}
+	if c.unlock, err = lockFile(ctx, c.base+".open"); err != nil {
+		return nil, fmt.Errorf("localpg: cluster %q is open in another process: %w", name, err)
+	}
 	// Left running by a run that was killed: a server of this data directory on another port.
 	if err := c.Stop(ctx); err != nil {
+		c.unlock()
 		return nil, err
 	}
 	if err := c.Start(ctx); err != nil {
+		c.unlock()
 		return nil, err
 	}
 	return c, nil
+}
+
+// Close lets another Open of the name go on; with stop, it stops the server first (as Stop).
+// The server of a cluster closed without stop runs on, for a look at it.
+func (c *Cluster) Close(ctx context.Context, stop bool) error {
+	var err error
+	if stop {
+		err = c.Stop(ctx)
+	}
+	c.unlock()
+	return err
 }
 
 // URL is the URL of database Database on the cluster.

@@ -18,7 +18,7 @@ func TestClusterCrashAndRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := c.Stop(context.Background()); err != nil {
+		if err := c.Close(context.Background(), true); err != nil {
 			t.Error(err)
 		}
 	})
