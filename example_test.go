@@ -15,6 +15,7 @@ import (
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/server"
 	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/internal/testkit"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
 )
@@ -223,14 +224,21 @@ type exportArgs struct {
 func (exportArgs) Kind() string { return "export" }
 
 // awaitState is the examples' wait for a task's state (a poll, which a real
-// program has no need of: it learns of its tasks from its workers).
+// program has no need of: it learns of its tasks from its workers), for at
+// most testkit.Patience: nil when it ran out.
 func awaitState(ctx context.Context, c *leasehold.Client, id int64, state task.State) *task.Task {
+	ctx, cancel := context.WithTimeout(ctx, testkit.Patience)
+	defer cancel()
 	for {
 		t, err := c.Get(ctx, id)
 		if err == nil && t.State == state {
 			return t
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // lineLog collects a process's output, line by line, for a test to wait on.
@@ -250,12 +251,7 @@ func (a api) waitTasks(t *testing.T, what string, ids []int64, done func(apiTask
 // the database at dbURL; it returns once /readyz answers 200.
 func serveReplica(t *testing.T, dbURL, token string) (*proc, api) {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "leasehold")
-	build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "./cmd/leasehold")
-	build.Dir = ".."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/leasehold: %v\n%s", err, out)
-	}
+	bin := testkit.Leasehold(t)
 	// Only the API: serve's own workers run the sleep kind, and no other.
 	// At debug level, the log says when a claim starts to wait.
 	cmd := exec.Command(bin, "serve", "--addr", "127.0.0.1:0", "--instance", "workers-test", "--roles", "api",

@@ -12,6 +12,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/bench"
 	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // TestBenchDrainProcesses runs `leasehold bench --processes` as a user
@@ -73,7 +74,7 @@ func TestBenchOnAStandbyPair(t *testing.T) {
 // to databaseURL, and returns its report.
 func runBenchJSON(t *testing.T, databaseURL string, args ...string) bench.Report {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), buildLeasehold(t), append(append([]string{"bench"}, args...), "--json")...)
+	cmd := exec.CommandContext(t.Context(), testkit.Leasehold(t), append(append([]string{"bench"}, args...), "--json")...)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+databaseURL)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

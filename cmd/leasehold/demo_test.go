@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/frontdoor"
 	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 func TestDemoRejectsBadFlags(t *testing.T) {
@@ -35,24 +34,6 @@ func TestDemoRejectsBadFlags(t *testing.T) {
 			t.Errorf("run %q: got %v, want a usage error", args, err)
 		}
 	}
-}
-
-// buildLeasehold builds this command into a temporary directory: the demo starts its
-// replicas as child processes of its own executable, which a test binary is not.
-func buildLeasehold(t *testing.T) string {
-	t.Helper()
-	gocmd, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("no go command to build leasehold with: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "leasehold")
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, gocmd, "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // demo is a "leasehold demo" process.
@@ -241,7 +222,7 @@ func (d *demo) checkStoppedCleanly(t *testing.T) {
 // then SIGTERM, after which nothing of it is left running.
 func TestDemo(t *testing.T) {
 	t.Parallel()
-	bin := buildLeasehold(t)
+	bin := testkit.Leasehold(t)
 	db := pgtest.New(t)
 	d := startDemo(t, bin, db.URL)
 	replicas := []string{"replica-a", "replica-b", "replica-c"}
@@ -291,7 +272,7 @@ func TestDemo(t *testing.T) {
 // that never overlap.
 func TestDemoExactlyOnce(t *testing.T) {
 	t.Parallel()
-	bin := buildLeasehold(t)
+	bin := testkit.Leasehold(t)
 	db := pgtest.New(t)
 	// No generator: the 300 tasks are all there is.
 	d := startDemo(t, bin, db.URL, "--roles", "api,worker,reaper", "--workers", "4")
@@ -304,9 +285,6 @@ func TestDemoExactlyOnce(t *testing.T) {
 		batch[i] = `{"task_data":{"sleep_duration_seconds":0.2}}`
 	}
 	status, _, body := d.send(t, "POST", "/api/tasks", "["+strings.Join(batch, ",")+"]")
-	if status == http.StatusNotFound {
-		t.Skipf("POST /api/tasks: 404: the replicas serve no task routes yet")
-	}
 	var created []struct {
 		ID int64 `json:"id"`
 	}

@@ -15,15 +15,14 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
+	"github.com/leasehold/leasehold/internal/testkit"
 	"github.com/leasehold/leasehold/schema"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testkit.Main(m)
 }
 
 // env is a getenv over the given name, value pairs and nothing else: the
@@ -344,12 +343,12 @@ func TestServeEndToEnd(t *testing.T) {
 	if err := errors.Join(err1, err2); err != nil {
 		t.Fatal(err)
 	}
-	// Contract §5.5 says within 1 s; the race detector and a busy machine
-	// get some slack, as this is a test, not a benchmark.
+	// Announced within a second of its expiry, with the test's slack (the
+	// race detector, a busy machine): a test, not a benchmark.
 	lag := at.Sub(due)
 	t.Logf("expiry of e2e:short announced %v after its expires_at", lag)
-	if lag < 0 || lag > 3*time.Second {
-		t.Errorf("expiry announced %v after expires_at, want within a second", lag)
+	if lag < 0 || lag > testkit.Bound(time.Second) {
+		t.Errorf("expiry announced %v after expires_at, want within %s (a second, with the test's slack)", lag, testkit.Bound(time.Second))
 	}
 
 	// A clean shutdown: serve returns nil and the reaper lease is released now,

@@ -17,6 +17,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // rolloutLimit bounds each wait of TestRollingRestart, only so that a
@@ -40,7 +41,7 @@ const rolloutRate = "20"
 // generated again, under the new holder's fence.
 func TestRollingRestart(t *testing.T) {
 	t.Parallel()
-	bin := buildLeasehold(t)
+	bin := testkit.Leasehold(t)
 	db := pgtest.New(t)
 	const replicas, rounds = 3, 5
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/scheduler"
+	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // failoverRun is how long TestScheduleAcrossFailures lets its schedule
@@ -35,7 +36,7 @@ type schedTerm struct {
 // add up to the ticks of the minute.
 func TestScheduleAcrossFailures(t *testing.T) {
 	t.Parallel()
-	bin := buildLeasehold(t)
+	bin := testkit.Leasehold(t)
 	db := pgtest.New(t)
 	procs := map[string]*rolloutProc{}
 	for _, name := range []string{"sched-a", "sched-b", "sched-c"} {

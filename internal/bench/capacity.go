@@ -398,7 +398,9 @@ func capacitySteady(ctx context.Context, c Config) ([]Result, error) {
 	// take is dropped, so the rate inserted says what the database took.
 	tokens := make(chan struct{}, steadyInserters)
 	var inserted atomic.Int64
-	runCtx, cancel := context.WithTimeout(ctx, c.Duration)
+	// Offered for Duration and until one task went in: the figures rest on
+	// at least one, however slowly a loaded machine starts.
+	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	var insErr error
@@ -419,7 +421,11 @@ func capacitySteady(ctx context.Context, c Config) ([]Result, error) {
 	perTick := float64(c.SteadyRate) * tick.Seconds()
 	var owed float64
 	t := time.NewTicker(tick)
+	start := time.Now()
 	for runCtx.Err() == nil {
+		if time.Since(start) >= c.Duration && inserted.Load() > 0 {
+			break
+		}
 		select {
 		case <-runCtx.Done():
 		case <-t.C:

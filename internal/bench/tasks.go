@@ -232,7 +232,10 @@ func runSteady(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 
 	const tick = 10 * time.Millisecond
 	perTick := float64(c.SteadyRate) * tick.Seconds()
-	runCtx, cancel := context.WithTimeout(ctx, c.Duration)
+	// The offer lasts Duration and until a task it inserted has been
+	// completed: a figure rests on at least one completion, however slowly
+	// the replicas started on a loaded machine.
+	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		inserted int
@@ -260,6 +263,10 @@ func runSteady(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 	start := time.Now()
 	t := time.NewTicker(tick)
 	for runCtx.Err() == nil {
+		if time.Since(start) >= c.Duration && completed.Load() > startDone {
+			cancel()
+			break
+		}
 		select {
 		case <-runCtx.Done():
 		case <-t.C:

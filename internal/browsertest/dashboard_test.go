@@ -27,6 +27,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // stepTimeout bounds one wait for the page; the whole test has testTimeout.
@@ -43,7 +44,7 @@ func TestDashboard(t *testing.T) {
 	}
 	chromium := ensureChromium(t)
 	db := pgtest.New(t)
-	r := startReplica(t, buildLeasehold(t), db.URL)
+	r := startReplica(t, testkit.Leasehold(t), db.URL)
 	ctx := newBrowser(t, chromium)
 
 	step(ctx, t, "the page connects to /ws",
@@ -119,7 +120,7 @@ func TestDashboardSignIn(t *testing.T) {
 	chromium := ensureChromium(t)
 	db := pgtest.New(t)
 	const token = "correct horse battery staple"
-	r := startReplica(t, buildLeasehold(t), db.URL, "--api-token", token, "--roles", "api")
+	r := startReplica(t, testkit.Leasehold(t), db.URL, "--api-token", token, "--roles", "api")
 	ctx := newBrowser(t, chromium)
 
 	r.token = token
@@ -190,7 +191,7 @@ func TestDashboardTasks(t *testing.T) {
 	}
 	chromium := ensureChromium(t)
 	db := pgtest.New(t)
-	r := startReplica(t, buildLeasehold(t), db.URL)
+	r := startReplica(t, testkit.Leasehold(t), db.URL)
 	ctx := newBrowser(t, chromium)
 
 	// A kind the replica's workers do not run: only the test claims it.
@@ -296,7 +297,7 @@ func TestDashboardSchedules(t *testing.T) {
 	}
 	chromium := ensureChromium(t)
 	db := pgtest.New(t)
-	r := startReplica(t, buildLeasehold(t), db.URL)
+	r := startReplica(t, testkit.Leasehold(t), db.URL)
 	ctx := newBrowser(t, chromium)
 
 	// "sleep" is the kind the replica's own workers run.
@@ -628,23 +629,6 @@ func repoRoot(t *testing.T) string {
 }
 
 // ---- The replica -----------------------------------------------------------
-
-// buildLeasehold builds the leasehold command into a temporary directory.
-func buildLeasehold(t *testing.T) string {
-	t.Helper()
-	gocmd, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("no go command to build leasehold with: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "leasehold")
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, gocmd, "build", "-o", bin, "github.com/leasehold/leasehold/cmd/leasehold").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // replica is a `leasehold serve` child process.
 type replica struct {

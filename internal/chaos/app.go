@@ -42,6 +42,13 @@ const (
 	WorkB = "work-b"
 	// workSlots is each work process's --concurrency.
 	workSlots = 4
+	// shellTTL is the lease TTL of a KindShell task. A work process gives its task's lease
+	// up TTL/10 + its kill grace (shutdownGrace) before the TTL runs out, so that the
+	// command is gone before another worker can claim the task: with the soak's 2 s TTL
+	// that left 0.8 s for a heartbeat through the front door and a replica, which a loaded
+	// machine overran, each loss an attempt. With 4 s it has 2.6 s, more than the
+	// applications' 1.8 s.
+	shellTTL = 4 * time.Second
 
 	// appWorkers is each application's concurrency.
 	appWorkers = 4

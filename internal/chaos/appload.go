@@ -33,8 +33,9 @@ type AppStats struct {
 func (s *soak) createAppTasks(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(s.opts.Seed, 3))
 	type body struct {
-		Kind     string `json:"kind"`
-		TaskData any    `json:"task_data"`
+		Kind       string `json:"kind"`
+		TaskData   any    `json:"task_data"`
+		TTLSeconds int    `json:"ttl_seconds,omitempty"`
 	}
 	s.postTasks(ctx, rng, 200*time.Millisecond, func() any {
 		batch := make([]body, 1+rng.IntN(maxBatch))
@@ -46,7 +47,8 @@ func (s *soak) createAppTasks(ctx context.Context) {
 			case 1:
 				batch[i] = body{Kind: KindFlaky, TaskData: FlakyArgs{SleepMS: rng.IntN(800), FailFirst: rng.IntN(3) == 0}}
 			default:
-				batch[i] = body{Kind: KindShell, TaskData: ShellArgs{SleepMS: rng.IntN(800), FailFirst: rng.IntN(4) == 0}}
+				batch[i] = body{Kind: KindShell, TaskData: ShellArgs{SleepMS: rng.IntN(800), FailFirst: rng.IntN(4) == 0},
+					TTLSeconds: int(shellTTL / time.Second)}
 			}
 		}
 		return batch

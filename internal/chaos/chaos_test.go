@@ -3,21 +3,19 @@ package chaos
 import (
 	"bytes"
 	"context"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/testkit"
 	"github.com/rs/zerolog"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
 	// As the leasehold command logs: faults are read off the log to the millisecond.
 	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
-	goleak.VerifyTestMain(m)
+	testkit.Main(m)
 }
 
 // TestChaosShort is the soak in small: three replicas under load for 45 s, every kind of
@@ -30,7 +28,7 @@ func runSoak(t *testing.T, o Options) (*Report, *lockedBuffer) {
 	var replicaLogs lockedBuffer
 	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
-	o.Binary = buildLeasehold(t)
+	o.Binary = testkit.Leasehold(t)
 	o.Log = zerolog.New(zerolog.ConsoleWriter{Out: t.Output(), NoColor: true, TimeFormat: "15:04:05.000"}).With().Timestamp().Logger()
 	o.Output = &replicaLogs
 	rep, err := Run(ctx, o)
@@ -212,24 +210,6 @@ func TestOverlaps(t *testing.T) {
 	if len(vs) == 3 && !strings.Contains(vs[0].Detail, "c was granted fence 5") {
 		t.Errorf("first violation: %q, want it to name c's fence 5", vs[0].Detail)
 	}
-}
-
-// buildLeasehold builds the leasehold command into a temporary directory: the soak runs its
-// replicas as processes of the real binary, which a test binary is not.
-func buildLeasehold(t *testing.T) string {
-	t.Helper()
-	gocmd, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("no go command to build leasehold with: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "leasehold")
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, gocmd, "build", "-o", bin, "github.com/leasehold/leasehold/cmd/leasehold").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // lockedBuffer is a buffer the replicas' output goroutines and the test share.

@@ -185,7 +185,7 @@ func (r *Report) summary() [][2]string {
 		{"tasks cancelled (by the soak's operator)", fmt.Sprint(r.TasksCancelled)},
 		{"applications on the library", fmt.Sprintf("%s (embedded on a pool) and %s (remote, over REST), %d workers each",
 			AppEmbedded, AppRemote, appWorkers)},
-		{"leasehold work processes", fmt.Sprintf("%s and %s (over REST), %d slots each, running a shell script", WorkA, WorkB, workSlots)},
+		{"leasehold work processes", fmt.Sprintf("%s and %s (over REST), %d slots each, running a shell script (task lease TTL %v)", WorkA, WorkB, workSlots, shellTTL)},
 		{"their tasks done", fmt.Sprintf("%s %d, %s %d, %s %d; by %s %d, by %s %d, by %s %d, by %s %d; %d after a snooze, %d after a failed attempt",
 			KindDigest, r.Apps.Done[KindDigest], KindFlaky, r.Apps.Done[KindFlaky], KindShell, r.Apps.Done[KindShell],
 			AppEmbedded, r.Apps.DoneBy[AppEmbedded], AppRemote, r.Apps.DoneBy[AppRemote],

@@ -21,6 +21,7 @@ import (
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
+	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -46,7 +47,7 @@ func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) 
 	wg.Go(func() { _ = l.Run(ctx) })
 	select {
 	case <-sub.Resync(): // connected and listening
-	case <-time.After(30 * time.Second):
+	case <-time.After(testkit.Patience):
 		t.Fatal("the observer never connected")
 	}
 	out := make(chan leasing.Change, 1024)
@@ -71,7 +72,7 @@ func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) 
 
 func waitChange(t *testing.T, c <-chan leasing.Change, match func(leasing.Change) bool, what string) leasing.Change {
 	t.Helper()
-	deadline := time.After(30 * time.Second) // keeps a broken test from hanging; asserts no speed
+	deadline := time.After(testkit.Patience) // keeps a broken test from hanging; asserts no speed
 	for {
 		select {
 		case ch := <-c:
@@ -119,7 +120,9 @@ func TestExpiryIsAnnounced(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := store.Acquire(ctx, lease.AcquireParams{Resource: "kept", Holder: "w", TTL: 2 * time.Second}); err != nil {
+	// Renewed after each expiry, which come within 3 s of each other: a TTL
+	// a loaded machine's stall does not outlast.
+	if _, err := store.Acquire(ctx, lease.AcquireParams{Resource: "kept", Holder: "w", TTL: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	expired := map[string]bool{}
@@ -128,13 +131,14 @@ func TestExpiryIsAnnounced(t *testing.T) {
 		if c.Resource == "kept" {
 			t.Fatal("the renewed lease was announced expired")
 		}
-		// The observer got the notification: how late is it by the database clock?
+		// How late was it announced, by the database clock (the expired
+		// event's own time, not this test's read)?
 		var late time.Duration
-		if err := tdb.Pool.QueryRow(ctx, `SELECT now() - expires_at FROM leases WHERE id = $1`, c.ID).Scan(&late); err != nil {
+		if err := tdb.Pool.QueryRow(ctx, `SELECT at - expires_at FROM lease_events WHERE lease_id = $1 AND kind = 'expired' ORDER BY id DESC LIMIT 1`, c.ID).Scan(&late); err != nil {
 			t.Fatal(err)
 		}
-		if late >= time.Second || late < 0 {
-			t.Errorf("%s: notified %s after its expires_at; want within 1s", c.Resource, late)
+		if late >= testkit.Bound(time.Second) || late < 0 {
+			t.Errorf("%s: announced %s after its expires_at; want within %s (1 s, with the test's slack)", c.Resource, late, testkit.Bound(time.Second))
 		}
 		expired[c.Resource] = true
 		if _, err := store.Renew(ctx, lease.RenewParams{Resource: "kept", Holder: "w"}); err != nil {
@@ -145,8 +149,8 @@ func TestExpiryIsAnnounced(t *testing.T) {
 	if err := tdb.Pool.QueryRow(ctx, `SELECT max(at - expires_at) FROM lease_events WHERE kind = 'expired'`).Scan(&worst); err != nil {
 		t.Fatal(err)
 	}
-	if worst >= time.Second {
-		t.Errorf("an expired event was recorded %s after its expires_at; want within 1s", worst)
+	if worst >= testkit.Bound(time.Second) {
+		t.Errorf("an expired event was recorded %s after its expires_at; want within %s (1 s, with the test's slack)", worst, testkit.Bound(time.Second))
 	}
 	lagMu.Lock()
 	t.Logf("announce lags by the database clock: %v", lags)
@@ -270,7 +274,7 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 		select {
 		case n := <-taskSub.C():
 			requeued = n.Payload == notify.TasksRequeued
-		case <-time.After(10 * time.Second):
+		case <-time.After(testkit.Patience):
 			t.Fatal("no requeued notification for the task whose lease lapsed")
 		}
 	}
@@ -294,7 +298,7 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 	if outcome != task.OutcomeExpired {
 		t.Errorf("the lapsed attempt is recorded as %q; want %q", outcome, task.OutcomeExpired)
 	}
-	if late >= time.Second || late < 0 {
-		t.Errorf("the task lease's lapse was announced %s after it ran out; want within 1s", late)
+	if late >= testkit.Bound(time.Second) || late < 0 {
+		t.Errorf("the task lease's lapse was announced %s after it ran out; want within %s (1 s, with the test's slack)", late, testkit.Bound(time.Second))
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/retention"
+	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // TestOnlyTheReaperPrunes runs two reapers with retention: only the one
@@ -89,7 +90,7 @@ func TestOnlyTheReaperPrunes(t *testing.T) {
 		select {
 		case r := <-rounds:
 			return r
-		case <-time.After(30 * time.Second): // keeps a broken test from hanging; asserts no speed
+		case <-time.After(testkit.Patience): // keeps a broken test from hanging; asserts no speed
 			t.Fatalf("gave up waiting for %s", what)
 			return round{}
 		}

@@ -66,7 +66,10 @@ func (c *cluster) start(name string) (stop func()) {
 		zerolog.Nop(), notify.ChannelLease, notify.ChannelSchedule)
 	s := &scheduler.Scheduler{
 		Store: c.store, Leases: c.leases, Listener: listener, Instance: name,
-		Keep: lease.KeepConfig{TTL: 2 * time.Second},
+		// Long enough that a loaded machine's stall does not pass the
+		// lease to the other scheduler: who holds it is not under test here
+		// (scheduler_failover_test in cmd/leasehold is about that).
+		Keep: lease.KeepConfig{TTL: 10 * time.Second},
 		Log:  zerolog.New(zerolog.NewTestWriter(c.t)).Level(zerolog.InfoLevel).With().Str("instance", name).Logger(),
 		Enqueued: func(sched string, tick time.Time, taskID, missed int64) {
 			c.mu.Lock()
@@ -115,6 +118,25 @@ func (c *cluster) await(name string, n int) []made {
 	}
 }
 
+// accounted checks that the ticks made, in tick order, account for every
+// tick of a schedule ticking every interval from first on: each made
+// tick's missed count is the ticks skipped since the one before (a
+// scheduler running late makes the latest due tick and counts the others
+// missed, which a loaded machine may make happen at any tick), and each is
+// made once.
+func accounted(t *testing.T, got []made, first time.Time, interval time.Duration) {
+	t.Helper()
+	want := first
+	for i, m := range got {
+		want = want.Add(time.Duration(m.missed) * interval)
+		if !m.tick.Equal(want) {
+			t.Errorf("tick %d made for %s (%d missed before it); want %s: every tick made once or counted missed", i, m.tick, m.missed, want)
+			return
+		}
+		want = want.Add(interval)
+	}
+}
+
 type tickRow struct {
 	id          int64
 	tick        time.Time
@@ -159,31 +181,36 @@ func TestEachTickOnce(t *testing.T) {
 	s := c.add(schedule.Params{Name: "every-second", Cron: "@every 1s", Kind: "tick", TaskData: []byte(`{"n":1}`)})
 	got := c.await(s.Name, 4)
 	rows := c.tasks(s.Name)
-	if len(rows) < 4 {
-		t.Fatalf("%d tasks, want at least 4", len(rows))
+	if len(rows) < len(got) {
+		t.Fatalf("%d tasks, want at least the %d ticks made", len(rows), len(got))
 	}
-	for i, r := range rows {
-		if want := s.NextTick.Add(time.Duration(i) * time.Second); !r.tick.Equal(want) || !r.scheduledAt.Equal(want) {
-			t.Errorf("task %d: tick %s, scheduled_at %s; want both %s (one task per tick, in order)", r.id, r.tick, r.scheduledAt, want)
+	accounted(t, got, s.NextTick, time.Second)
+	var missed int64
+	for i, r := range rows[:len(got)] {
+		if !r.tick.Equal(got[i].tick) || !r.scheduledAt.Equal(r.tick) || r.id != got[i].taskID {
+			t.Errorf("task %d: tick %s, scheduled_at %s; want task %d of tick %s, due at it (one task per tick, in order)",
+				r.id, r.tick, r.scheduledAt, got[i].taskID, got[i].tick)
 		}
 		if r.kind != "tick" {
 			t.Errorf("task %d: kind %q", r.id, r.kind)
 		}
+		missed += got[i].missed
 	}
 	for _, m := range got {
 		if m.instance != got[0].instance {
 			t.Errorf("ticks made by %s and %s: two schedulers at once", got[0].instance, m.instance)
 		}
-		if m.missed != 0 || m.taskID == 0 {
-			t.Errorf("tick %s: task %d, %d missed; want a task and nothing missed", m.tick, m.taskID, m.missed)
+		if m.taskID == 0 {
+			t.Errorf("tick %s: no task", m.tick)
 		}
 	}
 	cur, err := c.store.Get(c.ctx, s.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cur.LastTask == nil || cur.LastTick == nil || cur.MissedTicks != 0 {
-		t.Errorf("schedule after ticks: last task %+v, last tick %v, missed %d", cur.LastTask, cur.LastTick, cur.MissedTicks)
+	if cur.LastTask == nil || cur.LastTick == nil || cur.MissedTicks < missed {
+		t.Errorf("schedule after ticks: last task %+v, last tick %v, missed %d; want at least the %d the ticks made counted",
+			cur.LastTask, cur.LastTick, cur.MissedTicks, missed)
 	}
 	for _, m := range got {
 		t.Logf("tick %s made by %s %v after it", m.tick.Format(time.TimeOnly), m.instance, m.at.Sub(m.tick).Round(time.Millisecond))
@@ -212,22 +239,19 @@ func TestMissedTicksOnce(t *testing.T) {
 	if len(rows) < 3 || !rows[0].tick.Equal(first.tick) {
 		t.Fatalf("tasks %+v; want the first for the latest missed tick %s", rows, first.tick)
 	}
-	for i := 1; i < len(rows); i++ {
-		if d := rows[i].tick.Sub(rows[i-1].tick); d != time.Second {
-			t.Errorf("ticks %s and %s are %v apart; after the return each tick is a task", rows[i-1].tick, rows[i].tick, d)
-		}
-	}
-	for _, m := range got[1:] {
-		if m.missed != 0 {
-			t.Errorf("tick %s counted %d missed: only the first stands for missed ticks", m.tick, m.missed)
-		}
+	// After the return, each tick is a task (or, should the scheduler run
+	// late on a loaded machine, counted missed by the next).
+	accounted(t, got[1:], first.tick.Add(time.Second), time.Second)
+	var missed int64
+	for _, m := range got {
+		missed += m.missed
 	}
 	cur, err := c.store.Get(c.ctx, s.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cur.MissedTicks != first.missed {
-		t.Errorf("missed_ticks %d, want %d", cur.MissedTicks, first.missed)
+	if cur.MissedTicks < missed {
+		t.Errorf("missed_ticks %d, want at least the %d the ticks made counted", cur.MissedTicks, missed)
 	}
 	t.Logf("on return: one task for tick %s, standing for %d missed ticks", first.tick.Format(time.TimeOnly), first.missed)
 }
@@ -271,8 +295,16 @@ func TestChangesWakeTheScheduler(t *testing.T) {
 	if len(tocks) < 2 {
 		t.Fatalf("after the replace: %d tasks of the new kind; want the new definition's ticks (%+v)", len(tocks), got)
 	}
-	if d := tocks[1].tick.Sub(tocks[0].tick); d != 2*time.Second {
-		t.Errorf("after the replace, ticks %v apart; want 2s", d)
+	var tockMade []made
+	for _, m := range got {
+		for _, r := range tocks {
+			if r.id == m.taskID {
+				tockMade = append(tockMade, m)
+			}
+		}
+	}
+	if len(tockMade) >= 2 {
+		accounted(t, tockMade, tockMade[0].tick.Add(-time.Duration(tockMade[0].missed)*2*time.Second), 2*time.Second)
 	}
 	for _, r := range rows {
 		if r.kind == "tick" && r.tick.After(mark) {

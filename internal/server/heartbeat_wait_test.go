@@ -90,7 +90,13 @@ func TestHeartbeatWaitCancelled(t *testing.T) {
 	cancelled := time.Now()
 	b.do(t, "POST", fmt.Sprintf("/api/tasks/%d/cancel", tk.ID), `{"reason":"changed my mind"}`).want(t, "cancel on replica-b", http.StatusAccepted)
 	got := receiveHeld(t, "the held heartbeat", answer)
-	t.Logf("the held heartbeat was answered %v after the cancellation", time.Since(cancelled))
+	took := time.Since(cancelled)
+	t.Logf("the held heartbeat was answered %v after the cancellation", took)
+	// Pushed by the cancellation, not the end of its 300 s wait: the bound
+	// tells the two apart on any machine, and asserts no speed.
+	if took > 150*time.Second {
+		t.Errorf("the held heartbeat was answered %v after the cancellation; want well before its 300 s wait was over", took)
+	}
 	wantConflict(t, "the held heartbeat of a task cancelled meanwhile", got.response)
 	// The same answer as a heartbeat of the cancelled task gets now.
 	plain := a.taskOp(t, tk.ID, "heartbeat", obj{"processor": "w1", "fence": tk.fence(t)})
@@ -158,6 +164,11 @@ func TestHeartbeatWaitCappedByLease(t *testing.T) {
 		t.Errorf("the held heartbeat answered %v; want the task running for w1", answered)
 	}
 	t.Logf("a held heartbeat with wait_seconds 300 of a task whose TTL is 2 s was answered after %v", got.took)
+	// Capped by the lease (2 s), not answered at the end of its 300 s wait:
+	// the bound tells the two apart on any machine, and asserts no speed.
+	if got.took > 150*time.Second {
+		t.Errorf("answered after %v; want long before its 300 s wait, at the lease's deadline", got.took)
+	}
 }
 
 // TestHeartbeatWaitBadInput: a wait_seconds that is not an integer from 0

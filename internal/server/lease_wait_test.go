@@ -17,6 +17,7 @@ import (
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
+	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // waitBundle is a server whose waiting acquisitions hear of releases
@@ -50,13 +51,7 @@ func newWaitReplica(t *testing.T, db pgtest.DB, id string) waitBundle {
 		cancel()
 		wg.Wait()
 	})
-	deadline := time.Now().Add(15 * time.Second)
-	for !listener.Connected() {
-		if time.Now().After(deadline) {
-			t.Fatal("the listener did not connect within 15s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the listener to connect", listener.Connected)
 
 	b := waitBundle{logs: &syncBuffer{}, stopping: make(chan struct{})}
 	b.stop = sync.OnceFunc(func() { close(b.stopping) })
@@ -64,8 +59,9 @@ func newWaitReplica(t *testing.T, db pgtest.DB, id string) waitBundle {
 	d.Listener, d.Stopping = listener, b.stopping
 	d.Instance.ID = id
 	// Bounded as serve bounds every API request: the wait must outlive the
-	// budget, each statement not.
-	const budget = time.Second
+	// budget, each statement not (a second, with the test's slack: a loaded
+	// machine's statement may take longer).
+	budget := testkit.Bound(time.Second)
 	h := server.NewServer(d)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r, cancel := server.BoundRequest(r, budget)
@@ -78,16 +74,10 @@ func newWaitReplica(t *testing.T, db pgtest.DB, id string) waitBundle {
 	return b
 }
 
-// pollUntil polls cond until it holds, for at most 15 s.
+// pollUntil polls cond until it holds (testkit.WaitFor).
 func pollUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 15s for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, what, cond)
 }
 
 // waiting waits until the server logged that holder's acquisition waits.

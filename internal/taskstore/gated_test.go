@@ -15,6 +15,7 @@ import (
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/internal/testkit"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
 )
@@ -435,10 +436,13 @@ func TestGatedClaimLeavesNoLockWithoutItsTask(t *testing.T) {
 	if err := taker.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&takerPID); err != nil {
 		t.Fatal(err)
 	}
-	for waiting := false; !waiting; {
+	for waiting, giveUp := false, time.Now().Add(testkit.Patience); !waiting; {
 		if err := pdb.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
 			WHERE datname = current_database() AND $1::int = ANY (pg_blocking_pids(pid)))`, takerPID).Scan(&waiting); err != nil {
 			t.Fatal(err)
+		}
+		if time.Now().After(giveUp) {
+			t.Fatalf("waited %s for the claim to wait on the taker's lock, in vain", testkit.Patience)
 		}
 		select {
 		case r := <-done:
