@@ -198,7 +198,9 @@ func testElectorGivesUp(t *testing.T, db pgtest.DB, c *leasehold.Client, loseAns
 	go func() { done <- e.Run(ctx) }()
 	defer func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Errorf("the elector's Run: %v", err)
+		}
 	}()
 	first := testkit.Receive(t, "leadership", leads)
 	var lastSeen *time.Time

@@ -31,7 +31,7 @@ const rolloutRate = "20"
 // TestRollingRestart restarts 3 replicas (processes of the binary) one at a
 // time, as a Kubernetes rollout with maxUnavailable 1 and no surge does:
 // SIGTERM to one, wait for it to exit, start its replacement (a new name,
-// as a new pod has), wait until it is ready, then the next; for several
+// as a new pod has), wait until it is ready, then the next; for two
 // rounds, with the generator started. From the history of the generator
 // lease it measures how long the cluster was left without a generator
 // after each handoff, and checks what a rollout must keep: every replica
@@ -43,7 +43,7 @@ func TestRollingRestart(t *testing.T) {
 	t.Parallel()
 	bin := testkit.Leasehold(t)
 	db := pgtest.New(t)
-	const replicas, rounds = 3, 5
+	const replicas, rounds = 3, 2
 
 	procs := make([]*rolloutProc, replicas)
 	for i := range procs {

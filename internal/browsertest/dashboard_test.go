@@ -93,7 +93,7 @@ func TestDashboard(t *testing.T) {
 		waitTrue(`[...document.querySelectorAll("#running tr")].some(tr =>
 			tr.querySelector(".task-kind")?.textContent === "sleep" && tr.querySelector(".task-queue")?.textContent === "default")`))
 
-	measureCommitToDOM(ctx, t, r, 50)
+	measureCommitToDOM(ctx, t, r, 5)
 
 	// Some work done, so that the charts in the screenshot have a shape.
 	step(ctx, t, "tasks done", waitTrue(`Number(document.getElementById("tasks-done").textContent.replace(/\D/g, "")) > 0`))

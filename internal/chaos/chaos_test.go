@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/testkit"
 	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 func TestMain(m *testing.M) {

@@ -424,19 +424,21 @@ func TestPendingByKind(t *testing.T) {
 	}
 }
 
-// TestClaimIsIndexBoundAtAMillionTasks: with 10⁶ pending tasks of 20 kinds,
-// a claim of one kind, of two, and of every kind reads a few entries of the
-// claim index per task it takes, not the tasks of other kinds; a list of one
-// kind reads its range of the filter index.
-func TestClaimIsIndexBoundAtAMillionTasks(t *testing.T) {
+// TestClaimIsIndexBound: with 10⁵ pending tasks of 20 kinds, a claim of
+// one kind, of two, and of every kind reads a few entries of the claim
+// index per task it takes, not the tasks of other kinds; a list of one kind
+// reads its range of the filter index. (The bounds do not depend on the
+// backlog: 10⁵ tells an index-bound claim from a scan as well as 10⁶ did,
+// in a tenth of the time; the bench's backlog scenario runs millions.)
+func TestClaimIsIndexBound(t *testing.T) {
 	if testing.Short() {
-		t.Skip("inserts a million tasks")
+		t.Skip("inserts 100,000 tasks")
 	}
 	t.Parallel()
 	ctx := context.Background()
 	tdb := pgtest.New(t)
 	if _, err := tdb.Pool.Exec(ctx, `INSERT INTO tasks (task_data, kind, priority)
-		SELECT '{}', 'kind' || (g % 20), (g % 3)::smallint FROM generate_series(1, 1000000) AS g`); err != nil {
+		SELECT '{}', 'kind' || (g % 20), (g % 3)::smallint FROM generate_series(1, 100000) AS g`); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := tdb.Pool.Begin(ctx)
@@ -477,7 +479,7 @@ func TestClaimIsIndexBoundAtAMillionTasks(t *testing.T) {
 		merged := max(len(kinds), 20*boolInt(kinds == nil))
 		branches := 3 * merged
 		if limit := int64(2*take + 4*branches + take*merged*boolInt(merged > 1)); n > limit {
-			t.Errorf("the claim of %d tasks of %v read %d entries of the claim index (10⁶ pending); want at most %d", take, kinds, n, limit)
+			t.Errorf("the claim of %d tasks of %v read %d entries of the claim index (10⁵ pending); want at most %d", take, kinds, n, limit)
 		}
 		t.Logf("claim of %v: %d index entries read", kinds, n)
 	}

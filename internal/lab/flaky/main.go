@@ -18,6 +18,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -47,8 +48,9 @@ func main() {
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	os.Exit(run(ctx, pkgs, *runs, *load, *timeout))
+	code := run(ctx, pkgs, *runs, *load, *timeout)
+	stop()
+	os.Exit(code)
 }
 
 // result is what became of one test over the runs.
@@ -210,18 +212,10 @@ func goTest(ctx context.Context, results map[string]*result, stderr io.Writer, a
 	}
 	werr := cmd.Wait()
 	var exitErr *exec.ExitError
-	if werr != nil && !errorsAs(werr, &exitErr) {
+	if werr != nil && !errors.As(werr, &exitErr) {
 		return false, werr
 	}
 	return !pkgFailed && werr == nil, nil
-}
-
-func errorsAs(err error, target **exec.ExitError) bool {
-	e, ok := err.(*exec.ExitError)
-	if ok {
-		*target = e
-	}
-	return ok
 }
 
 func entry(results map[string]*result, pkg, test string) *result {
