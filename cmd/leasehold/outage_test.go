@@ -96,7 +96,7 @@ func TestDatabaseOutage(t *testing.T) {
 			case !strings.Contains(l.Error, lease.ErrDeadline.Error()):
 			case l.Message == "lost the lease":
 				lost[l.Resource] = true
-			case l.Message == "task lease lost: abandoned the task without completing it" && l.Task == long.ID:
+			case l.Message == "task lease given up at its deadline: handing the task back" && l.Task == long.ID:
 				lost["task"] = true
 			}
 		}

@@ -550,9 +550,9 @@ printf '{"fence": %s}' "$LEASEHOLD_FENCE"
 // TestWorkLeaseLostWhilePaused: a worker stopped (SIGSTOP) past its task's
 // TTL loses the task to another worker, which completes it under a greater
 // fence. Its command meanwhile finishes too; when the first worker goes on
-// (SIGCONT) its lease has lapsed by its own clock: it reports nothing. The
-// task's history has the first attempt expired, and its completion is the
-// second worker's.
+// (SIGCONT) its lease has lapsed by its own clock: it reports nothing, and
+// the hand-back it sends under its fence is refused. The task's history has
+// the first attempt expired, and its completion is the second worker's.
 func TestWorkLeaseLostWhilePaused(t *testing.T) {
 	t.Parallel()
 	r, db := workReplica(t)
@@ -578,7 +578,7 @@ func TestWorkLeaseLostWhilePaused(t *testing.T) {
 
 	first.signal(t, syscall.SIGCONT)
 	waitUntil(t, "the first worker to count its lease lost", func() bool {
-		return logged(first.logs, "the task's lease was lost", "task", tk.ID, "fence", firstFence)
+		return logged(first.logs, "the task's lease was given up at its deadline", "task", tk.ID, "fence", firstFence)
 	}, first.logs)
 	first.signal(t, syscall.SIGTERM)
 	if code := first.exitCode(t); code != 0 {

@@ -114,10 +114,12 @@ func TestExactlyOnce(t *testing.T) {
 	t.Logf("%d of %d tasks claimed by a completion's statement", chained, n)
 }
 
-// TestLeaseLostDuringWork pauses a worker past its lease (a simulated spike
-// before its first heartbeat): it stops the task at once and leaves it
-// alone; another replica takes the task once the lease lapsed and completes
-// it; the first worker's late complete is refused.
+// TestLeaseLostDuringWork pauses a worker's heartbeats past its lease (a
+// simulated spike before its first heartbeat): it stops the task at its
+// deadline and, its handler returned, hands the task back under its fence
+// (the attempt not counted: the lease was still live when it gave it up);
+// another replica takes the task and completes it; the first worker's late
+// complete is refused.
 func TestLeaseLostDuringWork(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -154,12 +156,15 @@ func TestLeaseLostDuringWork(t *testing.T) {
 		t.Fatalf("a's stale complete: %v, want task.ErrLeaseLost", err)
 	}
 	got := e.get(tk.ID)
-	if got.State != task.StateDone || got.Attempts != 2 || got.Processor != "b/w1" || got.Fence != reclaimed.Fence {
-		t.Fatalf("task: %+v; want done by b/w1 on attempt 2 with fence %d", got, reclaimed.Fence)
+	if got.State != task.StateDone || got.Attempts != 1 || got.Processor != "b/w1" || got.Fence != reclaimed.Fence {
+		t.Fatalf("task: %+v; want done by b/w1 on attempt 1 (a's handed back, not counted) with fence %d", got, reclaimed.Fence)
+	}
+	if len(got.EarlierAttempts) != 1 || got.EarlierAttempts[0].Fence != claimed.Fence || got.EarlierAttempts[0].Outcome != task.OutcomeRequeued {
+		t.Fatalf("history %+v; want a's attempt under fence %d handed back", got.EarlierAttempts, claimed.Fence)
 	}
 	h := e.leaseHistory(tk.ID)
-	if contains(h[claimed.Fence], "released") || !contains(h[reclaimed.Fence], "released") {
-		t.Fatalf("lease history by fence: %v; want a's fence %d never released, b's %d released", h, claimed.Fence, reclaimed.Fence)
+	if contains(h[claimed.Fence], "expired") || !contains(h[reclaimed.Fence], "released") {
+		t.Fatalf("lease history by fence: %v; want a's fence %d not expired (handed back), b's %d released", h, claimed.Fence, reclaimed.Fence)
 	}
 	b.stop(t)
 }
