@@ -173,7 +173,9 @@ func (r restTasks) HeldBy(ctx context.Context, queue string, processors []string
 				held = append(held, t)
 			}
 		}
-		if len(ts) < page {
+		// Until an empty page: a page may end short of the limit when its
+		// tasks are large (the server bounds its size).
+		if len(ts) == 0 {
 			return held, nil
 		}
 		q.Set("after_id", strconv.FormatInt(ts[len(ts)-1].ID, 10))

@@ -313,7 +313,9 @@ func (w *taskWorker) handBackCut() {
 				w.handBack(t, t.Processor, "the worker shut down as the task was claimed for it")
 			}
 		}
-		if len(running) < page {
+		// Until an empty page: a page may end short of the limit when its
+		// tasks are large (the server bounds its size).
+		if len(running) == 0 {
 			return
 		}
 		q.Set("after_id", strconv.FormatInt(running[len(running)-1].ID, 10))

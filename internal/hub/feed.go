@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/leasehold/leasehold/internal/apitime"
 	"github.com/leasehold/leasehold/internal/leasing"
@@ -93,9 +94,32 @@ type (
 	}
 	tasksBody struct {
 		task.Stats
-		RunningTasks  []task.Task   `json:"running_tasks"`
-		DeadTasks     []task.Task   `json:"dead_tasks"`
+		RunningTasks  []taskLine    `json:"running_tasks"`
+		DeadTasks     []taskLine    `json:"dead_tasks"`
 		PendingByKind []pendingKind `json:"pending_by_kind"`
+	}
+	// taskLine is what the page shows of a running or dead task in its
+	// lists: no data, no output, no history, and the error cut short, so
+	// that a message's size is the server's choice whatever the tasks
+	// hold. The page reads a whole task (GET /api/tasks/{id}) when one is
+	// opened.
+	taskLine struct {
+		ID                  int64      `json:"id"`
+		Kind                string     `json:"kind"`
+		Queue               string     `json:"queue"`
+		State               task.State `json:"state"`
+		Priority            int16      `json:"priority"`
+		Processor           *string    `json:"processor"`
+		Fence               *int64     `json:"fence"`
+		Attempts            int32      `json:"attempts"`
+		MaxAttempts         int32      `json:"max_attempts"`
+		StartedAt           *string    `json:"started_at"`
+		LastHeartbeatAt     *string    `json:"last_heartbeat_at"`
+		MustHeartbeatBefore *string    `json:"must_heartbeat_before"`
+		ProcessedAt         *string    `json:"processed_at"`
+		LastError           *string    `json:"last_error"`
+		Lock                *string    `json:"lock"`
+		Schedule            *string    `json:"schedule"`
 	}
 	// pendingKind is the pending tasks of one (queue, kind): what shows a
 	// kind that no live worker handles, its wait growing.
@@ -490,8 +514,49 @@ func (f *feed) tasksBody(ctx context.Context, fresh bool) (tasksBody, error) {
 	if err != nil {
 		return b, err
 	}
-	b.RunningTasks, b.DeadTasks = nonNil(running), nonNil(dead)
+	b.RunningTasks, b.DeadTasks = linesOf(running), linesOf(dead)
 	return b, nil
+}
+
+// maxLineError bounds the error a taskLine carries: the page shows its
+// start in a table cell; the whole is in the task.
+const maxLineError = 300
+
+// linesOf is the taskLine of each task.
+func linesOf(ts []task.Task) []taskLine {
+	lines := make([]taskLine, len(ts))
+	for i, t := range ts {
+		lines[i] = taskLine{
+			ID: t.ID, Kind: t.Kind, Queue: t.Queue, State: t.State, Priority: t.Priority,
+			Processor: optional(t.Processor), Fence: optional(t.Fence), Attempts: t.Attempts, MaxAttempts: t.MaxAttempts,
+			StartedAt: apitime.FormatPtr(t.StartedAt), LastHeartbeatAt: apitime.FormatPtr(t.LastHeartbeatAt),
+			MustHeartbeatBefore: apitime.FormatPtr(t.MustHeartbeatBefore), ProcessedAt: apitime.FormatPtr(t.ProcessedAt),
+			LastError: optional(cut(t.LastError, maxLineError)), Lock: optional(t.Lock), Schedule: optional(t.Schedule),
+		}
+	}
+	return lines
+}
+
+// optional is v, or nil for its zero value (null on the wire, as the
+// task object has it).
+func optional[T comparable](v T) *T {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return &v
+}
+
+// cut is s cut to at most n bytes, at a rune boundary, with an ellipsis
+// when it was cut.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // pendingRows orders the pending tasks by kind for the page, longest wait

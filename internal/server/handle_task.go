@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -745,8 +746,45 @@ func handleTaskList(d Deps, list string) http.Handler {
 			writeError(w, r, d.Log, err)
 			return
 		}
-		encode(w, http.StatusOK, tasks)
+		writeTaskPage(w, r, tasks, int(p.Limit))
 	})
+}
+
+// maxPageBytes bounds a page of tasks: a page ends before the task that
+// would take it past this (it always holds one), whatever the tasks hold.
+const maxPageBytes = 8 << 20
+
+// writeTaskPage answers a list with tasks, cut short at maxPageBytes. When
+// there may be more (the page is full, or was cut short), the answer says
+// where the next page starts: a Link header with rel="next", the same
+// query with after_id the page's last id. A page without it is the last.
+func writeTaskPage(w http.ResponseWriter, r *http.Request, tasks []task.Task, limit int) {
+	var body bytes.Buffer
+	body.WriteByte('[')
+	n := 0
+	for _, t := range tasks {
+		b, err := json.Marshal(t)
+		if err != nil {
+			continue // cannot happen: a task always encodes
+		}
+		if n > 0 && body.Len()+1+len(b)+2 > maxPageBytes {
+			break
+		}
+		if n > 0 {
+			body.WriteByte(',')
+		}
+		body.Write(b)
+		n++
+	}
+	body.WriteString("]\n")
+	if n > 0 && (n < len(tasks) || n >= limit) {
+		q := r.URL.Query()
+		q.Set("after_id", strconv.FormatInt(tasks[n-1].ID, 10))
+		w.Header().Set("Link", "<"+r.URL.Path+"?"+q.Encode()+`>; rel="next"`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body.Bytes())
 }
 
 func handleTaskStats(d Deps) http.Handler {
@@ -785,10 +823,22 @@ const (
 	maxNumericDigitsAfter  = 16383
 )
 
+// maxNumberGrowth bounds how much longer than it was written a number may
+// be as PostgreSQL prints it. jsonb keeps a number as a numeric, which it
+// prints in full, without an exponent: 1e131071 is 8 bytes in and 131,072
+// digits out, on every read, list and websocket message. 32 more
+// characters than written lets every number a program really sends in
+// (6.02e23, 1.5e-20, a float64's 17 significant digits) and bounds the
+// answer to a small factor of the request.
+const maxNumberGrowth = 32
+
 // checkJSON refuses what PostgreSQL's jsonb and text refuse in valid JSON:
 // the escape \u0000 and unpaired UTF-16 surrogate escapes in strings and,
-// with numbers, numbers outside numeric's range. Without it they would be
-// a 500 (or, in a Go string, a silent U+FFFD). raw must be valid JSON.
+// with numbers, numbers outside numeric's range or that PostgreSQL would
+// print more than maxNumberGrowth characters longer than they were
+// written. Without it they would be a 500 (or, in a Go string, a silent
+// U+FFFD), or an answer thousands of times the request. raw must be valid
+// JSON.
 func checkJSON(what string, raw []byte, numbers bool) error {
 	for i := 0; i < len(raw); {
 		switch c := raw[i]; {
@@ -806,6 +856,10 @@ func checkJSON(what string, raw []byte, numbers bool) error {
 			if numbers && !numericFits(string(raw[i:end])) {
 				return badRequestf("%s has the number %.40s, which is out of range: PostgreSQL stores at most %d digits before the decimal point and %d after",
 					what, raw[i:end], maxNumericDigitsBefore, maxNumericDigitsAfter)
+			}
+			if n := end - i; numbers && printedLength(string(raw[i:end])) > int64(n)+maxNumberGrowth {
+				return badRequestf("%s has the number %.40s, which PostgreSQL would store and print as %d characters, %d more than it was written: write it out in full, or send it as a string",
+					what, raw[i:end], printedLength(string(raw[i:end])), printedLength(string(raw[i:end]))-int64(n))
 			}
 			i = end
 		default:
@@ -853,6 +907,36 @@ func checkString(what string, raw []byte, start int) (int, error) {
 func hex4(b []byte) rune {
 	v, _ := strconv.ParseUint(string(b), 16, 32) // valid JSON: four hex digits
 	return rune(v)
+}
+
+// printedLength is how many characters PostgreSQL prints for the JSON
+// number n (valid JSON) once jsonb holds it as a numeric: the sign, the
+// integer part without its leading zeros ("0" when there is none), and
+// the fraction to the scale it was written with, all without an exponent.
+// It is an upper bound (a negative zero prints without its sign).
+func printedLength(n string) int64 {
+	var length int64
+	if strings.HasPrefix(n, "-") {
+		n, length = n[1:], 1
+	}
+	mantissa, expPart, _ := strings.Cut(strings.ToLower(n), "e")
+	intPart, fracPart, _ := strings.Cut(mantissa, ".")
+	exp, err := strconv.ParseInt(expPart, 10, 64)
+	if expPart != "" && err != nil {
+		return math.MaxInt64 / 2 // an exponent past int64: out of range anyway
+	}
+	digits := intPart + fracPart
+	lead := int64(len(digits) - len(strings.TrimLeft(digits, "0")))
+	// The decimal point stands after point digits of digits.
+	point := int64(len(intPart)) + exp
+	intLen := max(point-lead, 1)
+	if point <= 0 || lead == int64(len(digits)) { // no integer part, or zero
+		intLen = 1
+	}
+	if scale := int64(len(fracPart)) - exp; scale > 0 {
+		return length + intLen + 1 + scale
+	}
+	return length + intLen
 }
 
 // numericFits reports whether the JSON number n fits PostgreSQL's numeric:

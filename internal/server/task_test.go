@@ -695,12 +695,16 @@ func TestTaskListsAndStats(t *testing.T) {
 }
 
 // TestTaskJSONRange stores the values at the edge of what PostgreSQL's
-// jsonb holds; one step further is a 400 (see the rejected-requests test).
+// jsonb holds, written out in full (a number PostgreSQL would print much
+// longer than it was written is refused: see TestNumbersThatGrowAreRefused),
+// and the shorthand that grows within the bound; one step further is a 400
+// (see the rejected-requests test).
 func TestTaskJSONRange(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t)
 	for _, v := range []string{
-		"1e131071", "12e131070", "0.1e131072", "-1e131071", "1e-16383", "0.0e-16382", "0e1073741822", "0E+5",
+		"1" + strings.Repeat("0", 131071), "-1" + strings.Repeat("0", 131071), "0." + strings.Repeat("0", 16382) + "1",
+		"1e30", "-1e-30", "1.5e-20", "6.02e23", "0e1073741822", "0E+5",
 		"123456789012345678901234567890.5", `"\ud83d\ude00 paired surrogates"`, `"\u00e9t\u00e9"`, `"\\u0000 is text here"`,
 		`{"nested": [1, {"deep": [null, true, false, "x"]}]}`,
 	} {
@@ -713,7 +717,7 @@ func TestTaskJSONRange(t *testing.T) {
 	if got := b.createTask(t, `{"task_data": {"s": "\ud83d\ude00"}}`); string(got.TaskData) != `{"s":"😀"}` {
 		t.Errorf("a surrogate pair: task_data %s, want {\"s\":\"😀\"}", got.TaskData)
 	}
-	for _, out := range []string{"1e-16383", `"\ud83d\ude00"`, "[]", "0"} {
+	for _, out := range []string{"0." + strings.Repeat("0", 16382) + "1", `"\ud83d\ude00"`, "[]", "0"} {
 		b.createTask(t, `{"task_data": {}}`)
 		c := b.claimTask(t, "p")
 		b.taskOp(t, c.ID, "complete", obj{"processor": "p", "task_output": json.RawMessage(out)}).want(t, "complete with task_output "+out, http.StatusAccepted)
