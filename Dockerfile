@@ -5,10 +5,13 @@
 #
 #   docker build --build-arg VERSION="$(git describe --tags --always --dirty)" -t leasehold .
 #
-# Run: the image's default command is "serve"; it needs DATABASE_URL, and
-# listens on :8080 (see docs/operations.md and deploy/kubernetes/).
+# Run: the image's default command is "serve"; it needs DATABASE_URL and an
+# API token (a replica that listens beyond its container, as the image's
+# :8080 does, refuses to serve without one), and listens on :8080 (see
+# docs/operations.md, docs/security.md and deploy/kubernetes/).
 #
-#   docker run --rm -p 8080:8080 -e DATABASE_URL=postgres://... leasehold
+#   docker run --rm -p 8080:8080 -e DATABASE_URL=postgres://... \
+#     -e LEASEHOLD_API_TOKEN="$(openssl rand -hex 32)" leasehold
 
 # The builder: Go 1.26, as go.mod asks.
 FROM golang:1.26 AS build
@@ -32,6 +35,8 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/leasehold /usr/local/bin/leasehold
 USER 65532:65532
+# Every interface of the container: its own loopback is no use to anyone.
+ENV LEASEHOLD_ADDR=:8080
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/leasehold"]
 CMD ["serve"]

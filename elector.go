@@ -73,7 +73,7 @@ func (c *Client) NewElector(cfg ElectorConfig) (*Elector, error) {
 	if cfg.Keep.TTL == 0 {
 		cfg.Keep.TTL = DefaultElectionTTL
 	}
-	if err := firstErr(checkName("ElectorConfig.Resource", cfg.Resource), checkName("ElectorConfig.Holder", cfg.Holder)); err != nil {
+	if err := firstErr(checkResource("ElectorConfig.Resource", cfg.Resource), checkName("ElectorConfig.Holder", cfg.Holder)); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if err := cfg.Keep.Validate(); err != nil {

@@ -191,7 +191,7 @@ func (c *Client) newTask(p InsertParams) (taskstore.NewTask, error) {
 		}
 	}
 	if o.Lock != "" {
-		if err := checkName("lock", o.Lock); err != nil {
+		if err := checkResource("lock", o.Lock); err != nil {
 			return taskstore.NewTask{}, err
 		}
 	}

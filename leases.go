@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/leasehold/leasehold/internal/keepalive"
 	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/name"
 	"github.com/leasehold/leasehold/lease"
 )
 
@@ -43,22 +41,25 @@ type Leases struct {
 	ttl time.Duration
 }
 
-// maxNameBytes bounds resource, holder, kind, queue and processor names, as
-// the REST API does.
-const maxNameBytes = 255
-
-// checkName refuses what the REST API refuses in a name: empty, over 255
-// bytes, invalid UTF-8, a control character.
+// checkName refuses what the REST API refuses in a name (internal/name's
+// rule): empty, over 255 bytes, invalid UTF-8, a control or format
+// character, blank, not in NFC.
 func checkName(field, v string) error {
-	switch {
-	case v == "":
-		return fmt.Errorf("%w: %s is empty", ErrInvalidArgument, field)
-	case len(v) > maxNameBytes:
-		return fmt.Errorf("%w: %s is %d bytes long; the limit is %d", ErrInvalidArgument, field, len(v), maxNameBytes)
-	case !utf8.ValidString(v):
-		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidArgument, field)
-	case strings.ContainsFunc(v, unicode.IsControl):
-		return fmt.Errorf("%w: %s %q contains a control character", ErrInvalidArgument, field, v)
+	if err := name.Check(field, v); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	return nil
+}
+
+// checkResource is checkName of a lease's resource (a lock's included),
+// which must also lie outside the reserved namespace: lease.ErrReserved.
+func checkResource(field, v string) error {
+	if err := checkName(field, v); err != nil {
+		return err
+	}
+	if name.Reserved(v) {
+		return fmt.Errorf("%w: %s %q begins with %q, the namespace of leasehold's own leases; choose a resource outside it",
+			lease.ErrReserved, field, v, lease.ReservedPrefix)
 	}
 	return nil
 }
@@ -85,7 +86,7 @@ const MaxWait = leasing.MaxWaitPerRequest
 // polling), and the answer comes as soon as the lease is taken or the wait
 // runs out.
 func (l *Leases) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acquisition, error) {
-	if err := firstErr(checkName("resource", p.Resource), checkName("holder", p.Holder), checkTTL("lease TTL", p.TTL)); err != nil {
+	if err := firstErr(checkResource("resource", p.Resource), checkName("holder", p.Holder), checkTTL("lease TTL", p.TTL)); err != nil {
 		return lease.Acquisition{}, err
 	}
 	if p.Wait < 0 || p.Wait > MaxWait {
@@ -102,7 +103,7 @@ func (l *Leases) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acqu
 // not zero, must match. lease.ErrNotHeld when the holder holds no active
 // lease on the resource (with that fence).
 func (l *Leases) Renew(ctx context.Context, p lease.RenewParams) (lease.Lease, error) {
-	if err := firstErr(checkName("resource", p.Resource), checkName("holder", p.Holder), checkTTL("lease TTL", p.TTL)); err != nil {
+	if err := firstErr(checkResource("resource", p.Resource), checkName("holder", p.Holder), checkTTL("lease TTL", p.TTL)); err != nil {
 		return lease.Lease{}, err
 	}
 	return l.svc.Renew(ctx, p)
@@ -112,7 +113,7 @@ func (l *Leases) Renew(ctx context.Context, p lease.RenewParams) (lease.Lease, e
 // p.Fence and p.ID, when not zero, must match too. lease.ErrNotHeld when the
 // holder holds no active lease on the resource: a second release included.
 func (l *Leases) Release(ctx context.Context, p lease.ReleaseParams) (lease.Lease, error) {
-	if err := firstErr(checkName("resource", p.Resource), checkName("holder", p.Holder)); err != nil {
+	if err := firstErr(checkResource("resource", p.Resource), checkName("holder", p.Holder)); err != nil {
 		return lease.Lease{}, err
 	}
 	return l.svc.Release(ctx, p)

@@ -12,15 +12,22 @@
 -- internal/server/privilege_test.go runs this file and then every part of
 -- leasehold as that role.
 
-GRANT CONNECT ON DATABASE :"DBNAME" TO :"role";
+-- Only the roles granted it may connect: without CONNECT, a role of the
+-- cluster cannot LISTEN to the lease channel nor pg_notify a cancellation
+-- into this database. The owner running this keeps its own.
+GRANT CONNECT ON DATABASE :"DBNAME" TO :"role", CURRENT_USER;
+REVOKE CONNECT ON DATABASE :"DBNAME" FROM PUBLIC;
 GRANT USAGE ON SCHEMA public TO :"role";
 
 -- Leases and tasks are taken, renewed, released and finished in place;
 -- the role deletes nothing itself (retention, below, does).
 GRANT SELECT, INSERT, UPDATE ON leases, tasks TO :"role";
--- The audit history: triggers append to it as the role; no UPDATE or
--- DELETE, so the runtime role cannot rewrite history.
-GRANT SELECT, INSERT ON lease_events TO :"role";
+-- The audit history is written by leasehold's trigger alone, which runs as
+-- its owner (schema/0015): the runtime role only reads it, and can neither
+-- add, change nor delete an event. (The REVOKE takes away the INSERT an
+-- earlier version of this file granted.)
+GRANT SELECT ON lease_events TO :"role";
+REVOKE INSERT, UPDATE, DELETE ON lease_events FROM :"role";
 -- The generator's switch is one row, updated in place.
 GRANT SELECT, UPDATE ON generator_state TO :"role";
 -- Each replica registers itself (an upsert).
@@ -30,6 +37,8 @@ GRANT SELECT, INSERT, UPDATE ON instances TO :"role";
 -- which runs as its owner and is not PUBLIC's to execute.
 GRANT SELECT, INSERT, UPDATE ON schedules TO :"role";
 GRANT EXECUTE ON FUNCTION schedule_remove(text) TO :"role";
+-- The floor of retention (below): the role reads it, never changes it.
+GRANT SELECT ON retention_floor TO :"role";
 -- Every new session checks that the fences of the server's timeline lie
 -- above an earlier primary's (schema/0013): fence_epoch_check runs as its
 -- owner (it may move lease_fence_seq) and is not PUBLIC's to execute.
@@ -49,6 +58,12 @@ GRANT USAGE ON SEQUENCE lease_fence_seq TO :"role";
 GRANT EXECUTE ON FUNCTION prune_tasks(interval, integer, bigint, bigint[]),
                           prune_lease_events(interval, integer, bigint),
                           prune_leases(interval, integer) TO :"role";
+-- Nor anything younger than the floor of retention, whatever age the role
+-- asks for: a week, the replicas' default --task-retention and
+-- --lease-history-retention. Set it to the shortest of the two if you
+-- configured them shorter (the reaper's pruning fails, and says so, with an
+-- age below the floor). The runtime role can read the floor, not change it.
+UPDATE retention_floor SET min_age = interval '168 hours';
 
 -- Waiting for inserted tasks (schema/0008_insert_waiters.sql): inserts
 -- notify only while task_waiters has a row. The insert trigger reads it as

@@ -64,7 +64,16 @@ var (
 	// ErrHeld: another holder holds the resource. The error is a
 	// *HeldError, which carries that holder's lease.
 	ErrHeld = errors.New("lease held by another holder")
+	// ErrReserved: the resource begins with ReservedPrefix, the namespace
+	// of leasehold's own leases (its reaper's, scheduler's, generator's and
+	// each replica's), which no client may acquire, renew or release. A
+	// REST API answers it with 403.
+	ErrReserved = errors.New("resource in leasehold's reserved namespace")
 )
+
+// ReservedPrefix begins the resources of leasehold's own leases; see
+// ErrReserved.
+const ReservedPrefix = "leasehold:"
 
 // HeldError is ErrHeld with the lease of the current holder.
 type HeldError struct{ Lease Lease }

@@ -13,9 +13,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/name"
+	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/robfig/cron/v3"
 
@@ -277,21 +278,18 @@ func (p Params) Validate() error {
 	return nil
 }
 
-// checkName applies the API's name rules to a field that is set.
+// checkName applies the one name rule (internal/name) to a field that is
+// set; a lock must also lie outside the reserved namespace of leasehold's
+// own leases.
 func checkName(field, v string) error {
 	if v == "" {
 		return nil
 	}
-	if len(v) > 255 {
-		return invalid(field, "%q is %d bytes long; it must be at most 255 bytes", field, len(v))
+	if err := name.Check(strconv.Quote(field), v); err != nil {
+		return invalid(field, "%s", err)
 	}
-	if !utf8.ValidString(v) {
-		return invalid(field, "%q is not valid UTF-8; send the name as UTF-8 text", field)
-	}
-	for _, r := range v {
-		if r < 0x20 || (r >= 0x7f && r <= 0x9f) {
-			return invalid(field, "%q contains the control character %U; use printable characters only", field, r)
-		}
+	if field == "lock" && name.Reserved(v) {
+		return invalid(field, "%q %q begins with %q, the namespace of leasehold's own leases; choose a lock outside it", field, v, name.ReservedPrefix)
 	}
 	return nil
 }

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/server"
 	"io"
 	"math"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -44,8 +46,21 @@ type config struct {
 	// ShutdownGrace is how long running tasks may finish after SIGTERM
 	// before they are handed back to the queue.
 	ShutdownGrace time.Duration
-	// AllowedOrigins may open /ws besides the server's own origin.
+	// AllowedOrigins may open /ws, and make changing API requests, besides
+	// the server's own origin.
 	AllowedOrigins []string
+	// Tokens are the tokens of --tokens-file (scopes and prefixes each),
+	// read from TokensFile.
+	Tokens     []server.Token
+	TokensFile string
+	// AllowedHosts are the names the server answers to besides those it
+	// answers to by default (none by default with a token; without one,
+	// localhost and the listen address).
+	AllowedHosts []string
+	// Insecure serves without a token on an address that is not loopback.
+	Insecure bool
+	// SecureCookie marks the dashboard's session cookie Secure.
+	SecureCookie bool
 	// StatementTimeout is PostgreSQL's statement_timeout on the sessions
 	// of the replica's pool (zero: the server's own setting). Migrations
 	// and the LISTEN session run without it.
@@ -64,6 +79,54 @@ type config struct {
 }
 
 var allRoles = []string{"api", "worker", "generator", "reaper", "scheduler"}
+
+// defaultAddr is where a replica listens unless told: loopback, so that a
+// replica started without a token is not open to the network.
+const defaultAddr = "127.0.0.1:8080"
+
+// secured reports whether the replica asks every API request for a token.
+func (c config) secured() bool { return c.APIToken != "" || len(c.Tokens) > 0 }
+
+// checkExposure refuses to serve the API without a token on an address
+// others can reach, unless the operator says --insecure.
+func (c config) checkExposure() error {
+	if c.secured() || c.Insecure || loopback(c.Addr) {
+		return nil
+	}
+	return fmt.Errorf("--addr %s listens beyond this machine, and no API token is set: anyone who can reach the port could drive the API; "+
+		"set --api-token (or --tokens-file), listen on loopback (--addr 127.0.0.1:8080), or pass --insecure to serve without a token anyway", c.Addr)
+}
+
+// loopback reports whether addr (host:port) listens on a loopback address
+// only: 127.0.0.0/8, ::1 or localhost.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err == nil && ip.IsLoopback()
+}
+
+// allowedHosts are the names the replica answers to: nil (any) with a
+// token and no --allowed-hosts; else the ones listed and, without a token,
+// localhost, the loopback addresses and the listen address's host.
+func (c config) allowedHosts() []string {
+	if c.secured() && len(c.AllowedHosts) == 0 {
+		return nil
+	}
+	hosts := slices.Clone(c.AllowedHosts)
+	if !c.secured() {
+		hosts = append(hosts, "localhost", "127.0.0.1", "::1")
+		if h, _, err := net.SplitHostPort(c.Addr); err == nil && h != "" && h != "0.0.0.0" && h != "::" {
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
+}
 
 // hasRole reports whether the replica plays role.
 func (c config) hasRole(role string) bool { return slices.Contains(c.Roles, role) }
@@ -87,15 +150,20 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 		rateLimit, rateBurst, proxies  string
 	)
 	var taskRetention, historyRetention string
+	var tokensFile, hosts, insecure, secureCookie string
 	fs.StringVar(&c.DatabaseURL, "database-url", getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
 	fs.StringVar(&c.ListenDatabaseURL, "listen-database-url", getenv("LEASEHOLD_LISTEN_DATABASE_URL"), "PostgreSQL URL of the LISTEN session and the migrations, which a transaction-mode pooler breaks: straight to the server or through a session-mode pooler, on the same database as the database URL, which may then point at a transaction-mode pooler (env LEASEHOLD_LISTEN_DATABASE_URL; default: the database URL)")
-	fs.StringVar(&c.Addr, "addr", env("LEASEHOLD_ADDR", ":8080"), "listen address (env LEASEHOLD_ADDR)")
+	fs.StringVar(&c.Addr, "addr", env("LEASEHOLD_ADDR", defaultAddr), "listen address; one that is not loopback (:8080, 0.0.0.0:8080) needs an API token or --insecure (env LEASEHOLD_ADDR)")
 	fs.StringVar(&c.Instance, "instance", getenv("LEASEHOLD_INSTANCE"), "instance id (env LEASEHOLD_INSTANCE; default <hostname>-<pid>)")
 	fs.StringVar(&workers, "workers", env("LEASEHOLD_WORKERS", "4"), "task workers per replica (env LEASEHOLD_WORKERS)")
 	fs.StringVar(&ttl, "lease-ttl", env("LEASEHOLD_LEASE_TTL", "30s"), "default lease TTL (env LEASEHOLD_LEASE_TTL)")
 	fs.StringVar(&roles, "roles", env("LEASEHOLD_ROLES", strings.Join(allRoles, ",")), "roles of this replica (env LEASEHOLD_ROLES)")
-	fs.StringVar(&c.APIToken, "api-token", getenv("LEASEHOLD_API_TOKEN"), "require this Bearer token on /api/* and /ws (env LEASEHOLD_API_TOKEN)")
-	fs.StringVar(&origins, "allowed-origins", getenv("LEASEHOLD_ALLOWED_ORIGINS"), "origins besides the server's own allowed to open /ws, comma-separated, e.g. https://dash.example.com (env LEASEHOLD_ALLOWED_ORIGINS)")
+	fs.StringVar(&c.APIToken, "api-token", getenv("LEASEHOLD_API_TOKEN"), "require this Bearer token (at least 16 bytes), of every scope, on /api/* and /ws (env LEASEHOLD_API_TOKEN)")
+	fs.StringVar(&tokensFile, "tokens-file", getenv("LEASEHOLD_TOKENS_FILE"), "a JSON file of tokens, each with its scopes (read, lease, produce, work, admin) and prefixes (docs/security.md) (env LEASEHOLD_TOKENS_FILE)")
+	fs.StringVar(&origins, "allowed-origins", getenv("LEASEHOLD_ALLOWED_ORIGINS"), "origins besides the server's own whose pages may open /ws and make changing requests, comma-separated, e.g. https://dash.example.com (env LEASEHOLD_ALLOWED_ORIGINS)")
+	fs.StringVar(&hosts, "allowed-hosts", getenv("LEASEHOLD_ALLOWED_HOSTS"), "host names the server answers to (the Host header, without its port), comma-separated; without an API token it answers only to localhost, 127.0.0.1, ::1, its listen address and these (env LEASEHOLD_ALLOWED_HOSTS)")
+	fs.StringVar(&insecure, "insecure", env("LEASEHOLD_INSECURE", "false"), "serve without an API token on an address that is not loopback: anyone who can reach it may drive the API (env LEASEHOLD_INSECURE)")
+	fs.StringVar(&secureCookie, "secure-cookie", env("LEASEHOLD_SECURE_COOKIE", "false"), "mark the dashboard's session cookie Secure: HTTPS is served by a proxy in front (env LEASEHOLD_SECURE_COOKIE)")
 	fs.StringVar(&crash, "sim-crash-rate", env("LEASEHOLD_SIM_CRASH_RATE", strconv.FormatFloat(simCrash, 'g', -1, 64)), "per task, the chance of a simulated crash (env LEASEHOLD_SIM_CRASH_RATE)")
 	fs.StringVar(&sp, "sim-spike-rate", env("LEASEHOLD_SIM_SPIKE_RATE", strconv.FormatFloat(simSpike, 'g', -1, 64)), "per heartbeat, the chance of a simulated latency spike (env LEASEHOLD_SIM_SPIKE_RATE)")
 	fs.StringVar(&genRate, "generator-rate", env("LEASEHOLD_GENERATOR_RATE", "2"), "tasks per second the generator creates while started (env LEASEHOLD_GENERATOR_RATE)")
@@ -135,6 +203,35 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 		for _, o := range strings.Split(origins, ",") {
 			if o = strings.TrimSpace(o); o != "" {
 				c.AllowedOrigins = append(c.AllowedOrigins, o)
+			}
+		}
+		for _, h := range strings.Split(hosts, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				c.AllowedHosts = append(c.AllowedHosts, h)
+			}
+		}
+		for name, b := range map[string]struct {
+			raw string
+			to  *bool
+		}{"--insecure": {insecure, &c.Insecure}, "--secure-cookie": {secureCookie, &c.SecureCookie}} {
+			v, err := strconv.ParseBool(b.raw)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s %q must be true or false", name, b.raw))
+			}
+			*b.to = v
+		}
+		if c.APIToken != "" {
+			if err := server.CheckSecret(c.APIToken); err != nil {
+				errs = append(errs, fmt.Errorf("--api-token (env LEASEHOLD_API_TOKEN): %w", err))
+			}
+		}
+		if c.TokensFile = tokensFile; tokensFile != "" {
+			data, err := os.ReadFile(tokensFile)
+			if err == nil {
+				c.Tokens, err = server.ParseTokens(data)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--tokens-file %s (env LEASEHOLD_TOKENS_FILE): %w", tokensFile, err))
 			}
 		}
 		for name, raw := range map[string]string{"--sim-crash-rate": crash, "--sim-spike-rate": sp} {
@@ -217,6 +314,9 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 		}
 		if c.Instance == "" {
 			c.Instance = hostPID()
+		}
+		if err := c.checkExposure(); err != nil {
+			errs = append(errs, err)
 		}
 		return c, joinUsage(errs)
 	}

@@ -222,9 +222,14 @@ func replicaChild(exe, name string, c config, ttl string, backend *frontdoor.Bac
 				"--log-level", c.LogLevel,
 				"--log-format", c.LogFormat,
 			)
-			// Secrets go by environment, not on the command line where ps shows them.
-			cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "LEASEHOLD_API_TOKEN"),
-				"DATABASE_URL="+c.DatabaseURL, "LEASEHOLD_API_TOKEN="+c.APIToken)
+			// Secrets go by environment, not on the command line where ps shows them;
+			// the names the front door is reached by and the tokens' file too.
+			cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "LEASEHOLD_API_TOKEN", "LEASEHOLD_TOKENS_FILE", "LEASEHOLD_ALLOWED_HOSTS",
+				"LEASEHOLD_ALLOWED_ORIGINS", "LEASEHOLD_SECURE_COOKIE"),
+				"DATABASE_URL="+c.DatabaseURL, "LEASEHOLD_API_TOKEN="+c.APIToken, "LEASEHOLD_TOKENS_FILE="+c.TokensFile,
+				"LEASEHOLD_ALLOWED_HOSTS="+strings.Join(append(c.AllowedHosts, frontHost(c.Addr)...), ","),
+				"LEASEHOLD_ALLOWED_ORIGINS="+strings.Join(c.AllowedOrigins, ","),
+				"LEASEHOLD_SECURE_COOKIE="+strconv.FormatBool(c.SecureCookie))
 			return cmd, nil
 		},
 		Started: func(int) {
@@ -285,4 +290,14 @@ func displayAddr(addr net.Addr) string {
 		return net.JoinHostPort("localhost", strconv.Itoa(tcp.Port))
 	}
 	return addr.String()
+}
+
+// frontHost is the host of the front door's address, which the replicas
+// must answer to (the front door passes the browser's Host on), when it
+// names one.
+func frontHost(addr string) []string {
+	if h, _, err := net.SplitHostPort(addr); err == nil && h != "" && h != "0.0.0.0" && h != "::" {
+		return []string{h}
+	}
+	return nil
 }

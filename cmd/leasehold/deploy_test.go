@@ -128,12 +128,30 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("secret.example.yaml: key %s is read by nothing", key)
 		}
 	}
+	// The replica's configuration: the literal values, and the example
+	// Secret's for the keys it reads (its token, which a replica that
+	// listens beyond its pod must have).
+	fromSecret := map[string]string{}
+	for name, e := range vars {
+		from, _ := e.(map[string]any)["valueFrom"].(map[string]any)
+		if ref, ok := from["secretKeyRef"].(map[string]any); ok {
+			if v, ok := example[ref["key"].(string)].(string); ok {
+				fromSecret[name] = v
+			}
+		}
+	}
 	c := serveConfig(t, nil, func(name string) string {
 		if name == "DATABASE_URL" {
 			return "postgres://placeholder@localhost/leasehold"
 		}
+		if v, ok := fromSecret[name]; ok {
+			return v
+		}
 		return env(plain...)(name)
 	})
+	if !c.secured() {
+		t.Errorf("the Deployment's replicas listen on %s without an API token", c.Addr)
+	}
 
 	// Ports: the container's, the one the server listens on, the image's,
 	// the Service's target and the probes' all agree.
@@ -241,7 +259,29 @@ func TestDockerfile(t *testing.T) {
 		t.Errorf("USER %q: want a numeric uid other than 0, so that runAsNonRoot can check it", d.uid)
 	}
 	if !slices.Contains(d.expose, "8080") {
-		t.Errorf("EXPOSE %v, want 8080 (the default --addr)", d.expose)
+		t.Errorf("EXPOSE %v, want 8080", d.expose)
+	}
+	// The image listens on every interface of its container, on the port it
+	// exposes: so it must be given a token, or refuse to serve.
+	if _, port, err := net.SplitHostPort(d.env["LEASEHOLD_ADDR"]); err != nil || !slices.Contains(d.expose, port) || loopback(d.env["LEASEHOLD_ADDR"]) {
+		t.Errorf("ENV LEASEHOLD_ADDR=%q, want every interface, on the port the image exposes (%v)", d.env["LEASEHOLD_ADDR"], d.expose)
+	}
+	imageEnv := func(kv ...string) func(string) string {
+		for k, v := range d.env {
+			kv = append(kv, k, v)
+		}
+		return env(append(kv, "DATABASE_URL", "postgres://placeholder@localhost/leasehold")...)
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	finish := configFlags(fs, imageEnv(), 0, 0)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := finish(); err == nil || !strings.Contains(err.Error(), "no API token is set") {
+		t.Errorf("the image without a token: %v; want it refused for want of one", err)
+	}
+	if c := serveConfig(t, nil, imageEnv("LEASEHOLD_API_TOKEN", "a-token-of-the-image-test")); !c.secured() {
+		t.Errorf("the image with LEASEHOLD_API_TOKEN: not secured")
 	}
 	if !strings.HasSuffix(d.entrypoint, "leasehold") || d.cmd != "serve" {
 		t.Errorf("ENTRYPOINT %q CMD %q, want leasehold serve", d.entrypoint, d.cmd)
@@ -377,6 +417,7 @@ type dockerfile struct {
 	expose       []string
 	entrypoint   string // the last of ENTRYPOINT's words
 	cmd          string // CMD's words, joined by spaces
+	env          map[string]string
 }
 
 func readDockerfile(t *testing.T) dockerfile {
@@ -420,6 +461,14 @@ func readDockerfile(t *testing.T) dockerfile {
 			d.uid, _, _ = strings.Cut(args, ":")
 		case "EXPOSE":
 			d.expose = append(d.expose, strings.Fields(args)...)
+		case "ENV":
+			if d.env == nil {
+				d.env = map[string]string{}
+			}
+			for _, kv := range strings.Fields(args) {
+				k, v, _ := strings.Cut(kv, "=")
+				d.env[k] = strings.Trim(v, `"`)
+			}
 		case "ENTRYPOINT", "CMD":
 			var words []string
 			if err := json.Unmarshal([]byte(args), &words); err != nil || len(words) == 0 {

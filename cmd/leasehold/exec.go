@@ -44,13 +44,14 @@ var execSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, s
 
 // execOptions is a parsed "leasehold exec" command line.
 type execOptions struct {
-	client   *clientFlags
-	resource string
-	holder   string
-	ttl      time.Duration
-	wait     time.Duration
-	grace    time.Duration
-	argv     []string // CMD ARGS...
+	client    *clientFlags
+	resource  string
+	holder    string
+	ttl       time.Duration
+	wait      time.Duration
+	grace     time.Duration
+	passToken bool     // CMD gets LEASEHOLD_API_TOKEN
+	argv      []string // CMD ARGS...
 }
 
 // keep is how the lease is kept while CMD runs. The holder's deadline
@@ -84,6 +85,7 @@ func parseExec(args []string, getenv func(string) string, stderr io.Writer) (exe
 	}
 	o := execOptions{client: addClientFlags(fs, getenv)}
 	fs.StringVar(&o.resource, "resource", "", "the resource whose lease CMD runs under, e.g. report:nightly (required)")
+	fs.BoolVar(&o.passToken, "pass-token", false, "give CMD the API token in LEASEHOLD_API_TOKEN, for a command that calls the API itself (by default CMD does not see it)")
 	fs.StringVar(&o.holder, "holder", "", "the holder, which must be unique among the invocations that may run at once (default <hostname>-<pid>)")
 	ttl := fs.String("ttl", "30s", "the lease's time to live, whole seconds from 1s to 1h")
 	wait := fs.String("wait", "0s", "while another holder holds the lease, wait this long for it (0s: exit 75 at once), e.g. 5m")
@@ -246,7 +248,7 @@ func runHolding(ctx context.Context, client *leasehold.Leases, h *leasehold.Hold
 	l := h.Lease()
 	name := filepath.Base(o.argv[0])
 	cmd := exec.Command(o.argv[0], o.argv[1:]...)
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(childEnv(o.passToken, o.client.token),
 		"LEASEHOLD_RESOURCE="+l.Resource, "LEASEHOLD_HOLDER="+l.Holder, "LEASEHOLD_FENCE="+strconv.FormatInt(l.Fence, 10))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	// A session of its own (see runExec); Pdeathsig is sent when the thread
@@ -355,4 +357,16 @@ func exitOf(ps *os.ProcessState) (int, string) {
 		return 128 + int(ws.Signal()), fmt.Sprintf("was ended by signal %d (%s)", int(ws.Signal()), ws.Signal())
 	}
 	return ps.ExitCode(), "exited with status " + strconv.Itoa(ps.ExitCode())
+}
+
+// childEnv is the environment of a command exec or work runs: this
+// process's, without the API token (a command that does not call the API
+// has no use for it, and one that logs its environment would leak it), or
+// with the token the command line gave when pass asks for it.
+func childEnv(pass bool, token string) []string {
+	env := withoutEnv(os.Environ(), "LEASEHOLD_API_TOKEN")
+	if pass && token != "" {
+		env = append(env, "LEASEHOLD_API_TOKEN="+token)
+	}
+	return env
 }

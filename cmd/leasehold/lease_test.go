@@ -136,7 +136,7 @@ func tableRows(t *testing.T, out string) []map[string]string {
 func TestLeaseCommands(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	const token = "cli-token"
+	const token = "cli-token-of-the-test"
 	r := startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--roles", "api", "--api-token", token},
 		env("DATABASE_URL", db.URL)))
 	a := cli{t, env("LEASEHOLD_URL", r.url, "LEASEHOLD_API_TOKEN", token, "LEASEHOLD_HOLDER", "holder-a")}

@@ -442,7 +442,7 @@ func (a *addrFromLog) Write(p []byte) (int, error) {
 func TestRunServe(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	const token = "run-test-token"
+	const token = "run-test-token-of-16"
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	defer cancel()
 	logs := &addrFromLog{logs: &syncBuffer{}, addr: make(chan string, 1)}

@@ -67,7 +67,7 @@ func scheduleFields(t *testing.T, out string) map[string]string {
 func scheduleCLI(t *testing.T, roles string) (cli, *replica) {
 	t.Helper()
 	db := pgtest.New(t)
-	const token = "schedule-token"
+	const token = "schedule-token-of-the-test"
 	r := startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--roles", roles, "--api-token", token, "--rate-limit", "0"},
 		env("DATABASE_URL", db.URL)))
 	return cli{t, env("LEASEHOLD_URL", r.url, "LEASEHOLD_API_TOKEN", token)}, r

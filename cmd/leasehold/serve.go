@@ -207,7 +207,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	schedules := scheduler.NewStore(pool)
 	instances := instance.NewStore(pool)
 	metrics := server.NewMetrics(listener.Connected, listener.Reconnects)
-	metrics.WatchDatabase(pool, metricsDBTimeout)
+	metrics.WatchDatabase(pool, metricsDBTimeout, metricsDBCache)
 	startedAt := time.Now().UTC()
 	wsHub := hub.New(hub.Deps{
 		Leases: leases, Tasks: tasks, Generator: genState, Instances: instances, Listener: listener,
@@ -224,7 +224,9 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		Instance:   server.Instance{ID: c.Instance, StartedAt: startedAt, Roles: c.Roles, Version: version},
 		DefaultTTL: c.LeaseTTL,
 		APIToken:   c.APIToken,
-		RateLimit:  c.RateLimit, RateBurst: c.RateBurst, TrustedProxies: c.TrustedProxies,
+		Tokens:     c.Tokens, SecureCookie: c.SecureCookie,
+		AllowedHosts: c.allowedHosts(), AllowedOrigins: c.AllowedOrigins,
+		RateLimit: c.RateLimit, RateBurst: c.RateBurst, TrustedProxies: c.TrustedProxies,
 		Hub:     wsHub,
 		Log:     log,
 		Metrics: metrics,
@@ -315,6 +317,10 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info().Str("addr", ln.Addr().String()).Strs("roles", c.Roles).Int("workers", c.Workers).Msg("serving")
+	if !c.secured() && !loopback(c.Addr) {
+		log.Warn().Str("addr", ln.Addr().String()).
+			Msg("serving without an API token on an address beyond this machine (--insecure): anyone who can reach it may drive the API")
+	}
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -343,6 +349,11 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 // database gauges: a scrape while the database does not answer still
 // answers, with leasehold_db_up 0.
 const metricsDBTimeout = 2 * time.Second
+
+// metricsDBCache is how long a reading of the database gauges serves
+// /metrics: eight scrapers every second cost the database one query every
+// few seconds, not eight a second (the endpoint needs no token).
+const metricsDBCache = 5 * time.Second
 
 // listenDialer dials the LISTEN session with TCP keepalives that notice a
 // silent server within about 30 s (15 s idle, then 3 probes 5 s apart), so

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/name"
 	"io"
 	"maps"
 	"net/http"
@@ -212,21 +213,9 @@ func runTask(ctx context.Context, args []string, getenv func(string) string, std
 // UTF-8, no control characters.
 func checkFlagName(flagName, v string) error { return checkNameValue("--"+flagName, v) }
 
-// checkNameValue checks a name as the API's name rules have it; what
-// names it in the error ("--kind", "the schedule name").
-func checkNameValue(what, v string) error {
-	switch {
-	case v == "":
-		return fmt.Errorf("%s is empty; give a name of 1 to %d bytes", what, maxNameBytes)
-	case len(v) > maxNameBytes:
-		return fmt.Errorf("%s is %d bytes long; the limit is %d", what, len(v), maxNameBytes)
-	case !utf8.ValidString(v):
-		return fmt.Errorf("%s %q is not valid UTF-8", what, v)
-	case strings.ContainsFunc(v, unicode.IsControl):
-		return fmt.Errorf("%s %q contains a control character", what, v)
-	}
-	return nil
-}
+// checkNameValue checks a name by the one rule of the API (internal/name);
+// what names it in the error ("--kind", "the schedule name").
+func checkNameValue(what, v string) error { return name.Check(what, v) }
 
 // newTaskBody is the body of POST /api/tasks: what is not given is left out,
 // for the server's defaults.
@@ -591,10 +580,30 @@ func orDash(s string) string {
 	return s
 }
 
-// oneLine is s on one line (every run of white space one space), cut to
+// printable is s with its control and format characters written as escapes
+// (\u001b): what a task's error or a schedule's data holds is another
+// program's text, which must not move the cursor, recolour or clear the
+// terminal it is printed to, nor read right to left.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf) }) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.In(r, unicode.Cc, unicode.Cf) {
+			fmt.Fprintf(&b, "\\u%04x", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// oneLine is s on one line (every run of white space one space, control
+// characters escaped: printable), cut to
 // at most width runes with an ellipsis.
 func oneLine(s string, width int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = printable(strings.Join(strings.Fields(s), " "))
 	if utf8.RuneCountInString(s) <= width {
 		return s
 	}

@@ -62,7 +62,7 @@ func taskJSON[T any](c cli, args ...string) T {
 func TestTaskCommands(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	const token = "task-token"
+	const token = "task-token-of-the-test"
 	r := startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--roles", "api", "--api-token", token, "--rate-limit", "0"},
 		env("DATABASE_URL", db.URL)))
 	c := cli{t, env("LEASEHOLD_URL", r.url, "LEASEHOLD_API_TOKEN", token)}

@@ -105,6 +105,7 @@ type workOptions struct {
 	killGrace     time.Duration
 	logLevel      string
 	logFormat     string
+	passToken     bool     // CMD gets LEASEHOLD_API_TOKEN
 	argv          []string // CMD ARGS...
 }
 
@@ -136,6 +137,7 @@ func parseWork(args []string, getenv func(string) string, stderr io.Writer) (wor
 	fs.Var(&kinds, "kind", "a kind of task CMD runs; repeat it for several (required)")
 	fs.Var(&queues, "queue", "a queue to take tasks from; repeat it for several (default: default)")
 	concurrency := fs.String("concurrency", "1", "how many tasks run at once, 1 to 1024, each its own CMD")
+	fs.BoolVar(&o.passToken, "pass-token", false, "give CMD the API token in LEASEHOLD_API_TOKEN, for a command that calls the API itself (by default CMD does not see it)")
 	fs.StringVar(&o.processor, "processor", "", "the worker's name: its slots claim as NAME/w1 ... NAME/wN, which must be unique among live workers (default <hostname>-<pid>)")
 	shutdownGrace := fs.String("shutdown-grace", "30s", "on SIGTERM or SIGINT, how long running CMDs may go on before they are stopped and their tasks handed back")
 	killGrace := fs.String("kill-grace", "5s", "when a CMD is stopped, the time between SIGTERM and SIGKILL (for a task whose TTL is shorter than twice this, half the TTL)")
@@ -858,7 +860,7 @@ func (s *slot) runCmd(lost context.Context, log zerolog.Logger, t task.Task, abo
 	argv := s.w.o.argv
 	res := cmdResult{stdout: &outputBuffer{max: maxOutputBytes}, stderr: &stderrSink{log: log.Level(zerolog.TraceLevel)}}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(childEnv(s.w.o.passToken, s.w.o.client.token),
 		"LEASEHOLD_TASK_ID="+strconv.FormatInt(t.ID, 10),
 		"LEASEHOLD_FENCE="+strconv.FormatInt(t.Fence, 10),
 		"LEASEHOLD_ATTEMPT="+strconv.Itoa(int(t.Attempts)),

@@ -661,23 +661,23 @@ func TestWorkServerProblems(t *testing.T) {
 		t.Errorf("leasehold work stopped while the server was unreachable: got %v, want nil", err)
 	}
 
-	r, _ := workReplica(t, "--api-token", "work-token")
+	r, _ := workReplica(t, "--api-token", "work-token-of-the-test")
 	noToken := startWork(t, r.url, append([]string{"--kind", "k"}, log.sh("cat")...)...)
 	err := noToken.wait(t)
 	if code := cliExitCode(err); code != 1 || !strings.Contains(fmt.Sprint(err), "401") || !strings.Contains(fmt.Sprint(err), "--api-token") {
 		t.Errorf("leasehold work without the server's token: exit status %d (%v), want 1 saying 401 and --api-token", code, err)
 	}
 	// With the token (from the environment) it works.
-	tk := addTaskWithToken(t, r, "work-token")
+	tk := addTaskWithToken(t, r, "work-token-of-the-test")
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	logs := &syncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"work", "--kind", "k"}, log.sh("cat")...), env("LEASEHOLD_URL", r.url, "LEASEHOLD_API_TOKEN", "work-token"), io.Discard, logs)
+		done <- run(ctx, append([]string{"work", "--kind", "k"}, log.sh("cat")...), env("LEASEHOLD_URL", r.url, "LEASEHOLD_API_TOKEN", "work-token-of-the-test"), io.Discard, logs)
 	}()
 	waitUntil(t, "the task to be done", func() bool {
-		status, body := r.get(t, fmt.Sprintf("/api/tasks/%d", tk), "work-token")
+		status, body := r.get(t, fmt.Sprintf("/api/tasks/%d", tk), "work-token-of-the-test")
 		var got task.Task
 		return status == http.StatusOK && json.Unmarshal(body, &got) == nil && got.State == task.StateDone
 	}, logs)

@@ -147,7 +147,7 @@ func TestDashboardSignIn(t *testing.T) {
 		waitTrue(`document.getElementById("tasks-error").textContent === ""`),
 		chromedp.WaitVisible(chromedp.CSS(`#task-rows-empty`)),
 		chromedp.Click(chromedp.CSS(`#nav-overview`)),
-		chromedp.WaitVisible(chromedp.CSS(`tr[data-resource="instance:browser-test"]`)))
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-resource="leasehold:instance:browser-test"]`)))
 
 	// A button whose request goes without the token (the session cookie
 	// gone) shows the 401's message and changes nothing.

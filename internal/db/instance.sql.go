@@ -11,10 +11,10 @@ import (
 )
 
 const instanceListLive = `-- name: InstanceListLive :many
-SELECT i.id, i.addr, i.roles, i.version, i.started_at,
+SELECT DISTINCT ON (i.id) i.id, i.addr, i.roles, i.version, i.started_at,
        coalesce(l.renewed_at, l.created_at)::timestamptz AS last_seen_at
 FROM instances AS i
-JOIN leases AS l ON l.resource = 'instance:' || i.id
+JOIN leases AS l ON l.resource IN ('leasehold:instance:' || i.id, 'instance:' || i.id)
 WHERE l.released_at IS NULL
   AND l.expires_at > now()
 ORDER BY i.id
@@ -29,7 +29,10 @@ type InstanceListLiveRow struct {
 	LastSeenAt time.Time
 }
 
-// InstanceListLive lists the replicas that hold their instance lease.
+// InstanceListLive lists the replicas that hold their instance lease:
+// leasehold:instance:<id>, or instance:<id> for a replica of the release
+// before the instance leases moved into the reserved namespace (they run
+// side by side through a rolling upgrade).
 func (q *Queries) InstanceListLive(ctx context.Context) ([]InstanceListLiveRow, error) {
 	rows, err := q.db.Query(ctx, instanceListLive)
 	if err != nil {

@@ -6,6 +6,8 @@ package db
 
 import (
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type FenceEpoch struct {
@@ -52,6 +54,11 @@ type LeaseEvent struct {
 	Fence     int64
 	Kind      string
 	ExpiresAt time.Time
+}
+
+type RetentionFloor struct {
+	Singleton bool
+	MinAge    pgtype.Interval
 }
 
 type Schedule struct {

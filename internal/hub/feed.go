@@ -268,7 +268,7 @@ func (f *feed) run(ctx context.Context) {
 				continue
 			case ch.Resource == generator.Resource:
 				f.generator = true
-			case strings.HasPrefix(ch.Resource, instance.LeaseResource("")):
+			case instance.IsLease(ch.Resource):
 				f.instances = true
 			}
 			f.changes = append(f.changes, ch)

@@ -1,12 +1,13 @@
 // Package instance keeps the record of the live replicas: each replica
-// registers what it is at start and holds the lease instance:<id> while it
-// runs; the live replicas are those holding theirs.
+// registers what it is at start and holds the lease leasehold:instance:<id>
+// while it runs; the live replicas are those holding theirs.
 package instance
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/apitime"
@@ -36,8 +37,24 @@ func (i Instance) MarshalJSON() ([]byte, error) {
 	}{plain: plain(i), StartedAt: apitime.Format(i.StartedAt), LastSeenAt: apitime.Format(i.LastSeenAt)})
 }
 
-// LeaseResource is the name of a replica's instance lease.
-func LeaseResource(id string) string { return "instance:" + id }
+// LeaseResource is the name of a replica's instance lease, in the reserved
+// namespace (internal/name.ReservedPrefix) that no client may take.
+func LeaseResource(id string) string { return leasePrefix + id }
+
+// leasePrefix begins every instance lease; oldLeasePrefix began them before
+// they moved into the reserved namespace, and is still counted live while
+// replicas of the release before run beside the new ones (a rolling
+// upgrade).
+const (
+	leasePrefix    = "leasehold:instance:"
+	oldLeasePrefix = "instance:"
+)
+
+// IsLease reports whether resource is a replica's instance lease, in
+// either name.
+func IsLease(resource string) bool {
+	return strings.HasPrefix(resource, leasePrefix) || strings.HasPrefix(resource, oldLeasePrefix)
+}
 
 // Store records and lists replicas.
 type Store struct {

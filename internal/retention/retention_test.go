@@ -677,8 +677,8 @@ func TestBadRetention(t *testing.T) {
 			after int64
 			want  string
 		}{
-			{30 * time.Second, 10, 0, "too short"},
-			{-week, 10, 0, "too short"},
+			{30 * time.Second, 10, 0, "below the floor"},
+			{-week, 10, 0, "below the floor"},
 			{week, 0, 0, "out of range"},
 			{week, retention.MaxBatch + 1, 0, "out of range"},
 			{week, 10, -1, "out of range"},

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/leasehold/leasehold/internal/name"
 	"net/url"
 	"strconv"
 	"strings"
@@ -45,11 +46,13 @@ func wantBadRequest(t *testing.T, input any, err error, where ...string) {
 // body itself, or a field by its quoted name.
 var bodyWhere = []string{"request body", `"`, "the array", "item "}
 
-// wantName checks a name the way the contract states the rule.
+// wantName checks an accepted name against the rule (internal/name, which
+// has tests of its own): 1 to 255 bytes of UTF-8 in NFC, without control or
+// format characters, not blank.
 func wantName(t *testing.T, field, v string) {
 	t.Helper()
-	if v == "" || len(v) > maxNameBytes || !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl) {
-		t.Fatalf("%s %q was accepted; want 1 to 255 bytes of UTF-8 without control characters", field, v)
+	if v == "" || len(v) > maxNameBytes || !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl) || name.Check(field, v) != nil {
+		t.Fatalf("%s %q was accepted; want 1 to 255 bytes of UTF-8 in NFC without control or format characters, not blank", field, v)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/name"
 	"io"
 	"net/http"
 	"net/url"
@@ -299,17 +300,25 @@ func firstError(errs ...error) error {
 	return nil
 }
 
-// checkName validates a resource, holder or processor name.
+// checkName validates a name (a resource, holder, processor, kind, queue,
+// unique key, lock or schedule name) by the one rule of internal/name.
 func checkName(field, value string) error {
-	switch {
-	case value == "":
-		return badRequestf("%q is required and must not be empty", field)
-	case len(value) > maxNameBytes:
-		return badRequestf("%q is %d bytes long; the limit is %d bytes", field, len(value), maxNameBytes)
-	case !utf8.ValidString(value):
-		return badRequestf("%q is not valid UTF-8", field)
-	case strings.ContainsFunc(value, unicode.IsControl):
-		return badRequestf("%q contains a control character; use printable characters only", field)
+	if err := name.Check(strconv.Quote(field), value); err != nil {
+		return badRequestf("%s", err)
+	}
+	return nil
+}
+
+// checkResource validates the resource of a lease (a task's or a
+// schedule's lock included): a name, outside the reserved namespace, which
+// only leasehold's own replicas acquire, renew and release (403).
+func checkResource(field, value string) error {
+	if err := checkName(field, value); err != nil {
+		return err
+	}
+	if name.Reserved(value) {
+		return forbiddenf("%q %q is in leasehold's reserved namespace %q, whose leases only leasehold's own replicas take (the reaper's, the scheduler's, each replica's); choose a resource outside it",
+			field, value, name.ReservedPrefix)
 	}
 	return nil
 }

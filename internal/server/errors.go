@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -30,6 +31,7 @@ type errorBody struct {
 // client cannot fix are logged.
 func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err error) {
 	var (
+		denied *forbidden
 		bad    *badRequest
 		tooBig *http.MaxBytesError
 		held   *lease.HeldError
@@ -38,6 +40,8 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 	switch {
 	case errors.As(err, &bad):
 		encode(w, http.StatusBadRequest, errorBody{Error: bad.msg})
+	case errors.As(err, &denied):
+		encode(w, http.StatusForbidden, errorBody{Error: denied.msg})
 	case errors.As(err, &tooBig):
 		encode(w, http.StatusRequestEntityTooLarge, errorBody{Error: "request body is over 1 MiB; send a smaller body"})
 	case errors.As(err, &held):
@@ -81,6 +85,16 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		log.Error().Err(err).Str("path", r.URL.Path).Msg("internal error")
 		encode(w, http.StatusInternalServerError, errorBody{Error: "internal error; the server log has the details"})
 	}
+}
+
+// forbidden is a request the caller may not make, whatever its body: a
+// lease in the reserved namespace, or beyond what its token allows (403).
+type forbidden struct{ msg string }
+
+func (e *forbidden) Error() string { return e.msg }
+
+func forbiddenf(format string, args ...any) error {
+	return &forbidden{msg: fmt.Sprintf(format, args...)}
 }
 
 // unavailable reports errors that mean the database cannot serve now but

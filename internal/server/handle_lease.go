@@ -23,7 +23,7 @@ type acquireRequest struct {
 }
 
 func (q acquireRequest) validate() error {
-	return firstError(checkName("resource", q.Resource), checkName("holder", q.Holder),
+	return firstError(checkResource("resource", q.Resource), checkName("holder", q.Holder),
 		checkTTL(q.TTLSeconds), checkWait(q.WaitSeconds))
 }
 
@@ -43,6 +43,10 @@ func handleLeaseAcquire(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		req, err := decode[acquireRequest](w, r)
 		if err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
+		if err := mayLease(r, req.Resource, req.Holder); err != nil {
 			writeError(w, r, d.Log, err)
 			return
 		}
@@ -185,7 +189,7 @@ type renewRequest struct {
 }
 
 func (q renewRequest) validate() error {
-	return firstError(checkName("resource", q.Resource), checkName("holder", q.Holder),
+	return firstError(checkResource("resource", q.Resource), checkName("holder", q.Holder),
 		checkTTL(q.TTLSeconds), checkFence(q.Fence))
 }
 
@@ -193,6 +197,10 @@ func handleLeaseRenew(d Deps) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		req, err := decode[renewRequest](w, r)
 		if err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
+		if err := mayLease(r, req.Resource, req.Holder); err != nil {
 			writeError(w, r, d.Log, err)
 			return
 		}
@@ -217,7 +225,7 @@ type releaseRequest struct {
 }
 
 func (q releaseRequest) validate() error {
-	return firstError(checkName("resource", q.Resource), checkName("holder", q.Holder), checkFence(q.Fence))
+	return firstError(checkResource("resource", q.Resource), checkName("holder", q.Holder), checkFence(q.Fence))
 }
 
 // handleLeaseRelease serves DELETE /api/leases/release and, withID, DELETE
@@ -234,6 +242,10 @@ func handleLeaseRelease(d Deps, withID bool) http.Handler {
 		}
 		req, err := decode[releaseRequest](w, r)
 		if err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
+		if err := mayLease(r, req.Resource, req.Holder); err != nil {
 			writeError(w, r, d.Log, err)
 			return
 		}

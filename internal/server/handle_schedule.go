@@ -3,7 +3,9 @@ package server
 import (
 	"encoding/json"
 	"errors"
+	"github.com/leasehold/leasehold/task"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/leasehold/leasehold/schedule"
@@ -38,7 +40,7 @@ func (q scheduleRequest) validate() error {
 		q.Zone.present("zone", func(string) error { return nil }),
 		q.Kind.present("kind", func(v string) error { return checkName("kind", v) }),
 		q.Queue.present("queue", func(v string) error { return checkName("queue", v) }),
-		q.Lock.present("lock", func(v string) error { return checkName("lock", v) }),
+		q.Lock.present("lock", func(v string) error { return checkResource("lock", v) }),
 		q.Unique.present("unique", func(bool) error { return nil }),
 		q.Priority.present("priority", func(v int64) error {
 			if v < minPriority || v > maxPriority {
@@ -95,6 +97,9 @@ func handleScheduleCreate(d Deps) http.Handler {
 			return
 		}
 		p, err := q.params()
+		if err == nil {
+			err = maySchedule(r, p.Queue, p.Kind, p.Lock)
+		}
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
@@ -129,6 +134,15 @@ func handleScheduleReplace(d Deps) http.Handler {
 		}
 		q.Name = opt[string]{v: name, set: true}
 		p, err := q.params()
+		if err == nil {
+			err = maySchedule(r, p.Queue, p.Kind, p.Lock)
+		}
+		if err == nil {
+			// The schedule replaced must be the token's to change too.
+			if cur, gerr := d.Schedules.Get(r.Context(), name); gerr == nil {
+				err = maySchedule(r, cur.Queue, cur.Kind, cur.Lock)
+			}
+		}
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
@@ -162,6 +176,9 @@ func handleScheduleGet(d Deps) http.Handler {
 			return
 		}
 		s, err := d.Schedules.Get(r.Context(), name)
+		if err == nil && !mayRead(r, s.Queue, s.Kind) {
+			err = maySchedule(r, s.Queue, s.Kind, "")
+		}
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
@@ -183,6 +200,12 @@ func handleScheduleDelete(d Deps) http.Handler {
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
+		}
+		if cur, err := d.Schedules.Get(r.Context(), name); err == nil {
+			if err := maySchedule(r, cur.Queue, cur.Kind, cur.Lock); err != nil {
+				writeError(w, r, d.Log, err)
+				return
+			}
 		}
 		s, err := d.Schedules.Delete(r.Context(), name)
 		if err != nil {
@@ -213,6 +236,14 @@ func handleScheduleList(d Deps) http.Handler {
 			writeError(w, r, d.Log, err)
 			return
 		}
+		// Without the schedules the token may not read.
+		list = slices.DeleteFunc(list, func(s schedule.Schedule) bool { return !mayRead(r, s.Queue, s.Kind) })
 		encode(w, http.StatusOK, list)
 	})
+}
+
+// maySchedule refuses a schedule of queue, kind and lock that the request's
+// token's prefixes do not allow.
+func maySchedule(r *http.Request, queue, kind, lock string) error {
+	return mayTask(r, or(queue, task.DefaultQueue), kind, "", lock)
 }

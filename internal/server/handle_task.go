@@ -96,7 +96,7 @@ func (q newTaskRequest) newTask() (taskstore.NewTask, error) {
 		q.Kind.present("kind", func(v string) error { return checkName("kind", v) }),
 		q.Queue.present("queue", func(v string) error { return checkName("queue", v) }),
 		q.UniqueKey.present("unique_key", func(v string) error { return checkName("unique_key", v) }),
-		q.Lock.present("lock", func(v string) error { return checkName("lock", v) }),
+		q.Lock.present("lock", func(v string) error { return checkResource("lock", v) }),
 		q.Priority.present("priority", func(v int64) error {
 			if v < minPriority || v > maxPriority {
 				return badRequestf(`"priority" is %d; it must be between %d and %d (lower runs first; 0 is the default)`, v, minPriority, maxPriority)
@@ -143,6 +143,12 @@ func handleTaskCreate(d Deps) http.Handler {
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
+		}
+		for _, nt := range nts {
+			if err := mayTask(r, or(nt.Queue, task.DefaultQueue), or(nt.Kind, task.DefaultKind), "", nt.Lock); err != nil {
+				writeError(w, r, d.Log, err)
+				return
+			}
 		}
 		inserted, err := d.Tasks.Insert(r.Context(), nts)
 		d.Metrics.taskOp("insert", err)
@@ -264,6 +270,10 @@ func handleTaskClaim(d Deps) http.Handler {
 			writeError(w, r, d.Log, err)
 			return
 		}
+		if err := mayNames(r, req.Queues.v, req.Kinds.v, req.Processor); err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
 		p := taskstore.ClaimParams{
 			Processors: []string{req.Processor}, TTL: d.TaskTTL, Kinds: req.Kinds.v, Queues: req.Queues.v, WithLapsed: true,
 		}
@@ -294,6 +304,9 @@ func handleTaskClaim(d Deps) http.Handler {
 // heartbeatRequest is the body of PUT /api/tasks/{id}/heartbeat; complete
 // and fail add to its first two fields. (Not embedded: encoding/json would
 // name a field of an embedded struct "heartbeatRequest.fence" in errors.)
+// processorName is the processor the request acts as.
+func (q heartbeatRequest) processorName() string { return q.Processor }
+
 type heartbeatRequest struct {
 	Processor string `json:"processor"`
 	Fence     *int64 `json:"fence,omitempty"`
@@ -314,6 +327,9 @@ func checkProcessorFence(processor string, fence *int64) error {
 	return checkFence(fence)
 }
 
+// processorName is the processor the request acts as.
+func (q completeRequest) processorName() string { return q.Processor }
+
 type completeRequest struct {
 	Processor string `json:"processor"`
 	Fence     *int64 `json:"fence,omitempty"`
@@ -332,6 +348,9 @@ func (q completeRequest) validate() error {
 	}
 	return checkJSON(`"task_output"`, q.TaskOutput, true)
 }
+
+// processorName is the processor the request acts as.
+func (q failRequest) processorName() string { return q.Processor }
 
 type failRequest struct {
 	Processor string `json:"processor"`
@@ -402,6 +421,14 @@ func handleTaskOp[T validator](d Deps, name string, op func(r *http.Request, id 
 			writeError(w, r, d.Log, err)
 			return
 		}
+		processor := ""
+		if p, ok := any(req).(interface{ processorName() string }); ok {
+			processor = p.processorName()
+		}
+		if err := mayTaskID(r, d, id, processor); err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
 		t, err := op(r, id, req)
 		d.Metrics.taskOp(name, err)
 		if err != nil {
@@ -426,6 +453,10 @@ func handleTaskHeartbeat(d Deps) http.Handler {
 		}
 		q, err := decode[heartbeatRequest](w, r)
 		if err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
+		if err := mayTaskID(r, d, id, q.Processor); err != nil {
 			writeError(w, r, d.Log, err)
 			return
 		}
@@ -554,6 +585,9 @@ func handleTaskFail(d Deps) http.Handler {
 }
 
 // snoozeRequest is the body of PUT /api/tasks/{id}/snooze.
+// processorName is the processor the request acts as.
+func (q snoozeRequest) processorName() string { return q.Processor }
+
 type snoozeRequest struct {
 	Processor    string       `json:"processor"`
 	Fence        *int64       `json:"fence,omitempty"`
@@ -578,6 +612,9 @@ func handleTaskSnooze(d Deps) http.Handler {
 }
 
 // requeueRequest is the body of PUT /api/tasks/{id}/requeue.
+// processorName is the processor the request acts as.
+func (q requeueRequest) processorName() string { return q.Processor }
+
 type requeueRequest struct {
 	Processor string      `json:"processor"`
 	Fence     *int64      `json:"fence,omitempty"`
@@ -610,6 +647,10 @@ func handleTaskRequeue(d Deps) http.Handler {
 // processor, the cancellation is the holder's own (a worker giving up on
 // its task): refused (409) unless the processor holds the task's live lease
 // (with the fence, when given).
+// processorName is the processor the cancellation acts as; "" for an
+// operator's.
+func (q cancelRequest) processorName() string { return q.Processor.v }
+
 type cancelRequest struct {
 	Reason    opt[string] `json:"reason,omitzero"`
 	Processor opt[string] `json:"processor,omitzero"`
@@ -637,8 +678,16 @@ func handleTaskCancel(d Deps) http.Handler {
 		if q.Reason.set {
 			reason = q.Reason.v
 		}
+		// A worker's cancellation of the task it holds is work; anyone
+		// else's is an operator's, producing.
 		if q.Processor.set {
+			if t := principal(r); t != nil && !t.may(ScopeWork) {
+				return task.Task{}, forbiddenf("the token %q may not cancel a task as its processor: that needs the scope %q", t.Name, ScopeWork)
+			}
 			return d.Tasks.CancelHeld(r.Context(), id, q.Processor.v, deref(q.Fence), reason)
+		}
+		if t := principal(r); t != nil && !t.may(ScopeProduce) {
+			return task.Task{}, forbiddenf("the token %q may not cancel tasks: that needs the scope %q", t.Name, ScopeProduce)
 		}
 		return d.Tasks.Cancel(r.Context(), id, reason)
 	})
@@ -667,12 +716,33 @@ func handleTaskGet(d Deps) http.Handler {
 			return
 		}
 		t, err := d.Tasks.Get(r.Context(), id)
+		if err == nil && !mayRead(r, t.Queue, t.Kind) {
+			err = mayTask(r, t.Queue, t.Kind, "", "")
+		}
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
 		}
 		encode(w, http.StatusOK, t)
 	})
+}
+
+// mayTaskID refuses an operation on task id (as processor, when not empty)
+// that the request's token's prefixes do not allow. The task is read only
+// when the token is bounded to some queues or kinds.
+func mayTaskID(r *http.Request, d Deps, id int64, processor string) error {
+	t := principal(r)
+	if t == nil {
+		return nil
+	}
+	if len(t.Queues) == 0 && len(t.Kinds) == 0 {
+		return mayTask(r, "", "", processor, "")
+	}
+	cur, err := d.Tasks.Get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	return mayTask(r, cur.Queue, cur.Kind, processor, "")
 }
 
 // taskListParams reads ?limit= (default 100, at most 1000), ?after_id=,
@@ -754,32 +824,38 @@ func handleTaskList(d Deps, list string) http.Handler {
 // would take it past this (it always holds one), whatever the tasks hold.
 const maxPageBytes = 8 << 20
 
-// writeTaskPage answers a list with tasks, cut short at maxPageBytes. When
-// there may be more (the page is full, or was cut short), the answer says
-// where the next page starts: a Link header with rel="next", the same
-// query with after_id the page's last id. A page without it is the last.
+// writeTaskPage answers a list with tasks, cut short at maxPageBytes, and
+// without the tasks the request's token may not read. When there may be
+// more (the page is full, or was cut short), the answer says where the next
+// page starts: a Link header with rel="next", the same query with after_id
+// the last id the page looked at. A page without it is the last; a page
+// may be short, or empty, and not be the last.
 func writeTaskPage(w http.ResponseWriter, r *http.Request, tasks []task.Task, limit int) {
 	var body bytes.Buffer
 	body.WriteByte('[')
-	n := 0
+	shown, seen, last := 0, 0, int64(0)
 	for _, t := range tasks {
+		if !mayRead(r, t.Queue, t.Kind) {
+			seen, last = seen+1, t.ID
+			continue
+		}
 		b, err := json.Marshal(t)
 		if err != nil {
 			continue // cannot happen: a task always encodes
 		}
-		if n > 0 && body.Len()+1+len(b)+2 > maxPageBytes {
+		if shown > 0 && body.Len()+1+len(b)+2 > maxPageBytes {
 			break
 		}
-		if n > 0 {
+		if shown > 0 {
 			body.WriteByte(',')
 		}
 		body.Write(b)
-		n++
+		shown, seen, last = shown+1, seen+1, t.ID
 	}
 	body.WriteString("]\n")
-	if n > 0 && (n < len(tasks) || n >= limit) {
+	if seen > 0 && (seen < len(tasks) || seen >= limit) {
 		q := r.URL.Query()
-		q.Set("after_id", strconv.FormatInt(tasks[n-1].ID, 10))
+		q.Set("after_id", strconv.FormatInt(last, 10))
 		w.Header().Set("Link", "<"+r.URL.Path+"?"+q.Encode()+`>; rel="next"`)
 	}
 	w.Header().Set("Content-Type", "application/json")

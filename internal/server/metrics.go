@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/leasehold/leasehold/lease"
@@ -246,8 +247,15 @@ const otherLabel = "other"
 // queries/task.sql), both bounded by one timeout: when the database does
 // not answer in time the scrape still answers, with leasehold_db_up 0 and
 // without the state gauges.
-func (m *Metrics) WatchDatabase(conn db.DBTX, timeout time.Duration) {
-	m.reg.MustRegister(newDBCollector(db.New(conn), timeout))
+//
+// A reading serves every scrape for cacheFor after it (zero: each scrape
+// reads afresh), and scrapes that arrive while one is read wait for it:
+// however many scrapers there are, the gauges cost the database one query
+// every cacheFor.
+func (m *Metrics) WatchDatabase(conn db.DBTX, timeout, cacheFor time.Duration) {
+	c := newDBCollector(db.New(conn), timeout)
+	c.cacheFor = cacheFor
+	m.reg.MustRegister(c)
 }
 
 // Handler serves the metrics in the Prometheus text format.
@@ -381,10 +389,15 @@ func (m *Metrics) taskOp(op string, err error) {
 	m.taskOps.WithLabelValues(op, outcome).Inc()
 }
 
-// dbCollector reads the database gauges at scrape time.
+// dbCollector reads the database gauges at scrape time, or gives the last
+// reading when it is younger than cacheFor.
 type dbCollector struct {
-	q       *db.Queries
-	timeout time.Duration
+	q        *db.Queries
+	timeout  time.Duration
+	cacheFor time.Duration
+
+	mu   sync.Mutex // held while a reading is made: the others wait for it
+	last dbReading
 
 	up, leases, oldestExpiry, tasks, oldestDue, rows *prometheus.Desc
 	pendingByKind, oldestWait                        *prometheus.Desc
@@ -423,16 +436,38 @@ func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect implements prometheus.Collector. The scrape's own context does
-// not reach a collector: the statement is bounded by the timeout instead.
-func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
+// dbReading is one reading of the database gauges, or why there is none.
+type dbReading struct {
+	at     time.Time
+	g      db.MetricsGaugesRow
+	byKind []db.TaskPendingSummaryRow
+	err    error
+}
+
+// read returns a reading no older than cacheFor. The scrape's own context
+// does not reach a collector: the statement is bounded by the timeout.
+func (c *dbCollector) read() dbReading {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.last.at.IsZero() && time.Since(c.last.at) < c.cacheFor {
+		return c.last
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	g, err := c.q.MetricsGauges(ctx, maxGaugeCount)
-	var byKind []db.TaskPendingSummaryRow
-	if err == nil {
-		byKind, err = c.q.TaskPendingSummary(ctx, maxGaugeCount)
+	r := dbReading{}
+	r.g, r.err = c.q.MetricsGauges(ctx, maxGaugeCount)
+	if r.err == nil {
+		r.byKind, r.err = c.q.TaskPendingSummary(ctx, maxGaugeCount)
 	}
+	r.at = time.Now()
+	c.last = r
+	return r
+}
+
+// Collect implements prometheus.Collector.
+func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
+	r := c.read()
+	g, byKind, err := r.g, r.byKind, r.err
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,7 +55,7 @@ func newReplicaMetrics(t *testing.T) *replicaMetrics {
 	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, db.URL) },
 		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
 	m := server.NewMetrics(listener.Connected, listener.Reconnects)
-	m.WatchDatabase(db.Pool, metricsGiveUp)
+	m.WatchDatabase(db.Pool, metricsGiveUp, 0)
 	d := testDeps(db)
 	h := hub.New(hub.Deps{
 		Leases: d.Leases, Tasks: d.Tasks, Generator: d.Generator, Instances: instance.NewStore(db.Pool),
@@ -246,7 +248,7 @@ func databaseMetrics(t *testing.T) bundle {
 	t.Helper()
 	db := pgtest.New(t)
 	m := server.NewMetrics(func() bool { return true }, func() int64 { return 0 })
-	m.WatchDatabase(db.Pool, metricsGiveUp)
+	m.WatchDatabase(db.Pool, metricsGiveUp, 0)
 	srv := httptest.NewServer(m.Handler())
 	t.Cleanup(srv.Close)
 	return bundle{db: db, srv: srv}
@@ -580,7 +582,7 @@ func TestMetricsDatabaseUnreachable(t *testing.T) {
 			}
 			t.Cleanup(pool.Close)
 			m := server.NewMetrics(func() bool { return false }, func() int64 { return 0 })
-			m.WatchDatabase(pool, 100*time.Millisecond)
+			m.WatchDatabase(pool, 100*time.Millisecond, 0)
 			srv := httptest.NewServer(m.Handler())
 			t.Cleanup(srv.Close)
 
@@ -666,4 +668,61 @@ func silentAddr(t *testing.T) string {
 		}
 	})
 	return ln.Addr().String()
+}
+
+// countingDB counts the statements it is given.
+type countingDB struct {
+	*pgxpool.Pool
+	statements atomic.Int64
+}
+
+func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c.statements.Add(1)
+	return c.Pool.QueryRow(ctx, sql, args...)
+}
+
+func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c.statements.Add(1)
+	return c.Pool.Query(ctx, sql, args...)
+}
+
+// TestMetricsDatabaseGaugesCached: eight scrapers at once, and again, cost
+// the database one reading while it is fresh; the reading's gauges are
+// what every scrape shows (the endpoint needs no token, so a crowd of
+// scrapers must not become a crowd of queries).
+func TestMetricsDatabaseGaugesCached(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	conn := &countingDB{Pool: db.Pool}
+	m := server.NewMetrics(func() bool { return true }, func() int64 { return 0 })
+	m.WatchDatabase(conn, metricsGiveUp, time.Hour)
+	srv := httptest.NewServer(m.Handler())
+	t.Cleanup(srv.Close)
+	scrape := func() string {
+		res, err := http.Get(srv.URL)
+		if err != nil {
+			t.Error(err)
+			return ""
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return string(b)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { scrape() })
+	}
+	wg.Wait()
+	once := conn.statements.Load()
+	if _, err := db.Pool.Exec(t.Context(), `INSERT INTO tasks (task_data) VALUES ('{}')`); err != nil {
+		t.Fatal(err)
+	}
+	got := scrape()
+	// One reading is two statements: the gauges and the pending summary.
+	if n := conn.statements.Load(); n != once || once != 2 {
+		t.Errorf("nine scrapes ran %d statements, the first eight %d; want one reading's two", n, once)
+	}
+	if !strings.Contains(got, `leasehold_tasks{state="pending"} 0`) {
+		t.Errorf("a scrape within the reading's hour shows the task inserted after it:\n%s", got)
+	}
 }

@@ -3,14 +3,13 @@ package server
 import (
 	"bufio"
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,7 +51,8 @@ func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // logRequests logs one line per request (request id, method, path, route,
-// status, duration) and feeds the HTTP metrics.
+// status, duration), at info level but for the probes and the metrics'
+// scrapes (debug), and feeds the HTTP metrics.
 func logRequests(next http.Handler, log zerolog.Logger, m *Metrics, mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -69,7 +69,13 @@ func logRequests(next http.Handler, log zerolog.Logger, m *Metrics, mux *http.Se
 		}
 		elapsed := time.Since(start)
 		m.observeRequest(route, r.Method, rec.status, elapsed)
-		log.Info().
+		ev := log.Info()
+		if probeOrScrape(r.URL.Path) {
+			// Every few seconds from every load balancer and scraper: the
+			// metrics count them; the log says so at debug level only.
+			ev = log.Debug()
+		}
+		ev.
 			Str("request_id", id).
 			Str("method", r.Method).
 			Str("path", r.URL.Path).
@@ -102,79 +108,45 @@ func recoverPanics(next http.Handler, log zerolog.Logger) http.Handler {
 	})
 }
 
-// requireToken demands "Authorization: Bearer <token>" on /api/* and /ws
-// when a token is configured, or the sessionCookie (see credential). POST /api/session,
-// which checks the token itself to set that cookie, is let through. The
-// comparison takes the same time whatever the guess; the token itself is
-// never logged.
-func requireToken(next http.Handler, token string) http.Handler {
-	if token == "" {
+// requireToken demands a token on /api/* and /ws when the server has
+// tokens: "Authorization: Bearer <token>", or the dashboard's session
+// cookie (see sessionValue). The token found is the request's principal,
+// which the routes check their scopes and prefixes against. Signing in
+// (POST /api/session), which checks the token itself, and out are let
+// through. The comparison takes the same time whatever the guess; no token
+// is ever logged.
+func requireToken(next http.Handler, ts tokens) http.Handler {
+	if len(ts) == 0 {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ws := r.URL.Path == "/ws"
-		if (!strings.HasPrefix(r.URL.Path, "/api/") && !ws) || r.URL.Path == sessionPath {
+		if (!strings.HasPrefix(r.URL.Path, "/api/") && !ws) || (r.URL.Path == sessionPath && r.Method != http.MethodGet) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		got, byCookie, ok := credential(r)
-		if !ok || !tokenEqual(got, token) {
+		var t *Token
+		if scheme, secret, found := strings.Cut(r.Header.Get("Authorization"), " "); found && strings.EqualFold(scheme, "Bearer") {
+			// The scheme name is case-insensitive (RFC 9110 §11.1).
+			t = ts.find(secret)
+		} else if c, err := r.Cookie(sessionCookie); err == nil {
+			t = ts.sessionToken(c.Value, time.Now())
+		}
+		if t == nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="leasehold"`)
 			msg := "missing or wrong API token; send the header Authorization: Bearer <token>"
 			if ws {
-				msg = "missing or wrong API token; sign in with POST /api/session {\"token\": ...} or send the header Authorization: Bearer <token>"
+				msg = "missing or wrong API token, or a session that expired; sign in with POST /api/session {\"token\": ...} or send the header Authorization: Bearer <token>"
 			}
 			encode(w, http.StatusUnauthorized, errorBody{Error: msg})
 			return
 		}
-		// A cookie rides along on requests other sites make; SameSite=Strict
-		// stops that in browsers, and a changing request must also come
-		// from this origin. (The websocket's origin is checked at upgrade.)
-		if byCookie && !ws && !safeMethod(r.Method) && !sameOrigin(r) {
-			encode(w, http.StatusForbidden, errorBody{Error: "cross-origin request refused; call the API with the header Authorization: Bearer <token>"})
-			return
-		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, withPrincipal(r, t))
 	})
-}
-
-// credential returns the API token a request presents: the Bearer token of
-// its Authorization header or, when it has none, the one in the dashboard's
-// sign-in cookie (byCookie: browsers cannot set headers on a websocket, and
-// the page's buttons call the API). ok is false when it presents neither.
-func credential(r *http.Request) (token string, byCookie, ok bool) {
-	// The scheme name is case-insensitive (RFC 9110 §11.1).
-	if scheme, t, found := strings.Cut(r.Header.Get("Authorization"), " "); found && strings.EqualFold(scheme, "Bearer") {
-		return t, false, true
-	}
-	if c, err := r.Cookie(sessionCookie); err == nil {
-		if b, err := base64.RawURLEncoding.DecodeString(c.Value); err == nil {
-			return string(b), true, true
-		}
-	}
-	return "", false, false
 }
 
 func safeMethod(m string) bool {
 	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
-}
-
-// sameOrigin reports whether the request's Origin, when it has one, is the
-// host it was sent to.
-func sameOrigin(r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	if origin == "" {
-		return true
-	}
-	u, err := url.Parse(origin)
-	return err == nil && strings.EqualFold(u.Host, r.Host)
-}
-
-// tokenEqual compares in constant time: hashing first makes the time
-// independent of the lengths too.
-func tokenEqual(got, want string) bool {
-	g, w := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
-	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
 }
 
 // discardWriter keeps the headers and status a handler wrote and drops its body.
@@ -207,4 +179,83 @@ func jsonFallbacks(mux *http.ServeMux) http.Handler {
 			encode(w, http.StatusNotFound, errorBody{Error: "no route " + r.URL.Path + "; the README lists the API"})
 		}
 	})
+}
+
+// guardBrowsers refuses what a page of another site can make a browser
+// send to this server. It checks
+//   - the Host header against hosts, when hosts is not nil (every route but
+//     the probes and /metrics): a page that rebinds its own name to this
+//     server's address sends its own name as the Host, and would otherwise
+//     read and drive an API that has no token;
+//   - on /api/*, the body's media type: one that is not application/json
+//     is 415, since a page may post text/plain, a form or multipart to any
+//     site without asking (a "simple" cross-site request). A request that
+//     names none is taken as JSON: a browser's cross-site request without
+//     one still carries its Origin, which the next check refuses;
+//   - on a changing /api/* request, its Origin: one that is not this
+//     server's own (its Host) nor among origins is refused. Browsers send
+//     Origin on every cross-origin POST, PUT and DELETE; other clients send
+//     none.
+func guardBrowsers(next http.Handler, hosts []string, origins []string) http.Handler {
+	var allowedHosts map[string]bool
+	if hosts != nil {
+		allowedHosts = map[string]bool{}
+		for _, h := range hosts {
+			allowedHosts[normalHost(h)] = true
+		}
+	}
+	allowedOrigins := map[string]bool{}
+	for _, o := range origins {
+		allowedOrigins[strings.ToLower(strings.TrimRight(strings.TrimSpace(o), "/"))] = true
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if allowedHosts != nil && !probeOrScrape(r.URL.Path) && !allowedHosts[normalHost(r.Host)] {
+			encode(w, http.StatusMisdirectedRequest, errorBody{Error: "this server does not answer to the host " + strconv.Quote(r.Host) +
+				"; it answers to the names in --allowed-hosts (by default, without an API token, localhost and its listen address only, so that a page of another site cannot reach it by rebinding its own name): open it by one of those, or add the name to --allowed-hosts"})
+			return
+		}
+		if !strings.HasPrefix(r.URL.Path, "/api/") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if ct := r.Header.Get("Content-Type"); ct != "" {
+			if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+				encode(w, http.StatusUnsupportedMediaType, errorBody{Error: "the request body must be JSON sent with the header Content-Type: application/json (got " + strconv.Quote(ct) + ")"})
+				return
+			}
+		}
+		if !safeMethod(r.Method) {
+			if origin := r.Header.Get("Origin"); origin != "" && !ownOrigin(r, origin) && !allowedOrigins[strings.ToLower(origin)] {
+				encode(w, http.StatusForbidden, errorBody{Error: "cross-site request refused: origin " + strconv.Quote(origin) +
+					" is not this server's; call the API from this server's page, from a program (which sends no Origin), or add the origin to --allowed-origins"})
+				return
+			}
+			if r.Header.Get("Sec-Fetch-Site") == "cross-site" && r.Header.Get("Origin") == "" {
+				encode(w, http.StatusForbidden, errorBody{Error: "cross-site request refused; call the API from this server's page or from a program"})
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// ownOrigin reports whether origin is the server's own: its host is the
+// request's Host (which guardBrowsers has checked, when it checks hosts).
+func ownOrigin(r *http.Request, origin string) bool {
+	u, err := url.Parse(origin)
+	return err == nil && u.Host != "" && strings.EqualFold(u.Host, r.Host)
+}
+
+// normalHost is a Host header's name, without its port or brackets, in
+// lower case.
+func normalHost(host string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return strings.ToLower(strings.Trim(host, "[]"))
+}
+
+// probeOrScrape reports whether path is a health probe's or the metrics'.
+func probeOrScrape(path string) bool {
+	return path == "/healthz" || path == "/readyz" || path == "/metrics"
 }

@@ -221,12 +221,16 @@ func TestRequestLog(t *testing.T) {
 	for _, tc := range []struct {
 		method, path, body string
 		status             int
+		level              string
 	}{
-		{"GET", "/healthz", "", 200},
-		{"POST", "/api/leases", `{"resource":"logged","holder":"h"}`, 201},
-		{"POST", "/api/leases", `{"resource":""}`, 400},
-		{"GET", "/api/nothing", "", 404},
-		{"PATCH", "/api/leases", "", 405},
+		// The probes and the scrapes come every few seconds: at debug level.
+		{"GET", "/healthz", "", 200, "debug"},
+		{"GET", "/readyz", "", 200, "debug"},
+		{"GET", "/metrics", "", 200, "debug"},
+		{"POST", "/api/leases", `{"resource":"logged","holder":"h"}`, 201, "info"},
+		{"POST", "/api/leases", `{"resource":""}`, 400, "info"},
+		{"GET", "/api/nothing", "", 404, "info"},
+		{"PATCH", "/api/leases", "", 405, "info"},
 	} {
 		rec, line := serve(tc.method, tc.path, tc.body)
 		if rec.Code != tc.status {
@@ -241,7 +245,7 @@ func TestRequestLog(t *testing.T) {
 		}
 		seen[id] = true
 		for key, want := range map[string]any{
-			"request_id": id, "method": tc.method, "path": tc.path, "status": float64(tc.status), "level": "info",
+			"request_id": id, "method": tc.method, "path": tc.path, "status": float64(tc.status), "level": tc.level,
 		} {
 			if line[key] != want {
 				t.Errorf("%s %s: log %q = %v, want %v (line %v)", tc.method, tc.path, key, line[key], want, line)

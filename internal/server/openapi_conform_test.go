@@ -124,6 +124,7 @@ func TestOpenAPIConformance(t *testing.T) {
 	t.Run("others", func(t *testing.T) { c.t = t; conformOthers(c, primary) })
 	t.Run("bad requests", func(t *testing.T) { c.t = t; conformBadRequests(c, primary) })
 	t.Run("token", func(t *testing.T) { c.t = t; conformToken(c, db) })
+	t.Run("browsers", func(t *testing.T) { c.t = t; conformBrowsers(c, db) })
 	t.Run("rate limit", func(t *testing.T) { c.t = t; conformRateLimit(c, db) })
 	t.Run("database down", func(t *testing.T) { c.t = t; conformDatabaseDown(c) })
 	c.t = t
@@ -543,7 +544,9 @@ func conformOthers(c *conformance, b bundle) {
 	if list := send("GET /api/instances", "/api/instances", "", http.StatusOK); !strings.Contains(string(list.body), "replica-x") {
 		c.t.Errorf("GET /api/instances: %s, want replica-x, which holds its instance lease", list)
 	}
-	send("POST /api/session", "/api/session", `{}`, http.StatusNoContent) // no token to sign in to
+	send("POST /api/session", "/api/session", `{}`, http.StatusOK) // no token to sign in to: open
+	send("GET /api/session", "/api/session", "", http.StatusOK)
+	send("DELETE /api/session", "/api/session", "", http.StatusNoContent)
 	c.send(b, exchange{op: "POST /api/session", path: "/api/session", body: `{"password": "x"}`, invalid: true, want: http.StatusBadRequest})
 	send("GET /healthz", "/healthz", "", http.StatusOK)
 	send("GET /readyz", "/readyz", "", http.StatusOK)
@@ -636,12 +639,15 @@ func withField(t *testing.T, body, name string, value any) string {
 }
 
 // conformToken: with --api-token, every operation the document secures
-// answers 401 without the token or with a wrong one, and each change the
-// document says a cross-origin cookie may not make is refused (403).
+// answers 401 without the token or with a wrong one; each change the
+// document says another site's page may not make is refused (403), and
+// each read a token without the read scope may not make.
 func conformToken(c *conformance, db pgtest.DB) {
 	t := c.t
-	const token = "s3cret" // the example of POST /api/session
-	b := serve(t, db, testDeps(db, withToken(token), withSchedules(db)))
+	const token = "s3cret-of-16-bytes" // the example of POST /api/session
+	const writer = "a-writer-token-of-16-bytes"
+	b := serve(t, db, testDeps(db, withToken(token), withSchedules(db),
+		withTokens(t, `[{"name": "writer", "token": "`+writer+`", "scopes": ["lease"]}]`)))
 	for _, key := range slices.Sorted(maps.Keys(c.doc.ops)) {
 		x := c.doc.example(t, key)
 		if !c.doc.secured(c.doc.ops[key]) {
@@ -656,7 +662,7 @@ func conformToken(c *conformance, db pgtest.DB) {
 	c.send(b, exchange{op: "GET /api/leases", path: "/api/leases", header: []string{"Authorization", "Bearer " + token}, want: http.StatusOK})
 	c.send(b, exchange{op: "POST /api/session", path: "/api/session", body: `{"token": "wrong"}`, want: http.StatusUnauthorized})
 
-	signIn := c.send(b, exchange{op: "POST /api/session", path: "/api/session", body: `{"token": "` + token + `"}`, want: http.StatusNoContent})
+	signIn := c.send(b, exchange{op: "POST /api/session", path: "/api/session", body: `{"token": "` + token + `"}`, want: http.StatusOK})
 	cookies := (&http.Response{Header: signIn.header}).Cookies()
 	if len(cookies) != 1 {
 		t.Fatalf("POST /api/session: cookies %v, want one", cookies)
@@ -668,8 +674,34 @@ func conformToken(c *conformance, db pgtest.DB) {
 			continue // /ws's 403 is its own (the upgrade's origin), driven with the websocket
 		}
 		x := c.doc.example(t, key)
-		x.header, x.want = []string{"Cookie", cookie, "Origin", "http://elsewhere.example"}, http.StatusForbidden
+		if strings.HasPrefix(key, "GET ") {
+			x.header, x.want = []string{"Authorization", "Bearer " + writer}, http.StatusForbidden
+		} else {
+			x.header, x.want = []string{"Cookie", cookie, "Origin", "http://elsewhere.example"}, http.StatusForbidden
+		}
 		c.send(b, x)
+	}
+}
+
+// conformBrowsers: every operation the document says refuses a body that
+// is not JSON answers 415 to one sent as text/plain, and every one it says
+// answers only to allowed names answers 421 to another Host.
+func conformBrowsers(c *conformance, db pgtest.DB) {
+	t := c.t
+	b := serve(t, db, testDeps(db, withSchedules(db), withAllowedHosts("localhost", "127.0.0.1")))
+	for _, key := range slices.Sorted(maps.Keys(c.doc.ops)) {
+		responses := c.doc.ops[key]["responses"].(map[string]any)
+		x := c.doc.example(t, key)
+		if _, ok := responses["415"]; ok {
+			y := x
+			y.header, y.want, y.unchecked = []string{"Content-Type", "text/plain"}, http.StatusUnsupportedMediaType, true
+			c.send(b, y)
+		}
+		if _, ok := responses["421"]; ok {
+			y := x
+			y.header, y.want = []string{"Host", "evil.example:8080"}, http.StatusMisdirectedRequest
+			c.send(b, y)
+		}
 	}
 }
 

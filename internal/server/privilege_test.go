@@ -344,8 +344,10 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		`UPDATE tasks SET created_at = now() - interval '9 days'`,
 		`UPDATE tasks SET processed_at = now() - interval '8 days' WHERE state IN ('done', 'dead')`,
 		`UPDATE leases SET released_at = now() - interval '8 days', expires_at = now() - interval '8 days' WHERE resource LIKE 'task:%'`,
-		`UPDATE lease_events SET at = now() - interval '8 days' WHERE resource = 'report:nightly'`,
+		// The lease first: its release is an event of now (the history is
+		// written when things happen), which the next statement ages too.
 		`UPDATE leases SET released_at = now() - interval '8 days', expires_at = now() - interval '8 days' WHERE resource = 'report:nightly'`,
+		`UPDATE lease_events SET at = now() - interval '8 days' WHERE resource = 'report:nightly'`,
 	} {
 		if _, err := db.Pool.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
@@ -504,5 +506,72 @@ func wantOwnerFunctions(t *testing.T, db pgtest.DB, role, what string, names ...
 	if fns != n || secure != n || granted != n || public != 0 {
 		t.Errorf("%s functions: %d, %d SECURITY DEFINER with search_path, %d executable by the role, %d by PUBLIC; want %d, %d, %d, 0",
 			what, fns, secure, granted, public, n, n, n)
+	}
+}
+
+// TestRuntimeRoleCannotForge: the least-privilege role, which runs every
+// replica, cannot write the lease history itself, date a change in the
+// past, set a fence back or beyond the sequence, prune younger than the
+// floor the owner set, and a role of the cluster without a grant cannot
+// connect at all (so it can neither LISTEN to the lease channel nor
+// pg_notify a cancellation). Each was possible before the guards.
+func TestRuntimeRoleCannotForge(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	app := newRuntimeRole(t, db)
+	ctx := t.Context()
+	leases := leasing.NewStore(app.Pool)
+	if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "first", Holder: "a", TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	acq, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "report:nightly", Holder: "a", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := func(what, sql string, args ...any) {
+		t.Helper()
+		if _, err := app.Pool.Exec(ctx, sql, args...); err == nil {
+			t.Errorf("%s: the runtime role was let do it (%s)", what, sql)
+		} else {
+			t.Logf("%s: refused: %v", what, err)
+		}
+	}
+	refused("a backdated event of its own",
+		`INSERT INTO lease_events (at, lease_id, resource, holder, fence, kind, expires_at)
+		 VALUES (now() - interval '30 days', $1, 'report:nightly', 'mallory', 1, 'acquired', now())`, acq.Lease.ID)
+	refused("a fence set back", `UPDATE leases SET fence = fence - 1 WHERE id = $1`, acq.Lease.ID)
+	refused("a fence taken away", `UPDATE leases SET fence = NULL WHERE id = $1`, acq.Lease.ID)
+	refused("a fence beyond the sequence", `UPDATE leases SET fence = fence + 1000000 WHERE id = $1`, acq.Lease.ID)
+	refused("a lease inserted with a fence the sequence never gave",
+		`INSERT INTO leases (resource, holder, fence, ttl_seconds, expires_at) VALUES ('forged', 'mallory', 999999999, 30, now() + interval '30 seconds')`)
+	refused("the floor of retention changed", `UPDATE retention_floor SET min_age = interval '1 minute'`)
+	refused("history pruned below the floor", `SELECT * FROM prune_lease_events(interval '1 minute', 100, 0)`)
+
+	// A release dated in the past is recorded when it happened.
+	if _, err := app.Pool.Exec(ctx, `UPDATE leases SET released_at = now() - interval '30 days', expires_at = now() - interval '30 days' WHERE id = $1`, acq.Lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	var late bool
+	if err := db.Pool.QueryRow(ctx, `SELECT at > now() - interval '1 hour' FROM lease_events WHERE lease_id = $1 AND kind = 'released'`, acq.Lease.ID).Scan(&late); err != nil || !late {
+		t.Errorf("a release the runtime role dated 30 days back: recorded in the past (%v, %v); want at the time it was made", late, err)
+	}
+
+	// A role of the cluster that was granted nothing cannot connect.
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	other := "leasehold_other_" + hex.EncodeToString(b[:])
+	ident := pgx.Identifier{other}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, `CREATE ROLE `+ident+` LOGIN PASSWORD 'other-password'`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), `DROP ROLE `+ident) })
+	u, _ := url.Parse(db.URL)
+	u.User = url.UserPassword(other, "other-password")
+	conn, err := pgx.Connect(ctx, u.String())
+	if err == nil {
+		conn.Close(ctx)
+		t.Errorf("a role granted nothing connected to leasehold's database; want CONNECT revoked from PUBLIC")
+	} else if !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("a role granted nothing: %v; want permission denied for the database", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -28,7 +29,7 @@ func TestTokenNeverLogged(t *testing.T) {
 	db := pgtest.New(t)
 	h := server.NewServer(testDeps(db, withToken(token), withLog(zerolog.New(&logs).Level(zerolog.DebugLevel))))
 	cookie := func(tok string) string {
-		return "leasehold_token=" + base64.RawURLEncoding.EncodeToString([]byte(tok))
+		return server.SessionCookie + "=" + server.SessionValue(tok, time.Now().Add(time.Hour))
 	}
 
 	for _, tc := range []struct {
@@ -42,10 +43,11 @@ func TestTokenNeverLogged(t *testing.T) {
 		{"GET", "/api/leases", "", []string{"Authorization", token}, 401},
 		{"GET", "/api/leases", "", []string{"Cookie", cookie(token)}, 200},
 		{"GET", "/api/leases", "", []string{"Cookie", cookie(guess)}, 401},
-		{"GET", "/api/leases", "", []string{"Cookie", "leasehold_token=" + token}, 401}, // not base64
+		{"GET", "/api/leases", "", []string{"Cookie", server.SessionCookie + "=" + token}, 401},                                                    // the token is not a session
+		{"GET", "/api/leases", "", []string{"Cookie", server.SessionCookie + "=" + server.SessionValue(token, time.Now().Add(-time.Second))}, 401}, // expired
 		{"POST", "/api/leases", `{"resource":"r","holder":"h"}`, []string{"Authorization", "Bearer " + token}, 201},
 		{"POST", "/api/leases", `{"resource":"r","holder":"h"}`, []string{"Cookie", cookie(token), "Origin", "http://evil.example"}, 403},
-		{"POST", "/api/session", `{"token":"` + token + `"}`, nil, 204},
+		{"POST", "/api/session", `{"token":"` + token + `"}`, nil, 200},
 		{"POST", "/api/session", `{"token":"` + guess + `"}`, nil, 401},
 		{"POST", "/api/session", `{"token":"` + token + `","extra":1}`, nil, 400},
 		{"GET", "/ws", "", []string{"Authorization", "Bearer " + guess}, 401},

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/apitime"
@@ -56,9 +57,21 @@ type Deps struct {
 	// TaskTTL is the lease TTL of a task claimed with POST /api/tasks/next
 	// (whole seconds); zero means DefaultTTL.
 	TaskTTL time.Duration
-	// APIToken, when not empty, is required as a Bearer token on /api/* and
-	// /ws; /ws also takes it from the cookie POST /api/session sets.
+	// APIToken, when not empty, is a token of every scope: with it (or
+	// Tokens) a token is required as a Bearer token on /api/* and /ws,
+	// which also take the session cookie POST /api/session sets.
 	APIToken string
+	// Tokens are tokens of their own scopes and prefixes (ParseTokens).
+	Tokens []Token
+	// SecureCookie marks the session cookie Secure: the page is served over
+	// HTTPS by a proxy in front (the server itself never sees TLS).
+	SecureCookie bool
+	// AllowedHosts, when not nil, are the names (Host headers, without the
+	// port) the server answers to; any other is 421. Nil answers to any.
+	AllowedHosts []string
+	// AllowedOrigins are origins besides the server's own whose pages may
+	// make changing requests (and open /ws, which the hub checks).
+	AllowedOrigins []string
 	// RateLimit is the requests a second one client (an IPv4 address, or an
 	// IPv6 /64) may make to /api/* and /ws once its burst is spent; 429
 	// with Retry-After beyond it, counted in leasehold_http_rate_limited_total.
@@ -95,11 +108,16 @@ func NewServer(d Deps) http.Handler {
 		d.TaskTTL = d.DefaultTTL
 	}
 	d.claimWaiters = newClaimWaiters(d.Listener, d.Instance.ID)
+	ts := tokens(slices.Clone(d.Tokens))
+	if d.APIToken != "" {
+		ts = append(ts, FullToken(d.APIToken))
+	}
 	mux := http.NewServeMux()
-	addRoutes(mux, d)
+	addRoutes(mux, d, ts)
 	h := jsonFallbacks(mux)
 	h = refuseWrongMethodOnSubpaths(h)
-	h = requireToken(h, d.APIToken)
+	h = requireToken(h, ts)
+	h = guardBrowsers(h, d.AllowedHosts, d.AllowedOrigins)
 	h = limitRate(h, newRateLimiter(d.RateLimit, d.RateBurst, d.TrustedProxies, time.Now), d.Metrics)
 	h = recoverPanics(h, d.Log)
 	h = logRequests(h, d.Log, d.Metrics, mux)

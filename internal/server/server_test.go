@@ -42,6 +42,17 @@ type option func(*server.Deps)
 
 func withToken(token string) option { return func(d *server.Deps) { d.APIToken = token } }
 
+// withTokens gives the server the tokens of a tokens file.
+func withTokens(t testing.TB, spec string) option {
+	ts, err := server.ParseTokens([]byte(spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(d *server.Deps) { d.Tokens = ts }
+}
+
+func withAllowedHosts(hosts ...string) option { return func(d *server.Deps) { d.AllowedHosts = hosts } }
+
 func withReady(ready func(context.Context) error) option {
 	return func(d *server.Deps) { d.Ready = ready }
 }
@@ -106,6 +117,10 @@ func (b bundle) do(t *testing.T, method, path, body string, header ...string) re
 		req.Header.Set("Content-Type", "application/json")
 	}
 	for i := 0; i+1 < len(header); i += 2 {
+		if header[i] == "Host" {
+			req.Host = header[i+1]
+			continue
+		}
 		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := b.srv.Client().Do(req)
