@@ -23,9 +23,10 @@ GRANT USAGE ON SCHEMA public TO :"role";
 -- the role deletes nothing itself (retention, below, does).
 GRANT SELECT, INSERT, UPDATE ON leases, tasks TO :"role";
 -- The audit history is written by leasehold's trigger alone, which runs as
--- its owner (schema/0015): the runtime role only reads it, and can neither
+-- its owner: the runtime role only reads it, and can neither
 -- add, change nor delete an event. (The REVOKE takes away the INSERT an
--- earlier version of this file granted.)
+-- earlier version of this file granted.) Nor can it move a fence but
+-- forward, to one lease_fence_seq handed out: triggers refuse it.
 GRANT SELECT ON lease_events TO :"role";
 REVOKE INSERT, UPDATE, DELETE ON lease_events FROM :"role";
 -- The generator's switch is one row, updated in place.
@@ -33,15 +34,15 @@ GRANT SELECT, UPDATE ON generator_state TO :"role";
 -- Each replica registers itself (an upsert).
 GRANT SELECT, INSERT, UPDATE ON instances TO :"role";
 -- Schedules are added and replaced in place, and their ticks moved on by
--- the scheduler; they are removed through schedule_remove (schema/0012),
--- which runs as its owner and is not PUBLIC's to execute.
+-- the scheduler; they are removed through schedule_remove, which runs as
+-- its owner and is not PUBLIC's to execute.
 GRANT SELECT, INSERT, UPDATE ON schedules TO :"role";
 GRANT EXECUTE ON FUNCTION schedule_remove(text) TO :"role";
 -- The floor of retention (below): the role reads it, never changes it.
 GRANT SELECT ON retention_floor TO :"role";
 -- Every new session checks that the fences of the server's timeline lie
--- above an earlier primary's (schema/0013): fence_epoch_check runs as its
--- owner (it may move lease_fence_seq) and is not PUBLIC's to execute.
+-- above an earlier primary's: fence_epoch_check runs as its owner (it may
+-- move lease_fence_seq) and is not PUBLIC's to execute.
 GRANT SELECT ON fence_epochs TO :"role";
 GRANT EXECUTE ON FUNCTION fence_epoch_check() TO :"role";
 -- /readyz compares the applied migrations with the binary's.
@@ -51,10 +52,10 @@ GRANT SELECT ON leasehold_migrations TO :"role";
 GRANT USAGE ON SEQUENCE lease_fence_seq TO :"role";
 -- Retention: the elected reaper deletes finished tasks (with their lease
 -- rows) and lease history older than their retention through these
--- functions, which run as their owner and delete only that
--- (schema/0007_retention.sql): at most a batch per call, nothing under a
--- minute old, never a live lease, an unannounced expiry or an unfinished
--- task. They are not PUBLIC's to execute.
+-- functions, which run as their owner and delete only that: at most a
+-- batch per call, nothing younger than the floor below, never a live lease,
+-- an unannounced expiry or an unfinished task. They are not PUBLIC's to
+-- execute.
 GRANT EXECUTE ON FUNCTION prune_tasks(interval, integer, bigint, bigint[]),
                           prune_lease_events(interval, integer, bigint),
                           prune_leases(interval, integer) TO :"role";
@@ -65,22 +66,22 @@ GRANT EXECUTE ON FUNCTION prune_tasks(interval, integer, bigint, bigint[]),
 -- age below the floor). The runtime role can read the floor, not change it.
 UPDATE retention_floor SET min_age = interval '168 hours';
 
--- Waiting for inserted tasks (schema/0008_insert_waiters.sql): inserts
+-- Waiting for inserted tasks: inserts
 -- notify only while task_waiters has a row. The insert trigger reads it as
 -- the inserting role; replicas register and unregister their LISTEN
 -- sessions, and prune the rows of ended sessions, through these functions,
 -- which run as their owner and are not PUBLIC's to execute (the role has
 -- no INSERT, UPDATE or DELETE on the table). task_waiters_barrier changes
--- nothing and stays PUBLIC's. schema/0009 replaced task_waiter_register(text,
--- integer) with the signature below: after upgrading past it, run this
--- file again (every statement in it may be repeated).
+-- nothing and stays PUBLIC's. After every upgrade, run this file again
+-- (every statement in it may be repeated).
 GRANT SELECT ON task_waiters TO :"role";
 GRANT EXECUTE ON FUNCTION task_waiter_register(text, integer, boolean),
                           task_waiter_unregister(text, integer),
                           task_waiters_prune() TO :"role";
 
 -- The trigger functions and pg_notify run with EXECUTE granted to PUBLIC,
--- which PostgreSQL does by default, and LISTEN needs no privilege.
+-- which PostgreSQL does by default, and LISTEN needs no privilege: which is
+-- why CONNECT, above, is the runtime role's alone.
 
 -- Nothing to create anywhere: PostgreSQL 15 already keeps PUBLIC from
 -- creating in schema public; older versions do not. TEMPORARY is granted

@@ -13,10 +13,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/leasehold/leasehold/internal/name"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/name"
 
 	"github.com/robfig/cron/v3"
 

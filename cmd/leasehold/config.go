@@ -4,7 +4,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/leasehold/leasehold/internal/server"
 	"io"
 	"math"
 	"net"
@@ -14,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/server"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -162,8 +163,9 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 	fs.StringVar(&tokensFile, "tokens-file", getenv("LEASEHOLD_TOKENS_FILE"), "a JSON file of tokens, each with its scopes (read, lease, produce, work, admin) and prefixes (docs/security.md) (env LEASEHOLD_TOKENS_FILE)")
 	fs.StringVar(&origins, "allowed-origins", getenv("LEASEHOLD_ALLOWED_ORIGINS"), "origins besides the server's own whose pages may open /ws and make changing requests, comma-separated, e.g. https://dash.example.com (env LEASEHOLD_ALLOWED_ORIGINS)")
 	fs.StringVar(&hosts, "allowed-hosts", getenv("LEASEHOLD_ALLOWED_HOSTS"), "host names the server answers to (the Host header, without its port), comma-separated; without an API token it answers only to localhost, 127.0.0.1, ::1, its listen address and these (env LEASEHOLD_ALLOWED_HOSTS)")
-	fs.StringVar(&insecure, "insecure", env("LEASEHOLD_INSECURE", "false"), "serve without an API token on an address that is not loopback: anyone who can reach it may drive the API (env LEASEHOLD_INSECURE)")
-	fs.StringVar(&secureCookie, "secure-cookie", env("LEASEHOLD_SECURE_COOKIE", "false"), "mark the dashboard's session cookie Secure: HTTPS is served by a proxy in front (env LEASEHOLD_SECURE_COOKIE)")
+	insecure, secureCookie = env("LEASEHOLD_INSECURE", "false"), env("LEASEHOLD_SECURE_COOKIE", "false")
+	fs.Var((*boolText)(&insecure), "insecure", "serve without an API token on an address that is not loopback: anyone who can reach it may drive the API (env LEASEHOLD_INSECURE)")
+	fs.Var((*boolText)(&secureCookie), "secure-cookie", "mark the dashboard's session cookie Secure: HTTPS is served by a proxy in front (env LEASEHOLD_SECURE_COOKIE)")
 	fs.StringVar(&crash, "sim-crash-rate", env("LEASEHOLD_SIM_CRASH_RATE", strconv.FormatFloat(simCrash, 'g', -1, 64)), "per task, the chance of a simulated crash (env LEASEHOLD_SIM_CRASH_RATE)")
 	fs.StringVar(&sp, "sim-spike-rate", env("LEASEHOLD_SIM_SPIKE_RATE", strconv.FormatFloat(simSpike, 'g', -1, 64)), "per heartbeat, the chance of a simulated latency spike (env LEASEHOLD_SIM_SPIKE_RATE)")
 	fs.StringVar(&genRate, "generator-rate", env("LEASEHOLD_GENERATOR_RATE", "2"), "tasks per second the generator creates while started (env LEASEHOLD_GENERATOR_RATE)")
@@ -349,3 +351,18 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	}
 	return nil
 }
+
+// boolText is a boolean flag kept as its text (checked after parsing, like
+// the other flags, so that a bad LEASEHOLD_* value is a usage error too):
+// --flag alone is true.
+type boolText string
+
+func (b *boolText) String() string { return string(*b) }
+
+func (b *boolText) Set(v string) error {
+	*b = boolText(v)
+	return nil
+}
+
+// IsBoolFlag lets the flag stand alone (flag.Value's boolFlag).
+func (b *boolText) IsBoolFlag() bool { return true }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/leasehold/leasehold/internal/name"
 	"io"
 	"maps"
 	"net/http"
@@ -19,6 +18,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/leasehold/leasehold/internal/name"
 
 	"github.com/leasehold/leasehold"
 	"github.com/leasehold/leasehold/internal/apitime"

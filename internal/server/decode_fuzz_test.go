@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"github.com/leasehold/leasehold/internal/name"
 	"net/url"
 	"strconv"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/leasehold/leasehold/internal/name"
 )
 
 // The fuzz targets of the request decoders and validators: each input is

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/leasehold/leasehold/internal/name"
 	"io"
 	"net/http"
 	"net/url"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/leasehold/leasehold/internal/name"
 )
 
 // maxBodyBytes bounds every request body; more is answered with 413.

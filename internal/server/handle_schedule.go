@@ -3,10 +3,11 @@ package server
 import (
 	"encoding/json"
 	"errors"
-	"github.com/leasehold/leasehold/task"
 	"net/http"
 	"slices"
 	"time"
+
+	"github.com/leasehold/leasehold/task"
 
 	"github.com/leasehold/leasehold/schedule"
 )

@@ -500,7 +500,7 @@ function activeHolder(resource) {
 // ---- Messages --------------------------------------------------------------
 function onMessage(msg) {
   switch (msg.type) {
-    case "snapshot": applySnapshot(msg); tasksView.hint(); return schedulesView.hint();
+    case "snapshot": applySnapshot(msg); readSession(); tasksView.hint(); return schedulesView.hint();
     case "lease": return applyLease(msg);
     case "tasks": setTasks(msg); tasksView.hint(); return schedulesView.tasksChanged(msg);
     case "schedule": return schedulesView.hint();
@@ -558,6 +558,32 @@ function upsertInstance(inst) {
 }
 
 // ---- API and sign-in -------------------------------------------------------
+// showScopes marks the page with what the signed-in token may do
+// (body[data-may]): the style sheet hides the controls it may not use, so
+// that a read-only token shows a read-only dashboard. An open cluster (no
+// tokens) may do everything.
+function showScopes(session) {
+  const scopes = session?.scopes ?? [];
+  const may = new Set(scopes.includes("admin") ? ["read", "lease", "produce", "work", "admin"] : scopes);
+  document.body.dataset.may = [...may].join(" ");
+  $("who").textContent = session?.open ? "" : session?.name ? `signed in as ${session.name}` : "";
+  $("signout").hidden = !!session?.open || !session?.name;
+}
+
+async function readSession() {
+  try {
+    const res = await fetch("/api/session", { credentials: "same-origin", cache: "no-store" });
+    if (res.ok) showScopes(await res.json());
+  } catch { /* the replica is down: the stream retries, and so does this on sign-in */ }
+}
+
+$("signout").addEventListener("click", async () => {
+  await fetch("/api/session", { method: "DELETE", credentials: "same-origin" });
+  showScopes(null);
+  $("signin").hidden = false;
+  $("token").focus();
+});
+
 function api(method, path, body) {
   return fetch(path, {
     method,
@@ -584,9 +610,10 @@ $("signin").addEventListener("submit", async (e) => {
     body: JSON.stringify({ token: $("token").value }),
   });
   if (!res.ok) {
-    $("signin-error").textContent = res.status === 401 ? "That token is not the cluster's API token." : await errorText(res);
+    $("signin-error").textContent = res.status === 401 ? "That token is not one of the cluster's API tokens." : await errorText(res);
     return;
   }
+  showScopes(await res.json());
   $("token").value = "";
   $("signin").hidden = true;
   stream.resume();
