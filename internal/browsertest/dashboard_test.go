@@ -157,7 +157,7 @@ func TestDashboardSignIn(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#nav-tasks`)),
 		chromedp.WaitVisible(chromedp.CSS(row+`[data-state="pending"] button.task-cancel`)))
 	step(ctx, t, "the session cookie deleted", func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
-		_, err := cdp.Call(ctx, tg, network.DeleteCookies, network.DeleteCookiesParams{Name: "leasehold_token", URL: r.url + "/"})
+		_, err := cdp.Call(ctx, tg, network.DeleteCookies, network.DeleteCookiesParams{Name: "leasehold_session", URL: r.url + "/"})
 		return chromedp.Void{}, err
 	})
 	// A change makes the view read its page again, refused: the sign-in box

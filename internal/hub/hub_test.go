@@ -555,12 +555,12 @@ func TestOriginAndToken(t *testing.T) {
 		t.Errorf("session with a wrong token: %d, cookies %v; want 401 and none", got, cookies)
 	}
 	got, cookies := session(token)
-	if got != http.StatusNoContent || len(cookies) != 1 {
-		t.Fatalf("session: %d, cookies %v; want 204 and one cookie", got, cookies)
+	if got != http.StatusOK || len(cookies) != 1 {
+		t.Fatalf("session: %d, cookies %v; want 200 and one cookie", got, cookies)
 	}
 	c := cookies[0]
-	if c.Name != "leasehold_token" || !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Path != "/" {
-		t.Errorf("cookie %+v, want leasehold_token, HttpOnly, SameSite=Strict, Path=/", c)
+	if c.Name != "leasehold_session" || !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Path != "/" {
+		t.Errorf("cookie %+v, want leasehold_session, HttpOnly, SameSite=Strict, Path=/", c)
 	}
 	if got := status(http.Header{"Cookie": {c.String()}}); got != http.StatusSwitchingProtocols {
 		t.Errorf("session cookie: %d, want 101", got)
@@ -662,4 +662,20 @@ func TestShutdownClosesClients(t *testing.T) {
 	if _, got, _ := dial(t, r, nil); got != http.StatusServiceUnavailable {
 		t.Errorf("upgrade after shutdown: %d, want 503", got)
 	}
+}
+
+// signIn signs in to the replica at url with token and returns its session
+// cookie as a Cookie header's value.
+func signIn(t *testing.T, url, token string) string {
+	t.Helper()
+	resp, err := http.Post(url+"/api/session", "application/json", strings.NewReader(`{"token":"`+token+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || len(resp.Cookies()) != 1 {
+		t.Fatalf("sign in: %d, cookies %v; want 200 and one cookie", resp.StatusCode, resp.Cookies())
+	}
+	c := resp.Cookies()[0]
+	return c.Name + "=" + c.Value
 }

@@ -2,7 +2,6 @@ package hub_test
 
 import (
 	"bytes"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -126,7 +125,7 @@ func TestCrossOriginUpgradeRefused(t *testing.T) {
 	r := startReplica(t, db, "replica-a", options{token: token, origins: []string{"https://dash.example.com"}})
 	host := strings.TrimPrefix(r.srv.URL, "http://")
 	hostname, _, _ := strings.Cut(host, ":")
-	cookie := "leasehold_token=" + base64.RawURLEncoding.EncodeToString([]byte(token))
+	cookie := signIn(t, r.srv.URL, token)
 	for _, tc := range []struct {
 		origin string
 		want   int
