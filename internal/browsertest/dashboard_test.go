@@ -177,6 +177,45 @@ func TestDashboardSignIn(t *testing.T) {
 	}
 }
 
+// TestDashboardReadOnly signs the dashboard in with a token of the read
+// scope alone: the page shows everything and offers none of the controls
+// that token may not use (the generator's switch, cancel and retry), and
+// says who it is signed in as; signing out brings the sign-in box back.
+func TestDashboardReadOnly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the browser test starts Chromium and a replica; skipped with -short")
+	}
+	chromium := ensureChromium(t)
+	db := pgtest.New(t)
+	const reader, admin = "a-read-only-token-of-the-page", "the-admin-token-of-the-page"
+	file := filepath.Join(t.TempDir(), "tokens.json")
+	if err := os.WriteFile(file, []byte(`[{"name": "viewer", "token": "`+reader+`", "scopes": ["read"]},
+		{"name": "ops", "token": "`+admin+`", "scopes": ["admin"]}]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startReplica(t, testkit.Leasehold(t), db.URL, "--tokens-file", file, "--roles", "api")
+	r.token = admin
+	pending := createTask(t, r, map[string]any{"task_data": map[string]any{}, "kind": "report.render"})
+	ctx := newBrowser(t, chromium)
+	step(ctx, t, "signed in with the read token",
+		chromedp.Navigate(r.url+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`#signin`)),
+		chromedp.SendKeys(chromedp.CSS(`#token`), reader),
+		chromedp.Click(chromedp.CSS(`#signin button[type=submit]`)),
+		chromedp.WaitNotVisible(chromedp.CSS(`#signin`)),
+		chromedp.WaitVisible(chromedp.CSS(`#connection.connected`)),
+		waitTrue(`document.getElementById("who").textContent === "signed in as viewer"`),
+		waitTrue(`getComputedStyle(document.getElementById("generator-start")).display === "none"`))
+	row := fmt.Sprintf(`#task-rows tr[data-task-id="%d"]`, pending.ID)
+	step(ctx, t, "the task listed without its cancel button",
+		chromedp.Click(chromedp.CSS(`#nav-tasks`)),
+		chromedp.WaitVisible(chromedp.CSS(row+`[data-state="pending"]`)),
+		waitTrue(`((bs) => bs.length > 0 && bs.every(b => getComputedStyle(b).display === "none"))([...document.querySelectorAll('`+row+` button.task-cancel')])`))
+	step(ctx, t, "signed out",
+		chromedp.Click(chromedp.CSS(`#signout`)),
+		chromedp.WaitVisible(chromedp.CSS(`#signin`)))
+}
+
 // TestDashboardTasks opens the tasks view of a replica with one task
 // running (claimed over REST by a worker of the test's own, under a lease
 // that outlasts the test) and one dead (its only attempt failed), cancels
