@@ -29,11 +29,13 @@ func taskPath(id int64, op string) string {
 }
 
 // leaseOpRefusals maps the refusals of the routes a task's holder calls:
-// 409 is task.ErrLeaseLost, 404 task.ErrNotFound.
-func leaseOpRefusals(status int, _ errorBody) error {
+// 409 is task.ErrLeaseLost (a *task.LeaseLostError, which is
+// task.ErrCancelled too when the server says the task was cancelled), 404
+// task.ErrNotFound.
+func leaseOpRefusals(status int, body errorBody) error {
 	switch status {
 	case http.StatusConflict:
-		return task.ErrLeaseLost
+		return &task.LeaseLostError{State: body.TaskState}
 	case http.StatusNotFound:
 		return task.ErrNotFound
 	}
@@ -190,6 +192,19 @@ type holderBody struct {
 func (r restTasks) Heartbeat(ctx context.Context, id int64, processor string, fence int64) (task.Task, error) {
 	var t task.Task
 	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "heartbeat"), nil, holderBody{processor, fence}, &t, leaseOpRefusals)
+	return t, err
+}
+
+// HeartbeatWait renews the lease and has the service hold its answer up to
+// wait (whole seconds), answering at once when the task is cancelled: how a
+// remote worker hears of a cancellation without polling.
+func (r restTasks) HeartbeatWait(ctx context.Context, id int64, processor string, fence int64, wait time.Duration) (task.Task, error) {
+	body := struct {
+		holderBody
+		WaitSeconds int64 `json:"wait_seconds,omitempty"`
+	}{holderBody{processor, fence}, int64(wait / time.Second)}
+	var t task.Task
+	_, err := r.c.waiting(wait).do(ctx, http.MethodPut, taskPath(id, "heartbeat"), nil, body, &t, leaseOpRefusals)
 	return t, err
 }
 

@@ -98,6 +98,9 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("%s %s: %d %s: %s", e.Method, e.Path, e.StatusCode, http.StatusText(e.StatusCode), e.Message)
 }
 
+// HTTPStatus is the status the service answered.
+func (e *StatusError) HTTPStatus() int { return e.StatusCode }
+
 // Transient reports whether the status says to try again later: 429, 502,
 // 503 or 504 (a replica or its database briefly unavailable, a front door
 // with no replica behind it).
@@ -129,9 +132,10 @@ func IsTransient(err error) bool {
 
 // errorBody is the service's answer to a request it refused.
 type errorBody struct {
-	Error    string          `json:"error"`
-	Lease    json.RawMessage `json:"lease"`
-	Schedule json.RawMessage `json:"schedule"`
+	Error     string          `json:"error"`
+	Lease     json.RawMessage `json:"lease"`
+	Schedule  json.RawMessage `json:"schedule"`
+	TaskState string          `json:"task_state"`
 }
 
 // refusal maps a status with a meaning of its own to its error; nil leaves

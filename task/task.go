@@ -71,6 +71,29 @@ var (
 	ErrUniqueKeyTaken = errors.New("another task of the kind holds the unique key")
 )
 
+// LeaseLostError is ErrLeaseLost as a refusal found it, with the task's
+// State then ("" when not known). It is also ErrCancelled when the task was
+// cancelled: a worker whose heartbeat is refused learns why, embedded or
+// over REST, and tells its handler so (context.Cause is ErrCancelled).
+type LeaseLostError struct {
+	State State
+}
+
+func (e *LeaseLostError) Error() string {
+	switch e.State {
+	case "":
+		return ErrLeaseLost.Error()
+	case StateCancelled:
+		return ErrLeaseLost.Error() + ": the task was cancelled"
+	}
+	return ErrLeaseLost.Error() + ": the task is " + e.State
+}
+
+// Is reports ErrLeaseLost, and ErrCancelled for a cancelled task.
+func (e *LeaseLostError) Is(target error) bool {
+	return target == ErrLeaseLost || (target == ErrCancelled && e.State == StateCancelled)
+}
+
 // Defaults of a task that names none.
 const (
 	DefaultKind        = "sleep"   // the built-in demo kind

@@ -25,6 +25,9 @@ type errorBody struct {
 	// Schedule is the schedule that holds the name on a 409 of POST
 	// /api/schedules.
 	Schedule *schedule.Schedule `json:"schedule,omitempty"`
+	// TaskState is the task's state on a 409 of its holder's routes, when
+	// known: "cancelled" tells its worker the task was cancelled.
+	TaskState string `json:"task_state,omitempty"`
 }
 
 // writeError is the one place where errors become statuses. Only errors the
@@ -57,8 +60,16 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		encode(w, http.StatusNotFound, errorBody{Error: "the holder holds no active lease on this resource with that fence (expired, released, someone else's, or never acquired); acquire it again"})
 	case errors.Is(err, lease.ErrNotFound):
 		encode(w, http.StatusNotFound, errorBody{Error: "no lease has this id; list leases with GET /api/leases"})
+	case errors.Is(err, task.ErrCancelled) && errors.Is(err, task.ErrLeaseLost):
+		encode(w, http.StatusConflict, errorBody{TaskState: task.StateCancelled,
+			Error: "the task was cancelled: its lease is revoked and nothing its worker reports is accepted; stop working on it"})
 	case errors.Is(err, task.ErrLeaseLost):
-		encode(w, http.StatusConflict, errorBody{Error: "this processor does not hold the task with a live lease (another processor or fence claimed it, it is already completed or failed, or its lease expired); claim a task again with POST /api/tasks/next"})
+		var lost *task.LeaseLostError
+		state := ""
+		if errors.As(err, &lost) {
+			state = lost.State
+		}
+		encode(w, http.StatusConflict, errorBody{TaskState: state, Error: "this processor does not hold the task with a live lease (another processor or fence claimed it, it is already completed or failed, or its lease expired); claim a task again with POST /api/tasks/next"})
 	case errors.Is(err, task.ErrNotCancellable):
 		encode(w, http.StatusConflict, errorBody{Error: "the task is done, dead or cancelled already; only pending and running tasks can be cancelled (retry a dead or cancelled one with POST /api/tasks/{id}/retry)"})
 	case errors.Is(err, task.ErrNotRetryable):

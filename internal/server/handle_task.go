@@ -563,7 +563,7 @@ func heartbeatWaiting(w http.ResponseWriter, r *http.Request, d Deps, id int64, 
 			return t, nil
 		case cur.State != task.StateRunning || cur.Processor != t.Processor || cur.Fence != t.Fence:
 			log.Debug().Str("state", cur.State).Msg("heartbeat stopped waiting: the lease was revoked")
-			return task.Task{}, task.ErrLeaseLost
+			return task.Task{}, &task.LeaseLostError{State: cur.State}
 		}
 	}
 }

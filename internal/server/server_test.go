@@ -272,8 +272,8 @@ func checkError(t *testing.T, what string, r response) map[string]json.RawMessag
 		t.Errorf("%s: body %s: want a non-empty string in \"error\"", what, r.body)
 	}
 	for k := range body {
-		if k != "error" && !(k == "lease" && r.status == http.StatusConflict) {
-			t.Errorf("%s: body %s has the field %q; an error has only \"error\" (and \"lease\" on a 409)", what, r.body, k)
+		if k != "error" && !((k == "lease" || k == "task_state") && r.status == http.StatusConflict) {
+			t.Errorf("%s: body %s has the field %q; an error has only \"error\" (and \"lease\" or \"task_state\" on a 409)", what, r.body, k)
 		}
 	}
 	return body

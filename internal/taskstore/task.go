@@ -509,10 +509,11 @@ func (s *Store) Retry(ctx context.Context, id int64) (task.Task, error) {
 // task.ErrNotFound when no row came back.
 func (s *Store) casResult(ctx context.Context, id int64, row db.Task, err error, op string) (task.Task, error) {
 	if errors.Is(err, pgx.ErrNoRows) {
-		if _, gerr := s.Get(ctx, id); gerr != nil {
+		cur, gerr := s.Get(ctx, id)
+		if gerr != nil {
 			return task.Task{}, gerr
 		}
-		return task.Task{}, task.ErrLeaseLost
+		return task.Task{}, &task.LeaseLostError{State: cur.State}
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == lockLost {

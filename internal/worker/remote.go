@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/leasehold/leasehold/internal/keepalive"
+	"net/http"
 	"sync"
 	"time"
 
@@ -17,6 +19,10 @@ import (
 // service's REST API.
 type RemoteTasks interface {
 	Ops
+	// HeartbeatWait renews the lease and has the service hold the answer
+	// up to wait, answering at once (task.ErrCancelled) when the task is
+	// cancelled meanwhile.
+	HeartbeatWait(ctx context.Context, id int64, processor string, fence int64, wait time.Duration) (task.Task, error)
 	// Claim claims for processor the next due task of queue and kinds,
 	// waiting up to wait for one to become claimable (the service wakes
 	// the wait by NOTIFY: no polling on either side). ok is false when
@@ -30,10 +36,12 @@ type RemoteTasks interface {
 // service over HTTP, for a program without database credentials: the same
 // Handler as a Pool's, under the same leases. Idle workers long-poll the
 // service for tasks (at most Fetchers claims wait at once); each claimed
-// task runs under its lease, heartbeated every third of its TTL, and is
-// completed, failed, snoozed or cancelled through the API. A cancellation
-// reaches a remote worker at its next heartbeat (it has no LISTEN
-// session).
+// task runs under its lease, kept by held heartbeats (see heldHeartbeats:
+// one always waits on the service, which answers it the moment the task is
+// cancelled, so the handler's context ends with task.ErrCancelled within a
+// round trip, as a Pool's does through LISTEN), and is completed, failed,
+// snoozed or cancelled through the API. It is the one REST worker:
+// leasehold work runs its commands on it.
 type RemotePool struct {
 	Tasks    RemoteTasks
 	Instance string // processors are named as a Pool's
@@ -52,6 +60,12 @@ type RemotePool struct {
 	// ends before they are cancelled and handed back (default 10s;
 	// negative: no grace).
 	ShutdownGrace time.Duration
+	// Grace is how long Handler takes to stop once its context ends (a
+	// command given SIGTERM, then SIGKILL: leasehold work's --kill-grace),
+	// at most half a task's TTL. A task's lease is given up that much
+	// before its deadline (lease.KeepConfig.Grace), so that the handler has
+	// stopped before the service could give the task to another worker.
+	Grace time.Duration
 	// Abort, when set, replaces ShutdownGrace: running tasks go on after
 	// Run's context ends until Abort is closed.
 	Abort   <-chan struct{}
@@ -66,8 +80,10 @@ func (p *RemotePool) Counters() Counters { return p.counters.snapshot() }
 
 // Run claims and runs tasks until ctx ends, then shuts down gracefully:
 // no more claims, running tasks get ShutdownGrace, the rest are handed
-// back. It returns when every goroutine it started has exited; the error
-// is only ever about the settings.
+// back. It returns when every goroutine it started has exited. Its error is
+// about the settings, or a *ClaimsRefusedError: the service refused the
+// claims for a reason asking again cannot change (a wrong token, a URL that
+// is not a leasehold service), and the pool stopped as for ctx's end.
 func (p *RemotePool) Run(ctx context.Context) error {
 	switch {
 	case p.Tasks == nil:
@@ -109,7 +125,8 @@ func (p *RemotePool) Run(ctx context.Context) error {
 	}
 	log := p.Log.With().Str("component", "worker").Str("queue", queue).Logger()
 	r := &runner{
-		ops: p.Tasks, handler: p.Handler, ttl: p.TTL, log: log, counters: &p.counters, onEvent: p.OnEvent,
+		ops: p.Tasks, handler: p.Handler, ttl: p.TTL, grace: max(p.Grace, 0), log: log, counters: &p.counters, onEvent: p.OnEvent,
+		held: &heldHeartbeats{tasks: p.Tasks, log: log},
 		complete: func(ctx context.Context, c taskstore.Completion) (*claim, error) {
 			_, err := p.Tasks.Complete(ctx, c.ID, c.Processor, c.Fence, c.Output)
 			return nil, err
@@ -134,8 +151,16 @@ func (p *RemotePool) Run(ctx context.Context) error {
 		})
 	}
 	cut := &cutClaims{}
+	claimCtx, stopClaims := context.WithCancelCause(ctx)
+	defer stopClaims(nil)
+	var refused refusedOnce
 	for range fetchers {
-		fetching.Go(func() { p.fetch(ctx, log, idle, queue, wait, cut) })
+		fetching.Go(func() {
+			if err := p.fetch(claimCtx, log, idle, queue, wait, cut); err != nil && refused.set(err) {
+				log.Error().Err(err).Msg("giving up: the service refuses the claims; stopping")
+				stopClaims(err)
+			}
+		})
 	}
 	log.Info().Int("workers", p.Workers).Strs("kinds", p.Kinds).Msg("remote worker pool started")
 	fetching.Wait()
@@ -148,7 +173,49 @@ func (p *RemotePool) Run(ctx context.Context) error {
 	running.Wait()
 	stopGrace()
 	log.Info().Msg("remote worker pool stopped")
-	return nil
+	return refused.get()
+}
+
+// ClaimsRefusedError is why a RemotePool stopped on its own: the service
+// refused its claims for a reason that asking again cannot change.
+type ClaimsRefusedError struct{ Err error }
+
+func (e *ClaimsRefusedError) Error() string {
+	return "the service refuses the claims: " + e.Err.Error()
+}
+func (e *ClaimsRefusedError) Unwrap() error { return e.Err }
+
+// refusedOnce keeps the first ClaimsRefusedError of the fetchers.
+type refusedOnce struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (r *refusedOnce) set(err error) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return false
+	}
+	r.err = err
+	return true
+}
+
+func (r *refusedOnce) get() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// claimRefusedForGood reports whether a claim's refusal is one that asking
+// again cannot change: bad input, a wrong token, a token without the work
+// scope, a URL that is not the API's.
+func claimRefusedForGood(err error) bool {
+	switch statusOf(err) {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed:
+		return true
+	}
+	return false
 }
 
 // handBack gives a task claimed for processor back to the queue, not counted as an attempt,
@@ -199,14 +266,15 @@ const cutHandBackTimeout = 5 * time.Second
 
 // fetch claims tasks for idle workers until ctx ends: one waiting claim at
 // a time, for the worker it took from idle, which gets the task or goes
-// back. A claim that ctx's end cuts off is added to cut.
-func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *worker, queue string, wait time.Duration, cut *cutClaims) {
+// back. A claim that ctx's end cuts off is added to cut. It returns a
+// *ClaimsRefusedError when the service refuses a claim for good.
+func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *worker, queue string, wait time.Duration, cut *cutClaims) error {
 	failures := 0
 	for {
 		var w *worker
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case w = <-idle:
 		}
 		sent := time.Now()
@@ -221,21 +289,25 @@ func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *w
 				cut.add(w.name)
 			}
 			idle <- w
-			return
+			return nil
+		case err != nil && claimRefusedForGood(err):
+			idle <- w
+			return &ClaimsRefusedError{Err: err}
 		case err != nil:
 			idle <- w
 			failures++
-			backoff := min(100*time.Millisecond<<min(failures-1, 6), 5*time.Second)
+			backoff := keepalive.Jitter(min(100*time.Millisecond<<min(failures-1, 6), 5*time.Second))
 			ev := log.Debug()
 			if failures == 1 {
 				ev = log.Warn()
 			}
-			ev.Err(err).Int("failures", failures).Dur("retry_in", backoff).Msg("claim failed; retrying with backoff")
+			ev.Err(err).Int("failures", failures).Str("retry_in", backoff.Round(time.Millisecond).String()).
+				Msg("a claim failed: the service cannot be reached or is unavailable; asking again with backoff")
 			timer := time.NewTimer(backoff)
 			select {
 			case <-ctx.Done():
 				timer.Stop()
-				return
+				return nil
 			case <-timer.C:
 			}
 			continue

@@ -27,7 +27,14 @@ type runner struct {
 	complete func(ctx context.Context, c taskstore.Completion) (*claim, error)
 	handler  Handler
 	ttl      time.Duration // of a task that has none of its own
-	spike    float64       // SimSpikeRate
+	// grace is how long the handler takes to stop once its context ends
+	// (lease.KeepConfig.Grace, at most half a TTL): the lease is given up
+	// that much earlier, so that the handler is done before anyone else
+	// could claim the task.
+	grace time.Duration
+	// held, when set, sends held heartbeats (a remote pool's).
+	held     *heldHeartbeats
+	spike    float64 // SimSpikeRate
 	log      zerolog.Logger
 	counters *counters
 	onEvent  func(Event)
@@ -72,7 +79,22 @@ func ttlOf(t task.Task, def time.Duration) time.Duration {
 func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, *claim) {
 	t := &c.task // not a copy: the closures below share it
 	ttl := r.taskTTL(*t)
-	keep := lease.KeepConfig{TTL: ttl}.WithDefaults()
+	keep := lease.KeepConfig{TTL: ttl, Grace: min(r.grace, ttl/2)}.WithDefaults()
+	if keep.Grace > 0 {
+		keep.RenewInterval = keep.Window() / 3
+		keep.RetryInterval = keep.RenewInterval / 4
+	}
+	// The first heartbeat is due nearly an interval after the claim (the
+	// earliest its jitter allows); a held one, at once after
+	// firstHeldHeartbeat, so that a cancellation is heard from then on.
+	firstDue := keep.RenewInterval - keep.RenewInterval/10
+	var hold, interval time.Duration
+	if r.held != nil {
+		keep, hold, interval = r.held.config(keep)
+		if hold > 0 {
+			firstDue = firstHeldHeartbeat
+		}
+	}
 	// The task's logger, made when something is worth saying: most tasks
 	// of a busy queue say nothing.
 	log := sync.OnceValue(func() *zerolog.Logger {
@@ -99,13 +121,13 @@ func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, 
 		stopped        bool
 		stopHeartbeats context.CancelFunc
 	)
-	first := time.AfterFunc(time.Until(c.sent.Add(keep.RenewInterval-keep.RenewInterval/10)), func() {
+	first := time.AfterFunc(time.Until(c.sent.Add(firstDue)), func() {
 		hbMu.Lock()
 		defer hbMu.Unlock()
 		if !stopped {
 			var hbCtx context.Context
 			hbCtx, stopHeartbeats = context.WithCancel(taskCtx)
-			hb.Go(func() { deadline = r.heartbeat(hbCtx, log, *t, w.name, keep, c.sent, cancelTask) })
+			hb.Go(func() { deadline = r.heartbeat(hbCtx, log, *t, w.name, keep, hold, interval, c.sent, cancelTask) })
 		}
 	})
 	output, runErr := r.run(taskCtx, *t)
@@ -314,13 +336,20 @@ func committed(kind EventKind, cur task.Task) bool {
 // or the last successful heartbeat was sent + TTL − margin). It returns the
 // deadline as it stood when it stopped.
 func (r *runner) heartbeat(ctx context.Context, log func() *zerolog.Logger, t task.Task, processor string, keep lease.KeepConfig,
-	sent time.Time, lost context.CancelCauseFunc,
+	hold, interval time.Duration, sent time.Time, lost context.CancelCauseFunc,
 ) time.Time {
 	failing := false // the last heartbeat failed: the retries are logged at debug level
+	beat := func(ctx context.Context) error {
+		if r.held != nil {
+			return r.held.heartbeat(ctx, t, processor, heldWait(ctx, hold, interval))
+		}
+		_, err := r.ops.Heartbeat(ctx, t.ID, processor, t.Fence)
+		return err
+	}
 	loop := keepalive.Loop{
 		Config: keep,
 		Renew: func(ctx context.Context) error {
-			_, err := r.ops.Heartbeat(ctx, t.ID, processor, t.Fence)
+			err := beat(ctx)
 			if err == nil && failing {
 				log().Info().Msg("heartbeat succeeded again")
 				failing = false
