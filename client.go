@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/restclient"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
@@ -99,7 +101,7 @@ type Client struct {
 	pool       *pgxpool.Pool
 	store      *taskstore.Store
 	leaseStore *leasing.Store
-	rest       *rest
+	rest       *restclient.Client
 
 	leases    *Leases
 	schedules *Schedules
@@ -160,7 +162,7 @@ func NewRemoteClient(remote RemoteConfig, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, errNoScheduler)
 	}
 	c.rest = r
-	c.leases = &Leases{svc: restLeases{c: r}}
+	c.leases = &Leases{svc: restclient.Leases{C: r}}
 	c.schedules = &Schedules{rest: r}
 	return c, nil
 }
@@ -339,7 +341,7 @@ func (c *Client) Start(ctx context.Context) error {
 			continue
 		}
 		p := &worker.RemotePool{
-			Tasks: restTasks{c: c.rest}, Instance: c.cfg.ID, Queue: name, Kinds: c.kinds, Handler: handler,
+			Tasks: restclient.Tasks{C: c.rest}, Instance: c.cfg.ID, Queue: name, Kinds: c.kinds, Handler: handler,
 			Workers: q.MaxWorkers, TTL: c.cfg.TaskTTL, Abort: c.abort, Log: c.log,
 		}
 		c.running.Go(func() {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/restclient"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leasehold/leasehold/internal/taskstore"
@@ -78,7 +80,7 @@ func (c *Client) InsertMany(ctx context.Context, params []InsertParams) ([]*Inse
 	if c.store != nil {
 		ins, err = c.store.Insert(ctx, nts)
 	} else {
-		ins, err = restTasks{c: c.rest}.insert(ctx, nts)
+		ins, err = restclient.Tasks{C: c.rest}.Insert(ctx, nts)
 	}
 	if err != nil {
 		return nil, err
@@ -255,14 +257,13 @@ func safeKind(args TaskArgs) (kind string, err error) {
 func (c *Client) Get(ctx context.Context, id int64) (*task.Task, error) {
 	return c.onTask(id,
 		func(s *taskstore.Store) (task.Task, error) { return s.Get(ctx, id) },
-		func(r restTasks) (task.Task, error) { return r.Get(ctx, id) })
+		func(r restclient.Tasks) (task.Task, error) { return r.Get(ctx, id) })
 }
 
 // Cancel cancels a pending or running task, with reason as its last error
 // ("" for a default). A running task's lease is revoked at once: its
 // worker's handler sees its context cancelled (task.ErrCancelled) within
-// moments when it listens (a client on a pool; a remote worker finds out at
-// its next heartbeat), and nothing its worker reports is accepted.
+// moments, embedded or remote, and nothing its worker reports is accepted.
 // task.ErrNotCancellable when the task is done, dead or cancelled already;
 // task.ErrNotFound when there is none.
 func (c *Client) Cancel(ctx context.Context, id int64, reason string) (*task.Task, error) {
@@ -271,7 +272,7 @@ func (c *Client) Cancel(ctx context.Context, id int64, reason string) (*task.Tas
 	}
 	return c.onTask(id,
 		func(s *taskstore.Store) (task.Task, error) { return s.Cancel(ctx, id, reason) },
-		func(r restTasks) (task.Task, error) { return r.cancel(ctx, id, reason) })
+		func(r restclient.Tasks) (task.Task, error) { return r.Cancel(ctx, id, reason) })
 }
 
 // Retry puts a dead or cancelled task back in the queue, due now, with a
@@ -281,12 +282,12 @@ func (c *Client) Cancel(ctx context.Context, id int64, reason string) (*task.Tas
 func (c *Client) Retry(ctx context.Context, id int64) (*task.Task, error) {
 	return c.onTask(id,
 		func(s *taskstore.Store) (task.Task, error) { return s.Retry(ctx, id) },
-		func(r restTasks) (task.Task, error) { return r.retry(ctx, id) })
+		func(r restclient.Tasks) (task.Task, error) { return r.Retry(ctx, id) })
 }
 
 // onTask makes a call about task id: on the store when the client has a
 // pool, over REST otherwise.
-func (c *Client) onTask(id int64, onStore func(*taskstore.Store) (task.Task, error), onREST func(restTasks) (task.Task, error)) (*task.Task, error) {
+func (c *Client) onTask(id int64, onStore func(*taskstore.Store) (task.Task, error), onREST func(restclient.Tasks) (task.Task, error)) (*task.Task, error) {
 	if id < 1 {
 		return nil, fmt.Errorf("%w: task id %d is not positive", ErrInvalidArgument, id)
 	}
@@ -297,7 +298,7 @@ func (c *Client) onTask(id int64, onStore func(*taskstore.Store) (task.Task, err
 	if c.store != nil {
 		t, err = onStore(c.store)
 	} else {
-		t, err = onREST(restTasks{c: c.rest})
+		t, err = onREST(restclient.Tasks{C: c.rest})
 	}
 	if err != nil {
 		return nil, err

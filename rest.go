@@ -1,16 +1,15 @@
 package leasehold
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/restclient"
 )
 
 // RemoteConfig says where a leasehold service is and how to reach it, for
@@ -36,15 +35,8 @@ type RemoteConfig struct {
 // that does not answer.
 const defaultRequestTimeout = 30 * time.Second
 
-// rest is the REST API's client: one base URL, one token, one http.Client.
-// It is safe for concurrent use.
-type rest struct {
-	base  *url.URL
-	token string
-	http  *http.Client
-}
-
-func newREST(rc RemoteConfig) (*rest, error) {
+// newREST is the REST client of rc, checked.
+func newREST(rc RemoteConfig) (*restclient.Client, error) {
 	u, err := url.Parse(rc.URL)
 	switch {
 	case rc.URL == "":
@@ -64,20 +56,7 @@ func newREST(rc RemoteConfig) (*rest, error) {
 	if hc == nil {
 		hc = &http.Client{Timeout: defaultRequestTimeout}
 	}
-	return &rest{base: u, token: rc.Token, http: hc}, nil
-}
-
-// waiting returns the client for a request that the service may hold for
-// wait: its time limit counts from when the service stops waiting.
-func (c *rest) waiting(wait time.Duration) *rest {
-	if wait <= 0 || c.http.Timeout <= 0 {
-		return c
-	}
-	hc := *c.http
-	hc.Timeout += wait
-	w := *c
-	w.http = &hc
-	return &w
+	return restclient.New(u, rc.Token, hc, newStatusError), nil
 }
 
 // StatusError is an answer of a leasehold service that is neither a success
@@ -122,92 +101,10 @@ func IsTransient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return false
 	}
-	var status *StatusError
-	if errors.As(err, &status) {
-		return status.Transient()
-	}
-	var transport *url.Error
-	return errors.As(err, &transport)
+	return restclient.Transient(err)
 }
 
-// errorBody is the service's answer to a request it refused.
-type errorBody struct {
-	Error     string          `json:"error"`
-	Lease     json.RawMessage `json:"lease"`
-	Schedule  json.RawMessage `json:"schedule"`
-	TaskState string          `json:"task_state"`
-}
-
-// refusal maps a status with a meaning of its own to its error; nil leaves
-// it a *StatusError.
-type refusal func(status int, body errorBody) error
-
-// Bounds on what the client reads of an answer: a full page of 10000 leases
-// fits; an error is one sentence.
-const (
-	maxAnswerBytes = 64 << 20
-	maxErrorBytes  = 64 << 10
-)
-
-// do sends one request and decodes a 2xx answer into out (nothing for a
-// 204), returning the status. A refused request becomes refused's error or
-// a *StatusError.
-func (c *rest) do(ctx context.Context, method, path string, query url.Values, in, out any, refused refusal) (int, error) {
-	u := c.base.JoinPath(path)
-	u.RawQuery = query.Encode()
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return 0, fmt.Errorf("%s %s: encode request: %w", method, path, err)
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
-	if err != nil {
-		return 0, fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	req.Header.Set("Accept", "application/json")
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, err // a *url.Error: transient unless ctx ended
-	}
-	defer func() {
-		// Drain a little so that the connection can be reused.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		_ = resp.Body.Close()
-	}()
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		if resp.StatusCode == http.StatusNoContent || out == nil {
-			return resp.StatusCode, nil
-		}
-		raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
-		if err != nil {
-			return 0, &url.Error{Op: method, URL: u.String(), Err: fmt.Errorf("reading the answer: %w", err)}
-		}
-		if err := json.Unmarshal(raw, out); err != nil {
-			return 0, fmt.Errorf("%s %s: the answer (%d) is not what leasehold sends: %w", method, path, resp.StatusCode, err)
-		}
-		return resp.StatusCode, nil
-	}
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBytes))
-	if err != nil {
-		return 0, &url.Error{Op: method, URL: u.String(), Err: fmt.Errorf("reading the answer (%d): %w", resp.StatusCode, err)}
-	}
-	var eb errorBody
-	if json.Unmarshal(raw, &eb) != nil || eb.Error == "" {
-		eb = errorBody{Error: strings.TrimSpace(string(raw[:min(len(raw), 200)]))}
-	}
-	if refused != nil {
-		if err := refused(resp.StatusCode, eb); err != nil {
-			return resp.StatusCode, err
-		}
-	}
-	return resp.StatusCode, &StatusError{Method: method, Path: u.Path, StatusCode: resp.StatusCode, Message: eb.Error}
+// newStatusError is the error of an answer the client has no other for.
+func newStatusError(method, path string, status int, message string) error {
+	return &StatusError{Method: method, Path: path, StatusCode: status, Message: message}
 }

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/restclient"
+
 	"github.com/leasehold/leasehold/internal/scheduler"
 	"github.com/leasehold/leasehold/schedule"
 )
@@ -20,8 +22,8 @@ import (
 // whichever process holds the scheduler lease: a `leasehold serve` replica
 // with the scheduler role, or a Client on a pool with Config.Scheduler.
 type Schedules struct {
-	store *scheduler.Store // on a pool
-	rest  *rest            // remote
+	store *scheduler.Store   // on a pool
+	rest  *restclient.Client // remote
 }
 
 // Schedules returns the client's schedules.
@@ -69,7 +71,7 @@ func (s *Schedules) write(ctx context.Context, method string, p schedule.Params)
 		path = "/api/schedules/" + url.PathEscape(p.Name)
 	}
 	var sc schedule.Schedule
-	_, err := s.rest.do(ctx, method, path, nil, body, &sc, func(status int, eb errorBody) error {
+	_, err := s.rest.Do(ctx, method, path, nil, body, &sc, func(status int, eb restclient.ErrorBody) error {
 		switch status {
 		case http.StatusConflict:
 			var cur schedule.Schedule
@@ -120,7 +122,7 @@ func (s *Schedules) Get(ctx context.Context, name string) (*schedule.Schedule, e
 		return &sc, nil
 	}
 	var sc schedule.Schedule
-	_, err := s.rest.do(ctx, http.MethodGet, "/api/schedules/"+url.PathEscape(name), nil, nil, &sc, notFound(schedule.ErrNotFound))
+	_, err := s.rest.Do(ctx, http.MethodGet, "/api/schedules/"+url.PathEscape(name), nil, nil, &sc, notFound(schedule.ErrNotFound))
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +146,7 @@ func (s *Schedules) List(ctx context.Context, after string, limit int) ([]schedu
 		q.Set("after_name", after)
 	}
 	var list []schedule.Schedule
-	if _, err := s.rest.do(ctx, http.MethodGet, "/api/schedules", q, nil, &list, nil); err != nil {
+	if _, err := s.rest.Do(ctx, http.MethodGet, "/api/schedules", q, nil, &list, nil); err != nil {
 		return nil, err
 	}
 	return list, nil
@@ -165,7 +167,7 @@ func (s *Schedules) Delete(ctx context.Context, name string) (*schedule.Schedule
 		return &sc, nil
 	}
 	var sc schedule.Schedule
-	_, err := s.rest.do(ctx, http.MethodDelete, "/api/schedules/"+url.PathEscape(name), nil, nil, &sc, notFound(schedule.ErrNotFound))
+	_, err := s.rest.Do(ctx, http.MethodDelete, "/api/schedules/"+url.PathEscape(name), nil, nil, &sc, notFound(schedule.ErrNotFound))
 	if err != nil {
 		return nil, err
 	}
@@ -173,8 +175,8 @@ func (s *Schedules) Delete(ctx context.Context, name string) (*schedule.Schedule
 }
 
 // notFound is the refusal of a 404 as err.
-func notFound(err error) refusal {
-	return func(status int, _ errorBody) error {
+func notFound(err error) restclient.Refusal {
+	return func(status int, _ restclient.ErrorBody) error {
 		if status == http.StatusNotFound {
 			return err
 		}

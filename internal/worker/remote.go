@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/leasehold/leasehold/internal/keepalive"
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/keepalive"
 
 	"github.com/rs/zerolog"
 

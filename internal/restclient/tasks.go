@@ -1,4 +1,4 @@
-package leasehold
+package restclient
 
 import (
 	"context"
@@ -15,10 +15,10 @@ import (
 	"github.com/leasehold/leasehold/task"
 )
 
-// restTasks is the task queue over the REST API (contract §3 and §6): what
-// a remote client inserts and controls, and what its workers write under
-// their tasks' leases (worker.RemoteTasks).
-type restTasks struct{ c *rest }
+// Tasks is the task queue over the REST API: what a remote client inserts
+// and controls, and what its workers write under their tasks' leases
+// (worker.RemoteTasks).
+type Tasks struct{ C *Client }
 
 func taskPath(id int64, op string) string {
 	p := "/api/tasks/" + strconv.FormatInt(id, 10)
@@ -32,7 +32,7 @@ func taskPath(id int64, op string) string {
 // 409 is task.ErrLeaseLost (a *task.LeaseLostError, which is
 // task.ErrCancelled too when the server says the task was cancelled), 404
 // task.ErrNotFound.
-func leaseOpRefusals(status int, body errorBody) error {
+func leaseOpRefusals(status int, body ErrorBody) error {
 	switch status {
 	case http.StatusConflict:
 		return &task.LeaseLostError{State: body.TaskState}
@@ -65,10 +65,10 @@ func bodyOf(nt taskstore.NewTask) newTaskBody {
 	return b
 }
 
-// insert posts the tasks: those without a unique key in one batch, each
+// Insert posts the tasks: those without a unique key in one batch, each
 // with one in a request of its own, whose status (201 or 200) says whether
 // it was inserted (a batch's says only whether any was).
-func (r restTasks) insert(ctx context.Context, nts []taskstore.NewTask) ([]taskstore.Inserted, error) {
+func (r Tasks) Insert(ctx context.Context, nts []taskstore.NewTask) ([]taskstore.Inserted, error) {
 	out := make([]taskstore.Inserted, len(nts))
 	var plain []int
 	for i, nt := range nts {
@@ -77,7 +77,7 @@ func (r restTasks) insert(ctx context.Context, nts []taskstore.NewTask) ([]tasks
 			continue
 		}
 		var t task.Task
-		status, err := r.c.do(ctx, http.MethodPost, "/api/tasks", nil, bodyOf(nt), &t, nil)
+		status, err := r.C.Do(ctx, http.MethodPost, "/api/tasks", nil, bodyOf(nt), &t, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -91,7 +91,7 @@ func (r restTasks) insert(ctx context.Context, nts []taskstore.NewTask) ([]tasks
 		bodies[j] = bodyOf(nts[i])
 	}
 	var ts []task.Task
-	if _, err := r.c.do(ctx, http.MethodPost, "/api/tasks", nil, bodies, &ts, nil); err != nil {
+	if _, err := r.C.Do(ctx, http.MethodPost, "/api/tasks", nil, bodies, &ts, nil); err != nil {
 		return nil, err
 	}
 	for j, i := range plain {
@@ -100,9 +100,10 @@ func (r restTasks) insert(ctx context.Context, nts []taskstore.NewTask) ([]tasks
 	return out, nil
 }
 
-func (r restTasks) Get(ctx context.Context, id int64) (task.Task, error) {
+// Get reads one task; task.ErrNotFound when there is none.
+func (r Tasks) Get(ctx context.Context, id int64) (task.Task, error) {
 	var t task.Task
-	_, err := r.c.do(ctx, http.MethodGet, taskPath(id, ""), nil, nil, &t, func(status int, _ errorBody) error {
+	_, err := r.C.Do(ctx, http.MethodGet, taskPath(id, ""), nil, nil, &t, func(status int, _ ErrorBody) error {
 		if status == http.StatusNotFound {
 			return task.ErrNotFound
 		}
@@ -111,10 +112,11 @@ func (r restTasks) Get(ctx context.Context, id int64) (task.Task, error) {
 	return t, err
 }
 
-func (r restTasks) cancel(ctx context.Context, id int64, reason string) (task.Task, error) {
+// Cancel cancels a task; task.ErrNotCancellable once it has finished.
+func (r Tasks) Cancel(ctx context.Context, id int64, reason string) (task.Task, error) {
 	var t task.Task
-	_, err := r.c.do(ctx, http.MethodPost, taskPath(id, "cancel"), nil, map[string]string{"reason": reason}, &t,
-		func(status int, _ errorBody) error {
+	_, err := r.C.Do(ctx, http.MethodPost, taskPath(id, "cancel"), nil, map[string]string{"reason": reason}, &t,
+		func(status int, _ ErrorBody) error {
 			switch status {
 			case http.StatusConflict:
 				return task.ErrNotCancellable
@@ -126,10 +128,11 @@ func (r restTasks) cancel(ctx context.Context, id int64, reason string) (task.Ta
 	return t, err
 }
 
-func (r restTasks) retry(ctx context.Context, id int64) (task.Task, error) {
+// Retry makes a failed, discarded or cancelled task available again.
+func (r Tasks) Retry(ctx context.Context, id int64) (task.Task, error) {
 	var t task.Task
-	_, err := r.c.do(ctx, http.MethodPost, taskPath(id, "retry"), nil, struct{}{}, &t,
-		func(status int, body errorBody) error {
+	_, err := r.C.Do(ctx, http.MethodPost, taskPath(id, "retry"), nil, struct{}{}, &t,
+		func(status int, body ErrorBody) error {
 			switch {
 			case status == http.StatusConflict && strings.Contains(body.Error, "unique key"):
 				return task.ErrUniqueKeyTaken
@@ -144,7 +147,7 @@ func (r restTasks) retry(ctx context.Context, id int64) (task.Task, error) {
 }
 
 // Claim long-polls POST /api/tasks/next.
-func (r restTasks) Claim(ctx context.Context, processor, queue string, kinds []string, wait time.Duration) (task.Task, bool, error) {
+func (r Tasks) Claim(ctx context.Context, processor, queue string, kinds []string, wait time.Duration) (task.Task, bool, error) {
 	body := struct {
 		Processor   string   `json:"processor"`
 		Kinds       []string `json:"kinds"`
@@ -152,7 +155,7 @@ func (r restTasks) Claim(ctx context.Context, processor, queue string, kinds []s
 		WaitSeconds int64    `json:"wait_seconds,omitempty"`
 	}{processor, kinds, []string{queue}, int64(wait / time.Second)}
 	var t task.Task
-	status, err := r.c.waiting(wait).do(ctx, http.MethodPost, "/api/tasks/next", nil, body, &t, nil)
+	status, err := r.C.Waiting(wait).Do(ctx, http.MethodPost, "/api/tasks/next", nil, body, &t, nil)
 	if err != nil || status == http.StatusNoContent {
 		return task.Task{}, false, err
 	}
@@ -161,13 +164,13 @@ func (r restTasks) Claim(ctx context.Context, processor, queue string, kinds []s
 
 // HeldBy pages GET /api/tasks?state=running&queue=… for the tasks of queue held by one of
 // processors.
-func (r restTasks) HeldBy(ctx context.Context, queue string, processors []string) ([]task.Task, error) {
+func (r Tasks) HeldBy(ctx context.Context, queue string, processors []string) ([]task.Task, error) {
 	const page = 1000
 	q := url.Values{"state": {task.StateRunning}, "queue": {queue}, "limit": {strconv.Itoa(page)}}
 	var held []task.Task
 	for {
 		var ts []task.Task
-		if _, err := r.c.do(ctx, http.MethodGet, "/api/tasks", q, nil, &ts, nil); err != nil {
+		if _, err := r.C.Do(ctx, http.MethodGet, "/api/tasks", q, nil, &ts, nil); err != nil {
 			return held, err
 		}
 		for _, t := range ts {
@@ -189,26 +192,28 @@ type holderBody struct {
 	Fence     int64  `json:"fence,omitempty"`
 }
 
-func (r restTasks) Heartbeat(ctx context.Context, id int64, processor string, fence int64) (task.Task, error) {
+// Heartbeat extends a held task's lease under its fence.
+func (r Tasks) Heartbeat(ctx context.Context, id int64, processor string, fence int64) (task.Task, error) {
 	var t task.Task
-	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "heartbeat"), nil, holderBody{processor, fence}, &t, leaseOpRefusals)
+	_, err := r.C.Do(ctx, http.MethodPut, taskPath(id, "heartbeat"), nil, holderBody{processor, fence}, &t, leaseOpRefusals)
 	return t, err
 }
 
 // HeartbeatWait renews the lease and has the service hold its answer up to
 // wait (whole seconds), answering at once when the task is cancelled: how a
 // remote worker hears of a cancellation without polling.
-func (r restTasks) HeartbeatWait(ctx context.Context, id int64, processor string, fence int64, wait time.Duration) (task.Task, error) {
+func (r Tasks) HeartbeatWait(ctx context.Context, id int64, processor string, fence int64, wait time.Duration) (task.Task, error) {
 	body := struct {
 		holderBody
 		WaitSeconds int64 `json:"wait_seconds,omitempty"`
 	}{holderBody{processor, fence}, int64(wait / time.Second)}
 	var t task.Task
-	_, err := r.c.waiting(wait).do(ctx, http.MethodPut, taskPath(id, "heartbeat"), nil, body, &t, leaseOpRefusals)
+	_, err := r.C.Waiting(wait).Do(ctx, http.MethodPut, taskPath(id, "heartbeat"), nil, body, &t, leaseOpRefusals)
 	return t, err
 }
 
-func (r restTasks) Complete(ctx context.Context, id int64, processor string, fence int64, output json.RawMessage) (task.Task, error) {
+// Complete records a held task as completed with its output.
+func (r Tasks) Complete(ctx context.Context, id int64, processor string, fence int64, output json.RawMessage) (task.Task, error) {
 	if len(output) == 0 {
 		output = json.RawMessage("null")
 	}
@@ -217,11 +222,13 @@ func (r restTasks) Complete(ctx context.Context, id int64, processor string, fen
 		TaskOutput json.RawMessage `json:"task_output"`
 	}{holderBody{processor, fence}, output}
 	var t task.Task
-	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "complete"), nil, body, &t, leaseOpRefusals)
+	_, err := r.C.Do(ctx, http.MethodPut, taskPath(id, "complete"), nil, body, &t, leaseOpRefusals)
 	return t, err
 }
 
-func (r restTasks) Fail(ctx context.Context, id int64, processor string, fence int64, reason string, retryIn time.Duration) (task.Task, error) {
+// Fail records a failed attempt of a held task, retried after retryIn
+// when it has attempts left (zero lets the server choose).
+func (r Tasks) Fail(ctx context.Context, id int64, processor string, fence int64, reason string, retryIn time.Duration) (task.Task, error) {
 	body := struct {
 		holderBody
 		Error          string   `json:"error"`
@@ -232,36 +239,39 @@ func (r restTasks) Fail(ctx context.Context, id int64, processor string, fence i
 		body.RetryInSeconds = &secs
 	}
 	var t task.Task
-	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "fail"), nil, body, &t, leaseOpRefusals)
+	_, err := r.C.Do(ctx, http.MethodPut, taskPath(id, "fail"), nil, body, &t, leaseOpRefusals)
 	return t, err
 }
 
-func (r restTasks) Requeue(ctx context.Context, id int64, processor string, fence int64, reason string) (task.Task, error) {
+// Requeue hands a held task back without spending an attempt.
+func (r Tasks) Requeue(ctx context.Context, id int64, processor string, fence int64, reason string) (task.Task, error) {
 	body := struct {
 		holderBody
 		Reason string `json:"reason,omitempty"`
 	}{holderBody{processor, fence}, reason}
 	var t task.Task
-	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "requeue"), nil, body, &t, leaseOpRefusals)
+	_, err := r.C.Do(ctx, http.MethodPut, taskPath(id, "requeue"), nil, body, &t, leaseOpRefusals)
 	return t, err
 }
 
-func (r restTasks) Snooze(ctx context.Context, id int64, processor string, fence int64, delay time.Duration) (task.Task, error) {
+// Snooze puts a held task back to run after delay.
+func (r Tasks) Snooze(ctx context.Context, id int64, processor string, fence int64, delay time.Duration) (task.Task, error) {
 	body := struct {
 		holderBody
 		DelaySeconds float64 `json:"delay_seconds"`
 	}{holderBody{processor, fence}, max(delay, 0).Seconds()}
 	var t task.Task
-	_, err := r.c.do(ctx, http.MethodPut, taskPath(id, "snooze"), nil, body, &t, leaseOpRefusals)
+	_, err := r.C.Do(ctx, http.MethodPut, taskPath(id, "snooze"), nil, body, &t, leaseOpRefusals)
 	return t, err
 }
 
-func (r restTasks) CancelHeld(ctx context.Context, id int64, processor string, fence int64, reason string) (task.Task, error) {
+// CancelHeld cancels a held task from inside its handler.
+func (r Tasks) CancelHeld(ctx context.Context, id int64, processor string, fence int64, reason string) (task.Task, error) {
 	body := struct {
 		holderBody
 		Reason string `json:"reason"`
 	}{holderBody{processor, fence}, reason}
 	var t task.Task
-	_, err := r.c.do(ctx, http.MethodPost, taskPath(id, "cancel"), nil, body, &t, leaseOpRefusals)
+	_, err := r.C.Do(ctx, http.MethodPost, taskPath(id, "cancel"), nil, body, &t, leaseOpRefusals)
 	return t, err
 }

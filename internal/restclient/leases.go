@@ -1,4 +1,4 @@
-package leasehold
+package restclient
 
 import (
 	"context"
@@ -12,8 +12,12 @@ import (
 	"github.com/leasehold/leasehold/lease"
 )
 
-// restLeases is the lease service over the REST API (contract §3).
-type restLeases struct{ c *rest }
+// Leases is the lease service over the REST API.
+type Leases struct{ C *Client }
+
+// MaxWait is the longest wait one acquisition asks the service for
+// (wait_seconds' bound); a longer Wait is asked for again.
+const MaxWait = 300 * time.Second
 
 // Bounds of the backoff between the requests of a waiting Acquire after a
 // transient failure.
@@ -26,7 +30,7 @@ const (
 // most MaxWait, in whole seconds) while another holder holds the resource;
 // failures that IsTransient (a replica restarting, the network) are retried
 // with backoff until p.Wait runs out.
-func (r restLeases) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acquisition, error) {
+func (r Leases) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acquisition, error) {
 	if p.Wait <= 0 {
 		return r.acquire(ctx, p, 0)
 	}
@@ -36,7 +40,7 @@ func (r restLeases) Acquire(ctx context.Context, p lease.AcquireParams) (lease.A
 		// Whole seconds on the wire: round up, so as not to give up early.
 		wait := min((time.Until(deadline)+time.Second-1)/time.Second*time.Second, MaxWait)
 		acq, err := r.acquire(ctx, p, max(wait, time.Second))
-		transient := IsTransient(err) && ctx.Err() == nil
+		transient := Transient(err) && ctx.Err() == nil
 		if err == nil || !(transient || errors.Is(err, lease.ErrHeld)) || !time.Now().Before(deadline) {
 			return acq, err
 		}
@@ -55,7 +59,7 @@ func (r restLeases) Acquire(ctx context.Context, p lease.AcquireParams) (lease.A
 	}
 }
 
-func (r restLeases) acquire(ctx context.Context, p lease.AcquireParams, wait time.Duration) (lease.Acquisition, error) {
+func (r Leases) acquire(ctx context.Context, p lease.AcquireParams, wait time.Duration) (lease.Acquisition, error) {
 	body := struct {
 		Resource    string `json:"resource"`
 		Holder      string `json:"holder"`
@@ -63,14 +67,15 @@ func (r restLeases) acquire(ctx context.Context, p lease.AcquireParams, wait tim
 		WaitSeconds int64  `json:"wait_seconds,omitempty"`
 	}{p.Resource, p.Holder, int64(p.TTL / time.Second), int64(wait / time.Second)}
 	var l lease.Lease
-	status, err := r.c.waiting(wait).do(ctx, http.MethodPost, "/api/leases", nil, body, &l, leaseRefusals(http.StatusConflict))
+	status, err := r.C.Waiting(wait).Do(ctx, http.MethodPost, "/api/leases", nil, body, &l, leaseRefusals(http.StatusConflict))
 	if err != nil {
 		return lease.Acquisition{}, err
 	}
 	return lease.Acquisition{Lease: l, New: status == http.StatusCreated}, nil
 }
 
-func (r restLeases) Renew(ctx context.Context, p lease.RenewParams) (lease.Lease, error) {
+// Renew extends a held lease (lease.Store.Renew over REST).
+func (r Leases) Renew(ctx context.Context, p lease.RenewParams) (lease.Lease, error) {
 	body := struct {
 		Resource   string `json:"resource"`
 		Holder     string `json:"holder"`
@@ -78,11 +83,12 @@ func (r restLeases) Renew(ctx context.Context, p lease.RenewParams) (lease.Lease
 		Fence      int64  `json:"fence,omitempty"`
 	}{p.Resource, p.Holder, int64(p.TTL / time.Second), p.Fence}
 	var l lease.Lease
-	_, err := r.c.do(ctx, http.MethodPut, "/api/leases/renew", nil, body, &l, leaseRefusals(http.StatusNotFound))
+	_, err := r.C.Do(ctx, http.MethodPut, "/api/leases/renew", nil, body, &l, leaseRefusals(http.StatusNotFound))
 	return l, err
 }
 
-func (r restLeases) Release(ctx context.Context, p lease.ReleaseParams) (lease.Lease, error) {
+// Release gives a held lease up (lease.Store.Release over REST).
+func (r Leases) Release(ctx context.Context, p lease.ReleaseParams) (lease.Lease, error) {
 	path := "/api/leases/release"
 	if p.ID != 0 {
 		path = "/api/leases/" + strconv.FormatInt(p.ID, 10)
@@ -93,13 +99,14 @@ func (r restLeases) Release(ctx context.Context, p lease.ReleaseParams) (lease.L
 		Fence    int64  `json:"fence,omitempty"`
 	}{p.Resource, p.Holder, p.Fence}
 	var l lease.Lease
-	_, err := r.c.do(ctx, http.MethodDelete, path, nil, body, &l, leaseRefusals(http.StatusNotFound))
+	_, err := r.C.Do(ctx, http.MethodDelete, path, nil, body, &l, leaseRefusals(http.StatusNotFound))
 	return l, err
 }
 
-func (r restLeases) Get(ctx context.Context, id int64) (lease.Lease, error) {
+// Get reads one lease by resource.
+func (r Leases) Get(ctx context.Context, id int64) (lease.Lease, error) {
 	var l lease.Lease
-	_, err := r.c.do(ctx, http.MethodGet, "/api/leases/"+strconv.FormatInt(id, 10), nil, nil, &l, func(status int, _ errorBody) error {
+	_, err := r.C.Do(ctx, http.MethodGet, "/api/leases/"+strconv.FormatInt(id, 10), nil, nil, &l, func(status int, _ ErrorBody) error {
 		if status == http.StatusNotFound {
 			return lease.ErrNotFound
 		}
@@ -108,7 +115,8 @@ func (r restLeases) Get(ctx context.Context, id int64) (lease.Lease, error) {
 	return l, err
 }
 
-func (r restLeases) List(ctx context.Context, p lease.ListParams) ([]lease.Lease, error) {
+// List reads the leases, optionally those whose resource has a prefix.
+func (r Leases) List(ctx context.Context, p lease.ListParams) ([]lease.Lease, error) {
 	path := "/api/leases"
 	if p.Filter != "" && p.Filter != lease.FilterAll {
 		path += "/" + p.Filter
@@ -127,15 +135,16 @@ func (r restLeases) List(ctx context.Context, p lease.ListParams) ([]lease.Lease
 		var all struct {
 			Leases []lease.Lease `json:"leases"`
 		}
-		_, err := r.c.do(ctx, http.MethodGet, path, q, nil, &all, nil)
+		_, err := r.C.Do(ctx, http.MethodGet, path, q, nil, &all, nil)
 		return all.Leases, err
 	}
 	var leases []lease.Lease
-	_, err := r.c.do(ctx, http.MethodGet, path, q, nil, &leases, nil)
+	_, err := r.C.Do(ctx, http.MethodGet, path, q, nil, &leases, nil)
 	return leases, err
 }
 
-func (r restLeases) Events(ctx context.Context, p lease.EventsParams) ([]lease.Event, error) {
+// Events reads a resource's lease history, newest first.
+func (r Leases) Events(ctx context.Context, p lease.EventsParams) ([]lease.Event, error) {
 	q := url.Values{}
 	if p.Resource != "" {
 		q.Set("resource", p.Resource)
@@ -147,15 +156,15 @@ func (r restLeases) Events(ctx context.Context, p lease.EventsParams) ([]lease.E
 		q.Set("limit", strconv.FormatInt(int64(p.Limit), 10))
 	}
 	var events []lease.Event
-	_, err := r.c.do(ctx, http.MethodGet, "/api/leases/events", q, nil, &events, nil)
+	_, err := r.C.Do(ctx, http.MethodGet, "/api/leases/events", q, nil, &events, nil)
 	return events, err
 }
 
 // leaseRefusals maps the refusals of the lease routes: 409 with the
 // holder's lease to *lease.HeldError, 404 to lease.ErrNotHeld, for the
 // statuses given.
-func leaseRefusals(statuses ...int) refusal {
-	return func(status int, body errorBody) error {
+func leaseRefusals(statuses ...int) Refusal {
+	return func(status int, body ErrorBody) error {
 		for _, s := range statuses {
 			if s != status {
 				continue
