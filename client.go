@@ -341,8 +341,8 @@ func (c *Client) Start(ctx context.Context) error {
 			continue
 		}
 		p := &worker.RemotePool{
-			Tasks: restclient.Tasks{C: c.rest}, Instance: c.cfg.ID, Queue: name, Kinds: c.kinds, Handler: handler,
-			Workers: q.MaxWorkers, TTL: c.cfg.TaskTTL, Abort: c.abort, Log: c.log,
+			Tasks: restclient.Tasks{C: c.rest}, Instance: c.cfg.ID, Queues: []string{name}, Kinds: c.kinds, Handler: handler,
+			Workers: q.MaxWorkers, TTL: c.cfg.TaskTTL, Abort: c.abort, Log: c.log, Transient: restclient.Transient,
 		}
 		c.running.Go(func() {
 			if err := p.Run(runCtx); err != nil {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/restclient"
@@ -37,21 +35,13 @@ const defaultRequestTimeout = 30 * time.Second
 
 // newREST is the REST client of rc, checked.
 func newREST(rc RemoteConfig) (*restclient.Client, error) {
-	u, err := url.Parse(rc.URL)
-	switch {
-	case rc.URL == "":
+	if rc.URL == "" {
 		return nil, fmt.Errorf("%w: RemoteConfig.URL is empty; name the service, e.g. http://localhost:8080", ErrInvalidConfig)
-	case err != nil:
-		return nil, fmt.Errorf("%w: leasehold URL %q: %w", ErrInvalidConfig, rc.URL, err)
-	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("%w: leasehold URL %q must start with http:// or https://", ErrInvalidConfig, rc.URL)
-	case u.Host == "":
-		return nil, fmt.Errorf("%w: leasehold URL %q names no host; use e.g. http://localhost:8080", ErrInvalidConfig, rc.URL)
-	case u.User != nil, u.RawQuery != "", u.Fragment != "":
-		return nil, fmt.Errorf("%w: leasehold URL %q must not carry a user, a query or a fragment; pass the token in RemoteConfig.Token", ErrInvalidConfig, rc.URL)
 	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	u.RawPath = ""
+	u, err := restclient.ParseBase(rc.URL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	hc := rc.HTTPClient
 	if hc == nil {
 		hc = &http.Client{Timeout: defaultRequestTimeout}

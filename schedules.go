@@ -2,13 +2,9 @@ package leasehold
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
-	"strconv"
-	"time"
 
 	"github.com/leasehold/leasehold/internal/restclient"
 
@@ -65,47 +61,23 @@ func (s *Schedules) write(ctx context.Context, method string, p schedule.Params)
 		}
 		return &sc, nil
 	}
-	body := scheduleBody(p)
-	path := "/api/schedules"
+	api := restclient.Schedules{C: s.rest}
+	var (
+		sc  schedule.Schedule
+		err error
+	)
 	if method == http.MethodPut {
-		path = "/api/schedules/" + url.PathEscape(p.Name)
+		sc, err = api.Replace(ctx, p)
+	} else {
+		sc, _, err = api.Add(ctx, p)
 	}
-	var sc schedule.Schedule
-	_, err := s.rest.Do(ctx, method, path, nil, body, &sc, func(status int, eb restclient.ErrorBody) error {
-		switch status {
-		case http.StatusConflict:
-			var cur schedule.Schedule
-			if json.Unmarshal(eb.Schedule, &cur) != nil {
-				cur = schedule.Schedule{Name: p.Name}
-			}
-			return &schedule.ExistsError{Schedule: cur}
-		case http.StatusBadRequest:
-			return fmt.Errorf("%w: %w", ErrInvalidArgument, &schedule.InvalidError{Reason: eb.Error})
-		}
-		return nil
-	})
+	if inv, ok := errors.AsType[*schedule.InvalidError](err); ok {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, inv)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return &sc, nil
-}
-
-// scheduleBody is p as POST /api/schedules takes it.
-func scheduleBody(p schedule.Params) any {
-	p = p.WithDefaults()
-	return struct {
-		Name        string          `json:"name"`
-		Cron        string          `json:"cron"`
-		Zone        string          `json:"zone"`
-		Kind        string          `json:"kind"`
-		TaskData    json.RawMessage `json:"task_data"`
-		Queue       string          `json:"queue"`
-		Priority    int16           `json:"priority"`
-		Unique      bool            `json:"unique"`
-		Lock        string          `json:"lock,omitempty"`
-		MaxAttempts int             `json:"max_attempts"`
-		TTLSeconds  int64           `json:"ttl_seconds,omitempty"`
-	}{p.Name, p.Cron, p.Zone, p.Kind, p.TaskData, p.Queue, p.Priority, p.Unique, p.Lock, p.MaxAttempts, int64(p.TTL / time.Second)}
 }
 
 // Get returns the schedule of that name, with its next tick and its last
@@ -121,8 +93,7 @@ func (s *Schedules) Get(ctx context.Context, name string) (*schedule.Schedule, e
 		}
 		return &sc, nil
 	}
-	var sc schedule.Schedule
-	_, err := s.rest.Do(ctx, http.MethodGet, "/api/schedules/"+url.PathEscape(name), nil, nil, &sc, notFound(schedule.ErrNotFound))
+	sc, err := restclient.Schedules{C: s.rest}.Get(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -141,15 +112,7 @@ func (s *Schedules) List(ctx context.Context, after string, limit int) ([]schedu
 	if s.store != nil {
 		return s.store.List(ctx, after, int32(limit))
 	}
-	q := url.Values{"limit": {strconv.Itoa(limit)}}
-	if after != "" {
-		q.Set("after_name", after)
-	}
-	var list []schedule.Schedule
-	if _, err := s.rest.Do(ctx, http.MethodGet, "/api/schedules", q, nil, &list, nil); err != nil {
-		return nil, err
-	}
-	return list, nil
+	return restclient.Schedules{C: s.rest}.List(ctx, after, limit)
 }
 
 // Delete removes the schedule of that name and returns it: no tick of it
@@ -166,22 +129,11 @@ func (s *Schedules) Delete(ctx context.Context, name string) (*schedule.Schedule
 		}
 		return &sc, nil
 	}
-	var sc schedule.Schedule
-	_, err := s.rest.Do(ctx, http.MethodDelete, "/api/schedules/"+url.PathEscape(name), nil, nil, &sc, notFound(schedule.ErrNotFound))
+	sc, err := restclient.Schedules{C: s.rest}.Delete(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	return &sc, nil
-}
-
-// notFound is the refusal of a 404 as err.
-func notFound(err error) restclient.Refusal {
-	return func(status int, _ restclient.ErrorBody) error {
-		if status == http.StatusNotFound {
-			return err
-		}
-		return nil
-	}
 }
 
 // errNoScheduler: Config.Scheduler on a remote client.

@@ -7,15 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/leasehold/leasehold"
 	"github.com/leasehold/leasehold/internal/apitime"
+	"github.com/leasehold/leasehold/internal/restclient"
 	"github.com/leasehold/leasehold/schedule"
 )
 
@@ -70,23 +68,6 @@ func runSchedule(ctx context.Context, args []string, getenv func(string) string,
 		fmt.Fprint(stderr, scheduleUsage)
 		return usagef("unknown schedule command %q; use add, replace, get, list or rm", cmd)
 	}
-}
-
-// scheduleBody is the body of POST /api/schedules and PUT
-// /api/schedules/{name}: what is not given is left out, for the server's
-// defaults.
-type scheduleBody struct {
-	Name        string          `json:"name,omitempty"`
-	Cron        string          `json:"cron"`
-	Zone        string          `json:"zone,omitempty"`
-	Kind        string          `json:"kind"`
-	TaskData    json.RawMessage `json:"task_data,omitempty"`
-	Queue       string          `json:"queue,omitempty"`
-	Priority    *int64          `json:"priority,omitempty"`
-	Unique      bool            `json:"unique,omitempty"`
-	Lock        string          `json:"lock,omitempty"`
-	MaxAttempts int64           `json:"max_attempts,omitempty"`
-	TTLSeconds  int64           `json:"ttl_seconds,omitempty"`
 }
 
 // scheduleName is the one NAME among the positional arguments of the
@@ -156,78 +137,64 @@ func runScheduleDefine(ctx context.Context, cmd string, args []string, getenv fu
 	if err != nil {
 		return err
 	}
-	body := scheduleBody{Cron: *cron, Zone: *zone, Kind: *kind, Queue: *queue, Unique: *unique, Lock: *lock}
+	p := schedule.Params{Name: name, Cron: *cron, Zone: *zone, Kind: *kind, Queue: *queue, Unique: *unique, Lock: *lock}
 	var errs []error
 	errs = append(errs, checkCron(*cron, *zone)...)
 	if *kind == "" && !flagGiven(fs, "kind") {
 		errs = append(errs, errors.New("--kind is required: the kind of task the schedule makes, which your workers run, e.g. --kind report"))
 	}
 	errs = append(errs, checkNameFlags(fs, map[string]string{"kind": *kind, "queue": *queue, "lock": *lock})...)
-	if body.TaskData, err = jsonObjectFlag("data", *data, "the task_data of each task"); err != nil {
+	if p.TaskData, err = jsonObjectFlag("data", *data, "the task_data of each task"); err != nil {
 		errs = append(errs, err)
 	}
-	if body.Priority, err = priorityFlag(*priority); err != nil {
+	if p.Priority, err = priorityFlag(*priority); err != nil {
 		errs = append(errs, err)
 	}
-	if body.MaxAttempts, err = maxAttemptsFlag(*attempts); err != nil {
+	attemptsN, err := maxAttemptsFlag(*attempts)
+	if err != nil {
 		errs = append(errs, err)
 	}
-	if body.TTLSeconds, err = taskTTLFlag(*ttl); err != nil {
+	p.MaxAttempts = int(attemptsN)
+	if p.TTL, err = taskTTLFlag(*ttl); err != nil {
 		errs = append(errs, err)
 	}
 	if err := joinUsage(errs); err != nil {
 		return err
 	}
-	client, done, err := cf.taskClient(2, requestTimeout)
+	api, done, err := cf.rest(2, requestTimeout)
 	if err != nil {
 		return err
 	}
 	defer done()
-
-	method, path := http.MethodPost, "/api/schedules"
+	var raw json.RawMessage
+	schedules := restclient.Schedules{C: api.Keeping(&raw)}
+	var (
+		s       schedule.Schedule
+		existed bool
+	)
 	if cmd == "replace" {
-		method, path = http.MethodPut, schedulePath(name)
+		s, err = schedules.Replace(ctx, p)
 	} else {
-		body.Name = name
+		s, existed, err = schedules.Add(ctx, p)
 	}
-	s, raw, status, err := client.oneSchedule(ctx, method, path, body)
-	switch statusOf(err) {
-	case 0:
-		if err != nil {
-			return cf.describe(err)
-		}
-	case http.StatusConflict:
-		return exitStatus{exitRefused, scheduleConflict(name, raw, err)}
-	default:
+	if exists, ok := errors.AsType[*schedule.ExistsError](err); ok {
+		return exitStatus{exitRefused, scheduleConflict(name, exists)}
+	}
+	if err != nil {
 		return cf.describe(err)
 	}
-	if cmd == "add" && status == http.StatusOK {
+	if existed {
 		fmt.Fprintf(stderr, "nothing changed: schedule %q exists already with this definition\n", name)
 	}
 	return printSchedule(stdout, *asJSON, raw, s)
 }
 
-// scheduleConflict words the refusal (409) of an add: the server's
-// sentence, the cron and kind of the schedule that holds the name (the
-// server's sentence says them, else its answer's schedule does), and what
-// to do instead.
-func scheduleConflict(name string, raw []byte, err error) error {
-	var s *leasehold.StatusError
-	errors.As(err, &s)
-	msg := s.Message
-	var body struct {
-		Schedule *schedule.Schedule `json:"schedule"`
-	}
-	if json.Unmarshal(raw, &body) == nil && body.Schedule != nil && !strings.Contains(msg, strconv.Quote(body.Schedule.Cron)) {
-		msg = fmt.Sprintf("%s (it has cron %q in %s, kind %q)", msg, body.Schedule.Cron, body.Schedule.Zone, body.Schedule.Kind)
-	}
-	return fmt.Errorf("schedule %q was not added: %s; nothing changed: change it with leasehold schedule replace %s, or remove it with leasehold schedule rm %s",
-		name, msg, name, name)
+// scheduleConflict words the refusal (409) of an add: the schedule that
+// holds the name, and what to do instead.
+func scheduleConflict(name string, exists *schedule.ExistsError) error {
+	return fmt.Errorf("schedule %q was not added: %w; nothing changed: change it with leasehold schedule replace %s, or remove it with leasehold schedule rm %s",
+		name, exists, name, name)
 }
-
-// schedulePath is the API's path of the schedule name, which may hold any
-// character but a control character.
-func schedulePath(name string) string { return "/api/schedules/" + url.PathEscape(name) }
 
 // runScheduleOne is get and rm: one schedule, named.
 func runScheduleOne(ctx context.Context, cmd string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -242,21 +209,23 @@ func runScheduleOne(ctx context.Context, cmd string, args []string, getenv func(
 	if err != nil {
 		return err
 	}
-	client, done, err := cf.taskClient(2, requestTimeout)
+	api, done, err := cf.rest(2, requestTimeout)
 	if err != nil {
 		return err
 	}
 	defer done()
-	method := map[string]string{"get": http.MethodGet, "rm": http.MethodDelete}[cmd]
-	s, raw, _, err := client.oneSchedule(ctx, method, schedulePath(name), nil)
-	switch statusOf(err) {
-	case 0:
-		if err != nil {
-			return cf.describe(err)
-		}
-	case http.StatusNotFound:
+	var raw json.RawMessage
+	schedules := restclient.Schedules{C: api.Keeping(&raw)}
+	var s schedule.Schedule
+	if cmd == "rm" {
+		s, err = schedules.Delete(ctx, name)
+	} else {
+		s, err = schedules.Get(ctx, name)
+	}
+	switch {
+	case errors.Is(err, schedule.ErrNotFound):
 		return fmt.Errorf("no schedule is named %q; list them with leasehold schedule list", name)
-	default:
+	case err != nil:
 		return cf.describe(err)
 	}
 	if cmd == "rm" && !*asJSON {
@@ -277,36 +246,33 @@ func runScheduleList(ctx context.Context, args []string, getenv func(string) str
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
-	q := url.Values{}
-	var errs []error
-	pageSize := defaultScheduleLimit
+	var (
+		errs       []error
+		pageSize   = defaultScheduleLimit
+		limitGiven int
+	)
 	if *limit != "" {
 		n, err := strconv.Atoi(*limit)
 		if err != nil || n < 1 || n > maxScheduleListLimit {
 			errs = append(errs, fmt.Errorf("--limit %q must be an integer between 1 and %d", *limit, maxScheduleListLimit))
 		}
-		q.Set("limit", *limit)
-		pageSize = n
+		pageSize, limitGiven = n, n
 	}
 	if *after != "" || flagGiven(fs, "after-name") {
 		errs = append(errs, checkNameFlags(fs, map[string]string{"after-name": *after})...)
-		q.Set("after_name", *after)
 	}
 	if err := joinUsage(errs); err != nil {
 		return err
 	}
-	client, done, err := cf.taskClient(2, requestTimeout)
+	api, done, err := cf.rest(2, requestTimeout)
 	if err != nil {
 		return err
 	}
 	defer done()
-	_, raw, err := client.do(ctx, http.MethodGet, "/api/schedules", q, nil)
+	var raw json.RawMessage
+	list, err := restclient.Schedules{C: api.Keeping(&raw)}.List(ctx, *after, limitGiven)
 	if err != nil {
 		return cf.describe(err)
-	}
-	var list []schedule.Schedule
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return fmt.Errorf("GET /api/schedules: the answer is not a list of schedules: %w", err)
 	}
 	if *asJSON {
 		return printJSON(stdout, raw)
@@ -318,20 +284,6 @@ func runScheduleList(ctx context.Context, args []string, getenv func(string) str
 		fmt.Fprintf(stderr, "there may be more: the next page is leasehold schedule list --after-name %q\n", list[n-1].Name)
 	}
 	return nil
-}
-
-// oneSchedule sends a request whose answer is a schedule, and returns it
-// with the answer's JSON (also of an answer other than 2xx).
-func (c *taskClient) oneSchedule(ctx context.Context, method, path string, in any) (schedule.Schedule, []byte, int, error) {
-	status, raw, err := c.do(ctx, method, path, nil, in)
-	if err != nil {
-		return schedule.Schedule{}, raw, status, err
-	}
-	var s schedule.Schedule
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return schedule.Schedule{}, nil, status, fmt.Errorf("%s %s: the answer is not a schedule: %w", method, path, err)
-	}
-	return s, raw, status, nil
 }
 
 // printSchedule writes one schedule as a table of its fields, by their

@@ -10,7 +10,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +22,9 @@ import (
 
 	"github.com/leasehold/leasehold"
 	"github.com/leasehold/leasehold/internal/apitime"
+	"github.com/leasehold/leasehold/internal/restclient"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/task"
 )
 
@@ -51,139 +53,30 @@ const exitRefused = 3
 
 // Limits of the task API that the commands check before sending.
 const (
-	maxTaskListLimit = 1000 // GET /api/tasks?limit=
-	defaultTaskLimit = 100  // the server's default page
+	defaultTaskLimit = 100 // the server's default page
 	maxAttempts      = 100
 	maxNameBytes     = 255 // kinds, queues, unique keys, locks, processors, schedules
 	// maxErrorBytes bounds a text that lands in a task's last_error: a
 	// failure's error, a cancellation's reason.
-	maxErrorBytes = 4096
-	// maxAnswerBytes bounds what is read of one answer: a page of 1000
-	// tasks with sizeable task_data fits.
-	maxAnswerBytes = 64 << 20
+	maxErrorBytes = worker.MaxErrorBytes
 )
 
-// taskClient is the REST API of tasks and schedules (contract §3, §6 and
-// §9) as the task, work and schedule commands call it. They do not go
-// through the library's remote client: it has no task list and claims one
-// queue at a time, and --json prints the API's own JSON, which this client
-// keeps as it came.
-type taskClient struct {
-	base  *url.URL
-	token string
-	http  *http.Client
-}
-
-// taskClient returns a client of the server's task API whose transport
-// keeps up to conns idle connections, and a function that closes them, for
-// when the command is done. timeout bounds each request (0: only its
-// context does). A bad --url is a usage error.
-func (c *clientFlags) taskClient(conns int, timeout time.Duration) (*taskClient, func(), error) {
-	// The library's checks of the URL, so that every command refuses the
-	// same URLs with the same words.
-	if _, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: c.url}, leasehold.Config{}); err != nil {
-		return nil, nil, usagef("--url: %s", strings.TrimPrefix(err.Error(), leasehold.ErrInvalidConfig.Error()+": "))
-	}
-	u, err := url.Parse(c.url)
-	if err != nil { // cannot happen: checked above
+// rest returns the REST client of the task, schedule and work commands
+// (the library's, internal/restclient), whose transport keeps up to conns
+// idle connections, and a function that closes them, for when the command
+// is done. timeout bounds each request; one that waits on the server gets
+// its wait on top. A bad --url is a usage error.
+func (c *clientFlags) rest(conns int, timeout time.Duration) (*restclient.Client, func(), error) {
+	u, err := restclient.ParseBase(c.url)
+	if err != nil {
 		return nil, nil, usagef("--url: %w", err)
 	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	u.RawPath = ""
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = max(conns, 2)
-	return &taskClient{base: u, token: c.token, http: &http.Client{Transport: transport, Timeout: timeout}},
-		transport.CloseIdleConnections, nil
-}
-
-// do sends one request and returns the status and body of the answer.
-// An answer other than 2xx is a *leasehold.StatusError with the server's
-// sentence, its body still returned for what it holds besides (a 409 of
-// POST /api/schedules carries the schedule that holds the name); a request
-// that got no answer, a *url.Error.
-func (c *taskClient) do(ctx context.Context, method, path string, query url.Values, in any) (int, []byte, error) {
-	u := c.base.JoinPath(path)
-	u.RawQuery = query.Encode()
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return 0, nil, fmt.Errorf("%s %s: encode the request: %w", method, path, err)
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
-	if err != nil {
-		return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	req.Header.Set("Accept", "application/json")
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, nil, err // a *url.Error
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
-	if err != nil {
-		return 0, nil, &url.Error{Op: method, URL: u.String(), Err: fmt.Errorf("reading the answer (%d): %w", resp.StatusCode, err)}
-	}
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		return resp.StatusCode, raw, nil
-	}
-	var eb struct {
-		Error string `json:"error"`
-	}
-	if json.Unmarshal(raw, &eb) != nil || eb.Error == "" {
-		eb.Error = strings.TrimSpace(string(raw[:min(len(raw), 200)]))
-	}
-	return resp.StatusCode, raw, &leasehold.StatusError{Method: method, Path: u.Path, StatusCode: resp.StatusCode, Message: eb.Error}
-}
-
-// statusOf is the status of the answer that err is, 0 when it is none.
-func statusOf(err error) int {
-	var s *leasehold.StatusError
-	if errors.As(err, &s) {
-		return s.StatusCode
-	}
-	return 0
-}
-
-// decodeTask decodes one task of an answer.
-func decodeTask(method, path string, raw []byte) (task.Task, error) {
-	var t task.Task
-	if err := json.Unmarshal(raw, &t); err != nil {
-		return task.Task{}, fmt.Errorf("%s %s: the answer is not a task: %w", method, path, err)
-	}
-	return t, nil
-}
-
-// oneTask sends a request whose answer is a task, and returns it with the
-// answer's JSON.
-func (c *taskClient) oneTask(ctx context.Context, method, path string, in any) (task.Task, []byte, int, error) {
-	status, raw, err := c.do(ctx, method, path, nil, in)
-	if err != nil {
-		return task.Task{}, nil, status, err
-	}
-	t, err := decodeTask(method, path, raw)
-	return t, raw, status, err
-}
-
-// listTasks is GET /api/tasks with filters and keyset paging.
-func (c *taskClient) listTasks(ctx context.Context, q url.Values) ([]task.Task, []byte, error) {
-	_, raw, err := c.do(ctx, http.MethodGet, "/api/tasks", q, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	var ts []task.Task
-	if err := json.Unmarshal(raw, &ts); err != nil {
-		return nil, nil, fmt.Errorf("GET /api/tasks: the answer is not a list of tasks: %w", err)
-	}
-	return ts, raw, nil
+	hc := &http.Client{Transport: transport, Timeout: timeout}
+	return restclient.New(u, c.token, hc, func(method, path string, status int, message string) error {
+		return &leasehold.StatusError{Method: method, Path: path, StatusCode: status, Message: message}
+	}), transport.CloseIdleConnections, nil
 }
 
 // runTask is "leasehold task <command>".
@@ -218,20 +111,6 @@ func checkFlagName(flagName, v string) error { return checkNameValue("--"+flagNa
 // what names it in the error ("--kind", "the schedule name").
 func checkNameValue(what, v string) error { return name.Check(what, v) }
 
-// newTaskBody is the body of POST /api/tasks: what is not given is left out,
-// for the server's defaults.
-type newTaskBody struct {
-	TaskData    json.RawMessage `json:"task_data"`
-	Kind        string          `json:"kind,omitempty"`
-	Queue       string          `json:"queue,omitempty"`
-	Priority    *int64          `json:"priority,omitempty"`
-	UniqueKey   string          `json:"unique_key,omitempty"`
-	TTLSeconds  int64           `json:"ttl_seconds,omitempty"`
-	ScheduledAt string          `json:"scheduled_at,omitempty"`
-	MaxAttempts int64           `json:"max_attempts,omitempty"`
-	Lock        string          `json:"lock,omitempty"`
-}
-
 // runTaskAdd is "leasehold task add": one task, POST /api/tasks.
 func runTaskAdd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("leasehold task add", flag.ContinueOnError)
@@ -250,21 +129,21 @@ func runTaskAdd(ctx context.Context, args []string, getenv func(string) string, 
 		return err
 	}
 	var errs []error
-	body := newTaskBody{Kind: *kind, Queue: *queue, UniqueKey: *uniqueKey, Lock: *lock}
+	nt := taskstore.NewTask{Kind: *kind, Queue: *queue, UniqueKey: *uniqueKey, Lock: *lock}
 	switch d, err := jsonObjectFlag("data", *data, "the task's task_data"); {
 	case err != nil:
 		errs = append(errs, err)
 	case d == nil:
 		errs = append(errs, errors.New(`--data is required: the task's task_data as a JSON object, e.g. --data '{"n": 5}'`))
 	default:
-		body.TaskData = d
+		nt.TaskData = d
 	}
 	errs = append(errs, checkNameFlags(fs, map[string]string{"kind": *kind, "queue": *queue, "unique-key": *uniqueKey, "lock": *lock})...)
 	var err error
-	if body.Priority, err = priorityFlag(*priority); err != nil {
+	if nt.Priority, err = priorityFlag(*priority); err != nil {
 		errs = append(errs, err)
 	}
-	if body.TTLSeconds, err = taskTTLFlag(*ttl); err != nil {
+	if nt.TTL, err = taskTTLFlag(*ttl); err != nil {
 		errs = append(errs, err)
 	}
 	if *scheduledAt != "" {
@@ -272,27 +151,28 @@ func runTaskAdd(ctx context.Context, args []string, getenv func(string) string, 
 		if err != nil || at.Year() < 1 || at.Year() > 9999 {
 			errs = append(errs, fmt.Errorf("--scheduled-at %q must be an RFC 3339 time, e.g. 2030-01-02T15:04:05Z", *scheduledAt))
 		}
-		body.ScheduledAt = apitime.Format(at)
+		nt.ScheduledAt = at
 	}
-	if body.MaxAttempts, err = maxAttemptsFlag(*attempts); err != nil {
+	if nt.MaxAttempts, err = maxAttemptsFlag(*attempts); err != nil {
 		errs = append(errs, err)
 	}
 	if err := joinUsage(errs); err != nil {
 		return err
 	}
-	client, done, err := cf.taskClient(2, requestTimeout)
+	api, done, err := cf.rest(2, requestTimeout)
 	if err != nil {
 		return err
 	}
 	defer done()
-	t, raw, status, err := client.oneTask(ctx, http.MethodPost, "/api/tasks", body)
+	var raw json.RawMessage
+	ins, err := restclient.Tasks{C: api.Keeping(&raw)}.InsertOne(ctx, nt)
 	if err != nil {
 		return cf.describe(err)
 	}
-	if status == http.StatusOK { // a unique key another task holds: nothing inserted
+	if t := ins.Task; ins.Duplicate { // a unique key another task holds: nothing inserted
 		fmt.Fprintf(stderr, "nothing inserted: task %d (%s) of kind %s holds the unique key %q already\n", t.ID, t.State, t.Kind, t.UniqueKey)
 	}
-	return printTasks(stdout, *asJSON, raw, []task.Task{t})
+	return printTasks(stdout, *asJSON, raw, []task.Task{ins.Task})
 }
 
 // The checks of the flags that define a task, shared by task add and the
@@ -313,37 +193,36 @@ func jsonObjectFlag(name, raw, what string) (json.RawMessage, error) {
 	return d, nil
 }
 
-// priorityFlag is --priority: -32768 to 32767; nil when not given.
-func priorityFlag(raw string) (*int64, error) {
+// priorityFlag is --priority: -32768 to 32767; 0 when not given.
+func priorityFlag(raw string) (int16, error) {
 	if raw == "" {
-		return nil, nil
+		return 0, nil
 	}
-	n, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || n < -32768 || n > 32767 {
-		return nil, fmt.Errorf("--priority %q must be an integer between -32768 and 32767 (lower runs first)", raw)
+	n, err := strconv.ParseInt(raw, 10, 16)
+	if err != nil {
+		return 0, fmt.Errorf("--priority %q must be an integer between -32768 and 32767 (lower runs first)", raw)
 	}
-	return &n, nil
+	return int16(n), nil
 }
 
 // taskTTLFlag is --ttl, the TTL of a task's leases, in whole seconds.
-func taskTTLFlag(raw string) (int64, error) {
+func taskTTLFlag(raw string) (time.Duration, error) {
 	if raw == "" {
 		return 0, nil
 	}
-	d, err := durationFlag("ttl", raw, time.Second, time.Hour, true, "30s")
-	return int64(d / time.Second), err
+	return durationFlag("ttl", raw, time.Second, time.Hour, true, "30s")
 }
 
 // maxAttemptsFlag is --max-attempts: 1 to 100.
-func maxAttemptsFlag(raw string) (int64, error) {
+func maxAttemptsFlag(raw string) (int32, error) {
 	if raw == "" {
 		return 0, nil
 	}
-	n, err := strconv.ParseInt(raw, 10, 64)
+	n, err := strconv.ParseInt(raw, 10, 32)
 	if err != nil || n < 1 || n > maxAttempts {
 		return 0, fmt.Errorf("--max-attempts %q must be an integer between 1 and %d", raw, maxAttempts)
 	}
-	return n, nil
+	return int32(n), nil
 }
 
 // checkNameFlags checks the name flags of fs that are set or were given
@@ -398,36 +277,31 @@ func runTaskOne(ctx context.Context, cmd string, args []string, getenv func(stri
 			return usageError{err}
 		}
 	}
-	client, done, err := cf.taskClient(2, requestTimeout)
+	api, done, err := cf.rest(2, requestTimeout)
 	if err != nil {
 		return err
 	}
 	defer done()
-
-	method, path := http.MethodGet, "/api/tasks/"+strconv.FormatInt(id, 10)
-	var body any
+	var raw json.RawMessage
+	tasks := restclient.Tasks{C: api.Keeping(&raw)}
+	var t task.Task
 	switch cmd {
 	case "cancel":
-		method, path = http.MethodPost, path+"/cancel"
-		b := map[string]string{}
-		if flagGiven(fs, "reason") {
-			b["reason"] = reason
+		if !flagGiven(fs, "reason") {
+			reason = ""
 		}
-		body = b
+		t, err = tasks.Cancel(ctx, id, reason)
 	case "retry":
-		method, path, body = http.MethodPost, path+"/retry", struct{}{}
-	}
-	t, raw, _, err := client.oneTask(ctx, method, path, body)
-	switch statusOf(err) {
-	case 0:
-		if err != nil {
-			return cf.describe(err)
-		}
-	case http.StatusNotFound:
-		return fmt.Errorf("no task has ID %d; list them with leasehold task list", id)
-	case http.StatusConflict:
-		return exitStatus{exitRefused, refusal(ctx, client, cmd, id, err)}
+		t, err = tasks.Retry(ctx, id)
 	default:
+		t, err = tasks.Get(ctx, id)
+	}
+	switch {
+	case errors.Is(err, task.ErrNotFound):
+		return fmt.Errorf("no task has ID %d; list them with leasehold task list", id)
+	case errors.Is(err, task.ErrNotCancellable), errors.Is(err, task.ErrNotRetryable), errors.Is(err, task.ErrUniqueKeyTaken):
+		return exitStatus{exitRefused, refusal(ctx, restclient.Tasks{C: api}, cmd, id, err)}
+	case err != nil:
 		return cf.describe(err)
 	}
 	return printTasks(stdout, *asJSON, raw, []task.Task{t})
@@ -435,17 +309,15 @@ func runTaskOne(ctx context.Context, cmd string, args []string, getenv func(stri
 
 // refusal words the server's refusal (409) to cancel or retry task id:
 // the state the task is in, when it can be read, and what the command
-// takes; else the server's own sentence.
-func refusal(ctx context.Context, client *taskClient, cmd string, id int64, err error) error {
-	var s *leasehold.StatusError
-	errors.As(err, &s)
+// takes; else the refusal's own sentence.
+func refusal(ctx context.Context, tasks restclient.Tasks, cmd string, id int64, err error) error {
 	verb := map[string]string{"cancel": "cancelled", "retry": "retried"}[cmd]
-	t, _, _, gerr := client.oneTask(ctx, http.MethodGet, "/api/tasks/"+strconv.FormatInt(id, 10), nil)
+	t, gerr := tasks.Get(ctx, id)
 	switch {
 	case gerr != nil:
-		return fmt.Errorf("task %d cannot be %s: %s", id, verb, s.Message)
-	case cmd == "retry" && strings.Contains(s.Message, "unique key"):
-		return fmt.Errorf("task %d cannot be retried: another task of kind %s holds its unique key %q (%s)", id, t.Kind, t.UniqueKey, s.Message)
+		return fmt.Errorf("task %d cannot be %s: %w", id, verb, err)
+	case errors.Is(err, task.ErrUniqueKeyTaken):
+		return fmt.Errorf("task %d cannot be retried: another task of kind %s holds its unique key %q (%w)", id, t.Kind, t.UniqueKey, err)
 	case cmd == "retry":
 		return fmt.Errorf("task %d cannot be retried: it is %s, and only a dead or cancelled task can be", id, t.State)
 	default:
@@ -478,49 +350,43 @@ func runTaskList(ctx context.Context, args []string, getenv func(string) string,
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
-	q := url.Values{}
-	var errs []error
+	var (
+		f    restclient.ListFilter
+		errs []error
+	)
 	switch *state {
 	case "":
 	case task.StatePending, task.StateRunning, task.StateDone, task.StateDead, task.StateCancelled:
-		q.Set("state", *state)
+		f.State = *state
 	default:
 		errs = append(errs, fmt.Errorf("--state %q must be pending, running, done, dead or cancelled", *state))
 	}
-	for _, f := range []struct{ name, v string }{{"kind", *kind}, {"queue", *queue}} {
-		if f.v == "" && !flagGiven(fs, f.name) {
-			continue
-		}
-		if err := checkFlagName(f.name, f.v); err != nil {
-			errs = append(errs, err)
-		}
-		q.Set(f.name, f.v)
-	}
+	errs = append(errs, checkNameFlags(fs, map[string]string{"kind": *kind, "queue": *queue})...)
+	f.Kind, f.Queue = *kind, *queue
 	pageSize := defaultTaskLimit
 	if *limit != "" {
 		n, err := strconv.Atoi(*limit)
-		if err != nil || n < 1 || n > maxTaskListLimit {
-			errs = append(errs, fmt.Errorf("--limit %q must be an integer between 1 and %d", *limit, maxTaskListLimit))
+		if err != nil || n < 1 || n > restclient.MaxListLimit {
+			errs = append(errs, fmt.Errorf("--limit %q must be an integer between 1 and %d", *limit, restclient.MaxListLimit))
 		}
-		q.Set("limit", *limit)
-		pageSize = n
+		f.Limit, pageSize = n, n
 	}
 	if *after != "" {
 		n, err := strconv.ParseInt(*after, 10, 64)
 		if err != nil || n < 0 {
 			errs = append(errs, fmt.Errorf("--after-id %q must be a task ID, a non-negative integer", *after))
 		}
-		q.Set("after_id", *after)
+		f.AfterID = n
 	}
 	if err := joinUsage(errs); err != nil {
 		return err
 	}
-	client, done, err := cf.taskClient(2, requestTimeout)
+	api, done, err := cf.rest(2, requestTimeout)
 	if err != nil {
 		return err
 	}
 	defer done()
-	tasks, raw, err := client.listTasks(ctx, q)
+	tasks, raw, err := restclient.Tasks{C: api}.Page(ctx, f)
 	if err != nil {
 		return cf.describe(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/task"
 )
 
@@ -484,7 +485,7 @@ func TestWorkCancel(t *testing.T) {
 	}
 	for _, id := range []int64{polite.ID, stubborn.ID, early.ID} {
 		waitUntil(t, fmt.Sprintf("the worker to say task %d was cancelled", id), func() bool {
-			return logged(w.logs, "the task was cancelled; CMD was stopped and nothing is reported", "task", id)
+			return logged(w.logs, "the task was cancelled; its handler was stopped and nothing is reported", "task", id)
 		}, w.logs)
 	}
 	if err := w.stop(t); err != nil {
@@ -627,7 +628,7 @@ func TestWorkGracefulShutdown(t *testing.T) {
 		waitUntil(t, fmt.Sprintf("task %d's command to start", id), func() bool { return log.has(fmt.Sprintf("start %d", id)) }, log, p.logs)
 	}
 	p.signal(t, syscall.SIGTERM)
-	waitUntil(t, "the worker to start its shutdown", func() bool { return logged(p.logs, "worker stopping") }, p.logs)
+	waitUntil(t, "the worker to start its shutdown", func() bool { return logged(p.logs, "remote worker pool stopping") }, p.logs)
 	log.touch(t, "go")
 	if code := p.exitCode(t); code != 0 {
 		t.Errorf("leasehold work after SIGTERM: exit status %d, want 0\n%s", code, p.logs)
@@ -919,7 +920,7 @@ func TestWorkOldServer(t *testing.T) {
 	if err := w.stop(t); err != nil {
 		t.Errorf("leasehold work after its shutdown: got %v, want nil", err)
 	}
-	if n := strings.Count(w.logs.String(), "the server does not take wait_seconds on heartbeats"); n != 1 {
+	if n := strings.Count(w.logs.String(), "the service does not take wait_seconds on heartbeats"); n != 1 {
 		t.Errorf("the worker said %d times that the server does not hold heartbeats; want once\n%s", n, w.logs)
 	}
 	if held := len(api.heartbeatWaits(tk.ID)) - plain(); held != 1 {
@@ -929,7 +930,7 @@ func TestWorkOldServer(t *testing.T) {
 
 // TestWorkHeldHeartbeatAnsweredEarly: held heartbeats answered at once, as
 // a replica that shuts down answers them, are not sent in a loop: the next
-// goes a moment (heldHeartbeatGap) after the last was sent. The task runs
+// goes a moment (worker.HeldHeartbeatGap) after the last was sent. The task runs
 // on and is completed.
 func TestWorkHeldHeartbeatAnsweredEarly(t *testing.T) {
 	t.Parallel()
@@ -951,8 +952,8 @@ func TestWorkHeldHeartbeatAnsweredEarly(t *testing.T) {
 	for i := 1; i < n; i++ {
 		// Not a benchmark: a lower bound that the pause guarantees, less a
 		// margin for when the proxy saw them.
-		if gap := at[i].Sub(at[i-1]); waits[i-1] == 17 && gap < heldHeartbeatGap-50*time.Millisecond {
-			t.Errorf("heartbeat %d came %v after the one before, which was answered at once; want at least %v\n%s", i+1, gap, heldHeartbeatGap, api)
+		if gap := at[i].Sub(at[i-1]); waits[i-1] == 17 && gap < worker.HeldHeartbeatGap-50*time.Millisecond {
+			t.Errorf("heartbeat %d came %v after the one before, which was answered at once; want at least %v\n%s", i+1, gap, worker.HeldHeartbeatGap, api)
 		}
 	}
 }
@@ -989,10 +990,10 @@ func TestWorkShutdownHandsBackACutClaim(t *testing.T) {
 	if got.State != task.StatePending || got.Attempts != 0 {
 		t.Errorf("the task claimed for the cut claim is %s after %d attempts; want pending, the attempt not counted\n%s", got.State, got.Attempts, w.logs)
 	}
-	if h := history(t, db, created.ID); len(h) != 1 || h[0].Outcome != task.OutcomeRequeued || !strings.Contains(h[0].Error, "shut down") {
+	if h := history(t, db, created.ID); len(h) != 1 || h[0].Outcome != task.OutcomeRequeued || !strings.Contains(h[0].Error, "stopped as it claimed") {
 		t.Errorf("its history: %+v, want the attempt requeued by the shutdown", h)
 	}
-	if !logged(w.logs, "handing back a task claimed as the shutdown cut its claim off", "task", float64(created.ID)) {
+	if !logged(w.logs, "handing back a task claimed as the stop cut its claim off", "task", float64(created.ID)) {
 		t.Errorf("the worker did not say it handed the task back:\n%s", w.logs)
 	}
 }

@@ -26,6 +26,16 @@ type Client struct {
 	// statusError makes the error of an answer that is neither a success
 	// nor a refusal of its own: the library's *StatusError.
 	statusError func(method, path string, status int, message string) error
+	// keep, when set, gets the body of a 2xx answer as it came (Keeping).
+	keep *json.RawMessage
+}
+
+// Keeping returns the client for requests whose answer's body is kept in
+// raw as well, as it came: for a caller that prints the API's own JSON.
+func (c *Client) Keeping(raw *json.RawMessage) *Client {
+	k := *c
+	k.keep = raw
+	return &k
 }
 
 // New returns a client of the service at base (its path a prefix of the
@@ -112,6 +122,9 @@ func (c *Client) Do(ctx context.Context, method, path string, query url.Values, 
 		if err := json.Unmarshal(raw, out); err != nil {
 			return 0, fmt.Errorf("%s %s: the answer (%d) is not what leasehold sends: %w", method, path, resp.StatusCode, err)
 		}
+		if c.keep != nil {
+			*c.keep = raw
+		}
 		return resp.StatusCode, nil
 	}
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBytes))
@@ -144,4 +157,24 @@ func Transient(err error) bool {
 	}
 	var transport *url.Error
 	return errors.As(err, &transport)
+}
+
+// ParseBase checks the base URL of a service (an http or https URL with a
+// host, and neither user, query nor fragment) and returns it with no
+// trailing slash, ready for New. Its error says what is wrong with raw.
+func ParseBase(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("leasehold URL %q: %w", raw, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("leasehold URL %q must start with http:// or https://", raw)
+	case u.Host == "":
+		return nil, fmt.Errorf("leasehold URL %q names no host; use e.g. http://localhost:8080", raw)
+	case u.User != nil, u.RawQuery != "", u.Fragment != "":
+		return nil, fmt.Errorf("leasehold URL %q must not carry a user, a query or a fragment; pass a token apart from the URL", raw)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	u.RawPath = ""
+	return u, nil
 }

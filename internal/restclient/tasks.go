@@ -3,6 +3,7 @@ package restclient
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -44,7 +45,7 @@ func leaseOpRefusals(status int, body ErrorBody) error {
 
 type newTaskBody struct {
 	TaskData    json.RawMessage `json:"task_data"`
-	Kind        string          `json:"kind"`
+	Kind        string          `json:"kind,omitempty"` // empty: the service's default
 	Queue       string          `json:"queue,omitempty"`
 	Priority    int16           `json:"priority,omitempty"`
 	UniqueKey   string          `json:"unique_key,omitempty"`
@@ -76,12 +77,11 @@ func (r Tasks) Insert(ctx context.Context, nts []taskstore.NewTask) ([]taskstore
 			plain = append(plain, i)
 			continue
 		}
-		var t task.Task
-		status, err := r.C.Do(ctx, http.MethodPost, "/api/tasks", nil, bodyOf(nt), &t, nil)
+		ins, err := r.InsertOne(ctx, nt)
 		if err != nil {
 			return nil, err
 		}
-		out[i] = taskstore.Inserted{Task: t, Duplicate: status == http.StatusOK}
+		out[i] = ins
 	}
 	if len(plain) == 0 {
 		return out, nil
@@ -100,6 +100,17 @@ func (r Tasks) Insert(ctx context.Context, nts []taskstore.NewTask) ([]taskstore
 	return out, nil
 }
 
+// InsertOne posts one task; Duplicate says that nothing was inserted, as
+// a task of its kind holds its unique key (the task returned).
+func (r Tasks) InsertOne(ctx context.Context, nt taskstore.NewTask) (taskstore.Inserted, error) {
+	var t task.Task
+	status, err := r.C.Do(ctx, http.MethodPost, "/api/tasks", nil, bodyOf(nt), &t, nil)
+	if err != nil {
+		return taskstore.Inserted{}, err
+	}
+	return taskstore.Inserted{Task: t, Duplicate: status == http.StatusOK}, nil
+}
+
 // Get reads one task; task.ErrNotFound when there is none.
 func (r Tasks) Get(ctx context.Context, id int64) (task.Task, error) {
 	var t task.Task
@@ -115,7 +126,11 @@ func (r Tasks) Get(ctx context.Context, id int64) (task.Task, error) {
 // Cancel cancels a task; task.ErrNotCancellable once it has finished.
 func (r Tasks) Cancel(ctx context.Context, id int64, reason string) (task.Task, error) {
 	var t task.Task
-	_, err := r.C.Do(ctx, http.MethodPost, taskPath(id, "cancel"), nil, map[string]string{"reason": reason}, &t,
+	body := map[string]string{}
+	if reason != "" { // else the service's default reason
+		body["reason"] = reason
+	}
+	_, err := r.C.Do(ctx, http.MethodPost, taskPath(id, "cancel"), nil, body, &t,
 		func(status int, _ ErrorBody) error {
 			switch status {
 			case http.StatusConflict:
@@ -147,13 +162,13 @@ func (r Tasks) Retry(ctx context.Context, id int64) (task.Task, error) {
 }
 
 // Claim long-polls POST /api/tasks/next.
-func (r Tasks) Claim(ctx context.Context, processor, queue string, kinds []string, wait time.Duration) (task.Task, bool, error) {
+func (r Tasks) Claim(ctx context.Context, processor string, queues, kinds []string, wait time.Duration) (task.Task, bool, error) {
 	body := struct {
 		Processor   string   `json:"processor"`
 		Kinds       []string `json:"kinds"`
 		Queues      []string `json:"queues"`
 		WaitSeconds int64    `json:"wait_seconds,omitempty"`
-	}{processor, kinds, []string{queue}, int64(wait / time.Second)}
+	}{processor, kinds, queues, int64(wait / time.Second)}
 	var t task.Task
 	status, err := r.C.Waiting(wait).Do(ctx, http.MethodPost, "/api/tasks/next", nil, body, &t, nil)
 	if err != nil || status == http.StatusNoContent {
@@ -162,28 +177,81 @@ func (r Tasks) Claim(ctx context.Context, processor, queue string, kinds []strin
 	return t, true, nil
 }
 
-// HeldBy pages GET /api/tasks?state=running&queue=… for the tasks of queue held by one of
+// HeldBy pages GET /api/tasks?state=running&queue=… for the tasks of queues held by one of
 // processors.
-func (r Tasks) HeldBy(ctx context.Context, queue string, processors []string) ([]task.Task, error) {
-	const page = 1000
-	q := url.Values{"state": {task.StateRunning}, "queue": {queue}, "limit": {strconv.Itoa(page)}}
+func (r Tasks) HeldBy(ctx context.Context, queues, processors []string) ([]task.Task, error) {
 	var held []task.Task
-	for {
-		var ts []task.Task
-		if _, err := r.C.Do(ctx, http.MethodGet, "/api/tasks", q, nil, &ts, nil); err != nil {
+	for _, queue := range queues {
+		err := r.List(ctx, ListFilter{State: task.StateRunning, Queue: queue, Limit: MaxListLimit}, func(ts []task.Task) {
+			for _, t := range ts {
+				if slices.Contains(processors, t.Processor) {
+					held = append(held, t)
+				}
+			}
+		})
+		if err != nil {
 			return held, err
 		}
-		for _, t := range ts {
-			if slices.Contains(processors, t.Processor) {
-				held = append(held, t)
-			}
+	}
+	return held, nil
+}
+
+// ListFilter narrows GET /api/tasks: a state, a kind, a queue (empty: any),
+// the tasks after an id; Limit tasks a page (0: the service's default,
+// 100; at most MaxListLimit).
+type ListFilter struct {
+	State, Kind, Queue string
+	AfterID            int64
+	Limit              int
+}
+
+// MaxListLimit is the most tasks GET /api/tasks answers in one page.
+const MaxListLimit = 1000
+
+func (f ListFilter) query() url.Values {
+	q := url.Values{}
+	for k, v := range map[string]string{"state": f.State, "kind": f.Kind, "queue": f.Queue} {
+		if v != "" {
+			q.Set(k, v)
 		}
-		// Until an empty page: a page may end short of the limit when its
-		// tasks are large (the server bounds its size).
+	}
+	if f.Limit > 0 {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	}
+	if f.AfterID > 0 {
+		q.Set("after_id", strconv.FormatInt(f.AfterID, 10))
+	}
+	return q
+}
+
+// Page reads one page of the tasks f selects, oldest id first, and the
+// answer as it came (for a caller that prints the API's own JSON).
+func (r Tasks) Page(ctx context.Context, f ListFilter) ([]task.Task, json.RawMessage, error) {
+	var raw json.RawMessage
+	if _, err := r.C.Do(ctx, http.MethodGet, "/api/tasks", f.query(), nil, &raw, nil); err != nil {
+		return nil, nil, err
+	}
+	var ts []task.Task
+	if err := json.Unmarshal(raw, &ts); err != nil {
+		return nil, nil, fmt.Errorf("GET /api/tasks: the answer is not a list of tasks: %w", err)
+	}
+	return ts, raw, nil
+}
+
+// List calls page with every page of the tasks f selects, from f.AfterID
+// on, until one comes empty (a page may end short of its limit when its
+// tasks are large: the service bounds a page's size).
+func (r Tasks) List(ctx context.Context, f ListFilter, page func([]task.Task)) error {
+	for {
+		ts, _, err := r.Page(ctx, f)
+		if err != nil {
+			return err
+		}
 		if len(ts) == 0 {
-			return held, nil
+			return nil
 		}
-		q.Set("after_id", strconv.FormatInt(ts[len(ts)-1].ID, 10))
+		page(ts)
+		f.AfterID = ts[len(ts)-1].ID
 	}
 }
 

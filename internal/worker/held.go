@@ -27,10 +27,10 @@ const (
 	// heartbeat goes: a task that ends sooner costs none (the claim's lease
 	// is fresh), and a cancellation meanwhile is heard within this.
 	firstHeldHeartbeat = 250 * time.Millisecond
-	// heldHeartbeatGap is the least time between the sends of two held
+	// HeldHeartbeatGap is the least time between the sends of two held
 	// heartbeats: after a 202 that came early (a replica shutting down
 	// answers at once until it is gone), the next waits the rest of it.
-	heldHeartbeatGap = 250 * time.Millisecond
+	HeldHeartbeatGap = 250 * time.Millisecond
 )
 
 // heldHeartbeats sends a remote pool's held heartbeats, and plain ones to a
@@ -77,7 +77,7 @@ func (h *heldHeartbeats) heartbeat(ctx context.Context, t task.Task, processor s
 	}
 	sent := time.Now()
 	_, err := h.tasks.HeartbeatWait(ctx, t.ID, processor, t.Fence, wait)
-	if early := heldHeartbeatGap - time.Since(sent); wait > 0 && err == nil && early > 0 {
+	if early := HeldHeartbeatGap - time.Since(sent); wait > 0 && err == nil && early > 0 {
 		timer := time.NewTimer(early)
 		select {
 		case <-ctx.Done():

@@ -24,16 +24,16 @@ type RemoteTasks interface {
 	// up to wait, answering at once (task.ErrCancelled) when the task is
 	// cancelled meanwhile.
 	HeartbeatWait(ctx context.Context, id int64, processor string, fence int64, wait time.Duration) (task.Task, error)
-	// Claim claims for processor the next due task of queue and kinds,
+	// Claim claims for processor the next due task of queues and kinds,
 	// waiting up to wait for one to become claimable (the service wakes
 	// the wait by NOTIFY: no polling on either side). ok is false when
 	// none came in time.
-	Claim(ctx context.Context, processor, queue string, kinds []string, wait time.Duration) (t task.Task, ok bool, err error)
-	// HeldBy returns the running tasks of queue whose lease one of processors holds.
-	HeldBy(ctx context.Context, queue string, processors []string) ([]task.Task, error)
+	Claim(ctx context.Context, processor string, queues, kinds []string, wait time.Duration) (t task.Task, ok bool, err error)
+	// HeldBy returns the running tasks of queues whose lease one of processors holds.
+	HeldBy(ctx context.Context, queues, processors []string) ([]task.Task, error)
 }
 
-// RemotePool runs the task workers of one queue against a leasehold
+// RemotePool runs task workers against a leasehold
 // service over HTTP, for a program without database credentials: the same
 // Handler as a Pool's, under the same leases. Idle workers long-poll the
 // service for tasks (at most Fetchers claims wait at once); each claimed
@@ -45,11 +45,16 @@ type RemoteTasks interface {
 // leasehold work runs its commands on it.
 type RemotePool struct {
 	Tasks    RemoteTasks
-	Instance string // processors are named as a Pool's
-	Queue    string // "": task.DefaultQueue
-	Kinds    []string
-	Handler  Handler
-	Workers  int
+	Instance string
+	// Queues are the queues a claim takes tasks from (none:
+	// task.DefaultQueue).
+	Queues []string
+	// Name, when set, names the workers' processors Name/w1 ... Name/wN;
+	// by default they are named as a Pool's, from Instance and the queue.
+	Name    string
+	Kinds   []string
+	Handler Handler
+	Workers int
 	// TTL is the lease TTL assumed for a task whose claim said none (the
 	// service sets every claimed task's).
 	TTL time.Duration
@@ -69,9 +74,15 @@ type RemotePool struct {
 	Grace time.Duration
 	// Abort, when set, replaces ShutdownGrace: running tasks go on after
 	// Run's context ends until Abort is closed.
-	Abort   <-chan struct{}
-	Log     zerolog.Logger
-	OnEvent func(Event)
+	Abort <-chan struct{}
+	// Transient tells a failed write that may pass when made again (the
+	// service unreachable, a 503) from a refusal no retry can change (a
+	// 400, a 413): the first is retried until the lease's deadline, the
+	// second is not, and a completion refused so fails the attempt with
+	// the service's reason. Nil retries every failure.
+	Transient func(error) bool
+	Log       zerolog.Logger
+	OnEvent   func(Event)
 
 	counters counters
 }
@@ -104,13 +115,16 @@ func (p *RemotePool) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	queue := p.Queue
-	if queue == "" {
-		queue = task.DefaultQueue
+	queues := p.Queues
+	if len(queues) == 0 {
+		queues = []string{task.DefaultQueue}
 	}
-	prefix := p.Instance
-	if queue != task.DefaultQueue {
-		prefix += "/" + queue
+	prefix := p.Name
+	if prefix == "" {
+		prefix = p.Instance
+		if len(queues) == 1 && queues[0] != task.DefaultQueue {
+			prefix += "/" + queues[0]
+		}
 	}
 	fetchers := p.Fetchers
 	if fetchers <= 0 {
@@ -124,10 +138,11 @@ func (p *RemotePool) Run(ctx context.Context) error {
 	if grace == 0 {
 		grace = DefaultShutdownGrace
 	}
-	log := p.Log.With().Str("component", "worker").Str("queue", queue).Logger()
+	log := p.Log.With().Str("component", "worker").Strs("queues", queues).Logger()
 	r := &runner{
 		ops: p.Tasks, handler: p.Handler, ttl: p.TTL, grace: max(p.Grace, 0), log: log, counters: &p.counters, onEvent: p.OnEvent,
-		held: &heldHeartbeats{tasks: p.Tasks, log: log},
+		transient: p.Transient,
+		held:      &heldHeartbeats{tasks: p.Tasks, log: log},
 		complete: func(ctx context.Context, c taskstore.Completion) (*claim, error) {
 			_, err := p.Tasks.Complete(ctx, c.ID, c.Processor, c.Fence, c.Output)
 			return nil, err
@@ -157,7 +172,7 @@ func (p *RemotePool) Run(ctx context.Context) error {
 	var refused refusedOnce
 	for range fetchers {
 		fetching.Go(func() {
-			if err := p.fetch(claimCtx, log, idle, queue, wait, cut); err != nil && refused.set(err) {
+			if err := p.fetch(claimCtx, log, idle, queues, wait, cut); err != nil && refused.set(err) {
 				log.Error().Err(err).Msg("giving up: the service refuses the claims; stopping")
 				stopClaims(err)
 			}
@@ -165,7 +180,7 @@ func (p *RemotePool) Run(ctx context.Context) error {
 	}
 	log.Info().Int("workers", p.Workers).Strs("kinds", p.Kinds).Msg("remote worker pool started")
 	fetching.Wait()
-	p.handBackCut(log, queue, cut.processors)
+	p.handBackCut(log, queues, cut.processors)
 	for _, w := range workers {
 		close(w.tasks)
 	}
@@ -244,13 +259,13 @@ func (c *cutClaims) add(processor string) {
 // that never arrived. The service hands back what it claims for a client it sees gone;
 // this finds the rest, the running tasks those workers' names hold, and gives each back
 // under its fence (one whose fence moved on since is refused, and nothing changes).
-func (p *RemotePool) handBackCut(log zerolog.Logger, queue string, processors []string) {
+func (p *RemotePool) handBackCut(log zerolog.Logger, queues, processors []string) {
 	if len(processors) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cutHandBackTimeout)
 	defer cancel()
-	held, err := p.Tasks.HeldBy(ctx, queue, processors)
+	held, err := p.Tasks.HeldBy(ctx, queues, processors)
 	if err != nil {
 		log.Warn().Err(err).Strs("processors", processors).
 			Msg("could not look for tasks claimed as the stop cut the claims off; any such task is claimed again when its lease lapses")
@@ -269,7 +284,7 @@ const cutHandBackTimeout = 5 * time.Second
 // a time, for the worker it took from idle, which gets the task or goes
 // back. A claim that ctx's end cuts off is added to cut. It returns a
 // *ClaimsRefusedError when the service refuses a claim for good.
-func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *worker, queue string, wait time.Duration, cut *cutClaims) error {
+func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *worker, queues []string, wait time.Duration, cut *cutClaims) error {
 	failures := 0
 	for {
 		var w *worker
@@ -279,7 +294,7 @@ func (p *RemotePool) fetch(ctx context.Context, log zerolog.Logger, idle chan *w
 		case w = <-idle:
 		}
 		sent := time.Now()
-		t, ok, err := p.Tasks.Claim(ctx, w.name, queue, p.Kinds, wait)
+		t, ok, err := p.Tasks.Claim(ctx, w.name, queues, p.Kinds, wait)
 		p.counters.claims.Add(1)
 		switch {
 		case ctx.Err() != nil:

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
 
@@ -33,11 +35,14 @@ type runner struct {
 	// could claim the task.
 	grace time.Duration
 	// held, when set, sends held heartbeats (a remote pool's).
-	held     *heldHeartbeats
-	spike    float64 // SimSpikeRate
-	log      zerolog.Logger
-	counters *counters
-	onEvent  func(Event)
+	held *heldHeartbeats
+	// transient, when set, tells a failed final write worth making again
+	// from a refusal (RemotePool.Transient); nil retries every failure.
+	transient func(error) bool
+	spike     float64 // SimSpikeRate
+	log       zerolog.Logger
+	counters  *counters
+	onEvent   func(Event)
 }
 
 func (r *runner) emit(e Event) {
@@ -161,41 +166,63 @@ func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, 
 		// returned, so the task goes back under its fence now (refused, and
 		// nothing changes, if the lease lapsed) instead of waiting out a
 		// lease nobody holds.
-		log().Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("task lease given up at its deadline: handing the task back")
+		log().Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("the task's lease was given up at its deadline; the handler was stopped (or had returned), handing the task back")
 		handBack(r.ops, *log(), *t, w.name, ttl, "the worker gave the lease up at its deadline: "+cause.Error())
 		r.counters.leaseLost.Add(1)
 		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
 		r.emit(ev)
 		return EventLeaseLost, nil
-	case errors.Is(cause, task.ErrLeaseLost) || errors.Is(cause, task.ErrCancelled):
-		log().Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("task lease lost: abandoned the task without completing it")
+	case errors.Is(cause, task.ErrCancelled):
+		log().Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("the task was cancelled; its handler was stopped and nothing is reported")
+		r.counters.leaseLost.Add(1)
+		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
+		r.emit(ev)
+		return EventLeaseLost, nil
+	case errors.Is(cause, task.ErrLeaseLost):
+		log().Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("the task's lease was lost; its handler was stopped (or had returned) and nothing is reported")
 		r.counters.leaseLost.Add(1)
 		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
 		r.emit(ev)
 		return EventLeaseLost, nil
 	case runErr == nil:
 		var next *claim // from the last attempt: a retry's batch claims afresh
-		kind := r.finish(workCtx, log, ev, deadline, ttl, EventCompleted, func(ctx context.Context) (string, error) {
+		kind, err := r.finish(workCtx, log, ev, deadline, ttl, EventCompleted, func(ctx context.Context) (string, error) {
 			n, err := r.complete(ctx, taskstore.Completion{ID: t.ID, Processor: w.name, Fence: t.Fence, Output: output})
 			next = n
 			return task.StateDone, err
 		})
+		if kind == "" && r.transient != nil && err != nil && !r.transient(err) {
+			// The service refused the output itself (a 400, a 413): no
+			// retry can change that, and the attempt fails with its reason
+			// rather than run again once the lease lapses.
+			log().Warn().Err(err).Msg("the service refused the task's output; failing the attempt")
+			failure := fmt.Errorf("the handler returned, but its output could not be recorded: %w", err)
+			ev.Err = failure
+			kind, _ = r.finish(workCtx, log, ev, deadline, ttl, EventFailed, func(ctx context.Context) (string, error) {
+				t, err := r.ops.Fail(ctx, t.ID, w.name, t.Fence, errorText(failure), -1)
+				return t.State, err
+			})
+		}
 		return kind, next
 	case workCtx.Err() != nil && errors.Is(runErr, context.Canceled):
-		return r.finish(workCtx, log, ev, deadline, ttl, EventRequeued, func(ctx context.Context) (string, error) {
-			t, err := r.ops.Requeue(ctx, t.ID, w.name, t.Fence, "the worker shut down before the task finished")
+		reason := "the worker shut down before the task finished"
+		if !errors.Is(runErr, ErrShutdown) && runErr.Error() != context.Canceled.Error() {
+			reason += ": " + runErr.Error()
+		}
+		return r.finishKind(workCtx, log, ev, deadline, ttl, EventRequeued, func(ctx context.Context) (string, error) {
+			t, err := r.ops.Requeue(ctx, t.ID, w.name, t.Fence, FailureText(reason))
 			return t.State, err
 		}), nil
 	case errors.As(runErr, &snooze):
-		return r.finish(workCtx, log, ev, deadline, ttl, EventSnoozed, func(ctx context.Context) (string, error) {
+		return r.finishKind(workCtx, log, ev, deadline, ttl, EventSnoozed, func(ctx context.Context) (string, error) {
 			t, err := r.ops.Snooze(ctx, t.ID, w.name, t.Fence, snooze.Delay)
 			return t.State, err
 		}), nil
 	case errors.As(runErr, &cancel):
 		ev.Err = runErr
-		return r.finish(workCtx, log, ev, deadline, ttl, EventCancelled, func(ctx context.Context) (string, error) {
+		return r.finishKind(workCtx, log, ev, deadline, ttl, EventCancelled, func(ctx context.Context) (string, error) {
 			// The holder's own cancellation: a compare-and-set on its lease.
-			ct, err := r.ops.CancelHeld(ctx, t.ID, w.name, t.Fence, failureText(cancel.Err))
+			ct, err := r.ops.CancelHeld(ctx, t.ID, w.name, t.Fence, errorText(cancel.Err))
 			return ct.State, err
 		}), nil
 	default:
@@ -204,8 +231,8 @@ func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, 
 		if errors.As(runErr, &retry) {
 			retryIn = max(retry.Delay, 0)
 		}
-		return r.finish(workCtx, log, ev, deadline, ttl, EventFailed, func(ctx context.Context) (string, error) {
-			t, err := r.ops.Fail(ctx, t.ID, w.name, t.Fence, failureText(runErr), retryIn)
+		return r.finishKind(workCtx, log, ev, deadline, ttl, EventFailed, func(ctx context.Context) (string, error) {
+			t, err := r.ops.Fail(ctx, t.ID, w.name, t.Fence, errorText(runErr), retryIn)
 			return t.State, err
 		}), nil
 	}
@@ -223,27 +250,34 @@ func handBack(ops Ops, log zerolog.Logger, t task.Task, processor string, ttl ti
 	}
 }
 
-// maxErrorBytes bounds the error a failed attempt records (as the REST
-// API's fail does).
-const maxErrorBytes = 4096
+// MaxErrorBytes bounds the error a failed attempt records, as the REST
+// API's fail does.
+const MaxErrorBytes = 4096
 
-// failureText is err as a failed attempt records it: at most maxErrorBytes,
-// never empty, no NUL (which PostgreSQL text cannot hold).
-func failureText(err error) string {
+// errorText is err as a failed attempt records it (FailureText), never
+// empty.
+func errorText(err error) string {
 	s := err.Error()
 	if s == "" {
 		s = fmt.Sprintf("%T with an empty message", err)
 	}
-	if len(s) > maxErrorBytes {
-		s = s[:maxErrorBytes-3] + "..."
+	return FailureText(s)
+}
+
+// FailureText is s as a failed attempt, a cancellation or a hand-back
+// records it: valid UTF-8, no NUL (which PostgreSQL text cannot hold), at
+// most MaxErrorBytes, cut at a character's start with "..." where it was
+// longer. The one rule for every worker's texts.
+func FailureText(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", " ")
+	if len(s) <= MaxErrorBytes {
+		return s
 	}
-	b := []byte(s)
-	for i, c := range b {
-		if c == 0 {
-			b[i] = ' '
-		}
+	cut := MaxErrorBytes - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
 	}
-	return string(b)
+	return s[:cut] + "..."
 }
 
 // run calls the handler, turning a panic into a *PanicError.
@@ -260,10 +294,12 @@ func (r *runner) run(ctx context.Context, t task.Task) (output json.RawMessage, 
 // cancel), even when ctx has ended, retrying a failed write until the
 // lease's local deadline: after that the write could only be refused. It
 // returns kind when the write succeeded, EventLeaseLost when it was
-// refused, "" when it could not be made.
+// refused under the lease, "" and the error when it could not be made: the
+// deadline passed, or the service refused it for good (see
+// RemotePool.Transient).
 func (r *runner) finish(ctx context.Context, log func() *zerolog.Logger, ev Event, deadline time.Time, ttl time.Duration,
 	kind EventKind, write func(ctx context.Context) (state string, err error),
-) EventKind {
+) (EventKind, error) {
 	ev.Kind = kind
 	margin, retryEvery := ttl/10, ttl/12
 	for retry := false; ; retry = true {
@@ -282,6 +318,9 @@ func (r *runner) finish(ctx context.Context, log func() *zerolog.Logger, ev Even
 			switch kind {
 			case EventCompleted:
 				r.counters.completed.Add(1)
+				if r.log.Debug().Enabled() {
+					log().Debug().Msg("task completed")
+				}
 			case EventFailed:
 				r.counters.failed.Add(1)
 				log().Info().Err(ev.Err).Str("state", state).Msg("task failed")
@@ -296,16 +335,21 @@ func (r *runner) finish(ctx context.Context, log func() *zerolog.Logger, ev Even
 				log().Info().Err(ev.Err).Msg("the handler cancelled its task")
 			}
 			r.emit(ev)
-			return kind
+			return kind, nil
 		case errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound):
-			log().Warn().Err(err).Msgf("task lease lost: %s refused", kind)
+			log().Warn().Err(err).Msgf("the task could not be recorded as %s: its lease was lost (it lapsed, or the task was cancelled)", kind)
 			r.counters.leaseLost.Add(1)
 			ev.Kind, ev.Err = EventLeaseLost, err
 			r.emit(ev)
-			return EventLeaseLost
+			return EventLeaseLost, nil
+		case r.transient != nil && !r.transient(err):
+			if kind != EventCompleted { // a refused completion fails the attempt: the caller says so
+				log().Error().Err(err).Msgf("the service refused to record the task as %s; it is claimed again when its lease lapses", kind)
+			}
+			return "", err
 		case !time.Now().Add(retryEvery).Before(deadline):
-			log().Warn().Err(err).Msgf("could not record the task as %s; it will be claimed again when its lease lapses", kind)
-			return ""
+			log().Warn().Err(err).Msgf("could not record the task as %s before its lease's deadline; it is claimed again when its lease lapses", kind)
+			return "", err
 		default:
 			ev := log().Debug()
 			if !retry {
@@ -315,6 +359,15 @@ func (r *runner) finish(ctx context.Context, log func() *zerolog.Logger, ev Even
 			time.Sleep(retryEvery)
 		}
 	}
+}
+
+// finishKind is finish without its error, for the writes whose refusal
+// leaves nothing more to do.
+func (r *runner) finishKind(ctx context.Context, log func() *zerolog.Logger, ev Event, deadline time.Time, ttl time.Duration,
+	kind EventKind, write func(ctx context.Context) (state string, err error),
+) EventKind {
+	k, _ := r.finish(ctx, log, ev, deadline, ttl, kind, write)
+	return k
 }
 
 // committed reports whether cur, read after a write of kind whose answer
