@@ -96,7 +96,6 @@ func (e *LeaseLostError) Is(target error) bool {
 
 // Defaults of a task that names none.
 const (
-	DefaultKind        = "sleep"   // the built-in demo kind
 	DefaultQueue       = "default" // the queue of a task that names none
 	DefaultMaxAttempts = 5
 )
@@ -131,9 +130,6 @@ type Task struct {
 	TaskOutput          json.RawMessage `json:"task_output"`
 	LastError           string          `json:"last_error"`
 	CreatedAt           time.Time       `json:"created_at"`
-	// GeneratorFence is the fence of the generator lease a demo task was
-	// inserted under; 0 for tasks inserted otherwise.
-	GeneratorFence int64 `json:"generator_fence"`
 	// Lock, when set, is the resource whose lease the task holds while it
 	// runs: it is claimed only when that lease is free, the claim acquires
 	// it with the task's fence, and the task's end releases it.
@@ -171,7 +167,6 @@ type wire struct {
 	TaskOutput          json.RawMessage `json:"task_output"`
 	LastError           *string         `json:"last_error"`
 	CreatedAt           string          `json:"created_at"`
-	GeneratorFence      *int64          `json:"generator_fence"`
 	Lock                *string         `json:"lock"`
 	Schedule            *string         `json:"schedule"`
 	ScheduleTick        *string         `json:"schedule_tick"`
@@ -218,7 +213,7 @@ func (t Task) MarshalJSON() ([]byte, error) {
 		LastHeartbeatAt: apitime.FormatPtr(t.LastHeartbeatAt), MustHeartbeatBefore: apitime.FormatPtr(t.MustHeartbeatBefore),
 		StartedAt: apitime.FormatPtr(t.StartedAt), ProcessedAt: apitime.FormatPtr(t.ProcessedAt),
 		TaskOutput: out, LastError: nonZero(t.LastError), CreatedAt: apitime.Format(t.CreatedAt),
-		GeneratorFence: nonZero(t.GeneratorFence), Lock: nonZero(t.Lock), Schedule: nonZero(t.Schedule),
+		Lock: nonZero(t.Lock), Schedule: nonZero(t.Schedule),
 		ScheduleTick: apitime.FormatPtr(t.ScheduleTick), EarlierAttempts: attempts,
 	})
 }
@@ -250,7 +245,7 @@ func (t *Task) UnmarshalJSON(b []byte) error {
 		Fence: deref(w.Fence), TTLSeconds: deref(w.TTLSeconds), Attempts: w.Attempts, MaxAttempts: w.MaxAttempts,
 		LastHeartbeatAt: w.LastHeartbeatAt, MustHeartbeatBefore: w.MustHeartbeatBefore, StartedAt: w.StartedAt,
 		ProcessedAt: w.ProcessedAt, TaskOutput: w.TaskOutput, LastError: deref(w.LastError), CreatedAt: w.CreatedAt,
-		GeneratorFence: deref(w.GeneratorFence), Lock: deref(w.Lock), Schedule: deref(w.Schedule),
+		Lock: deref(w.Lock), Schedule: deref(w.Schedule),
 		ScheduleTick: w.ScheduleTick,
 	}
 	if string(t.TaskOutput) == "null" {

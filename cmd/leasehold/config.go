@@ -21,8 +21,8 @@ import (
 	"github.com/leasehold/leasehold/internal/retention"
 )
 
-// config is a replica's configuration (contract §2): flag, then
-// environment variable, then default.
+// config is a replica's configuration: flag, then environment variable,
+// then default.
 type config struct {
 	DatabaseURL  string
 	Addr         string
@@ -79,7 +79,22 @@ type config struct {
 	LeaseHistoryRetention time.Duration
 }
 
-var allRoles = []string{"api", "worker", "generator", "reaper", "scheduler"}
+// The roles a replica may play. A production replica's are serveRoles;
+// the demo's replicas add its sleep workers and its generator.
+var (
+	allRoles   = []string{"api", "worker", "generator", "reaper", "scheduler"}
+	serveRoles = []string{"api", "reaper", "scheduler"}
+	demoRoles  = allRoles
+)
+
+// replicaKind is what a configuration is for: a production replica
+// (serve) or one of the demo's, which alone has simulated faults.
+type replicaKind int
+
+const (
+	productionReplica replicaKind = iota
+	demoReplica
+)
 
 // defaultAddr is where a replica listens unless told: loopback, so that a
 // replica started without a token is not open to the network.
@@ -134,9 +149,10 @@ func (c config) hasRole(role string) bool { return slices.Contains(c.Roles, role
 
 // configFlags defines the replica flags on fs with defaults taken from the
 // environment, and returns a function that validates and finishes the
-// configuration after fs.Parse. simDefault is the default of the
-// simulated-fault rates (0 in serve, on in demo).
-func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpike float64) func() (config, error) {
+// configuration after fs.Parse. A demo replica's roles default to the
+// demo's, and it alone takes the simulated-fault rates (5 % of tasks
+// crash, 10 % of heartbeats spike, unless told).
+func configFlags(fs *flag.FlagSet, getenv func(string) string, kind replicaKind) func() (config, error) {
 	env := func(name, def string) string {
 		if v := getenv(name); v != "" {
 			return v
@@ -156,9 +172,16 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 	fs.StringVar(&c.ListenDatabaseURL, "listen-database-url", getenv("LEASEHOLD_LISTEN_DATABASE_URL"), "PostgreSQL URL of the LISTEN session and the migrations, which a transaction-mode pooler breaks: straight to the server or through a session-mode pooler, on the same database as the database URL, which may then point at a transaction-mode pooler (env LEASEHOLD_LISTEN_DATABASE_URL; default: the database URL)")
 	fs.StringVar(&c.Addr, "addr", env("LEASEHOLD_ADDR", defaultAddr), "listen address; one that is not loopback (:8080, 0.0.0.0:8080) needs an API token or --insecure (env LEASEHOLD_ADDR)")
 	fs.StringVar(&c.Instance, "instance", getenv("LEASEHOLD_INSTANCE"), "instance id (env LEASEHOLD_INSTANCE; default <hostname>-<pid>)")
-	fs.StringVar(&workers, "workers", env("LEASEHOLD_WORKERS", "4"), "task workers per replica (env LEASEHOLD_WORKERS)")
+	fs.StringVar(&workers, "workers", env("LEASEHOLD_WORKERS", "4"), "the demo's sleep workers per replica, with the worker role (env LEASEHOLD_WORKERS)")
 	fs.StringVar(&ttl, "lease-ttl", env("LEASEHOLD_LEASE_TTL", "30s"), "default lease TTL (env LEASEHOLD_LEASE_TTL)")
-	fs.StringVar(&roles, "roles", env("LEASEHOLD_ROLES", strings.Join(allRoles, ",")), "roles of this replica (env LEASEHOLD_ROLES)")
+	defaultRoles := serveRoles
+	if kind == demoReplica {
+		defaultRoles = demoRoles
+	}
+	fs.StringVar(&roles, "roles", env("LEASEHOLD_ROLES", strings.Join(defaultRoles, ",")),
+		"what this replica does, comma-separated: api (the REST API, the websocket and the dashboard; without it only /healthz, /readyz and /metrics), "+
+			"reaper (expires leases, wakes workers, prunes history), scheduler (enqueues schedules' ticks), "+
+			"worker (the demo's sleep workers) and generator (the demo's task generator) (env LEASEHOLD_ROLES)")
 	fs.StringVar(&c.APIToken, "api-token", getenv("LEASEHOLD_API_TOKEN"), "require this Bearer token (at least 16 bytes), of every scope, on /api/* and /ws (env LEASEHOLD_API_TOKEN)")
 	fs.StringVar(&tokensFile, "tokens-file", getenv("LEASEHOLD_TOKENS_FILE"), "a JSON file of tokens, each with its scopes (read, lease, produce, work, admin) and prefixes (docs/security.md) (env LEASEHOLD_TOKENS_FILE)")
 	fs.StringVar(&origins, "allowed-origins", getenv("LEASEHOLD_ALLOWED_ORIGINS"), "origins besides the server's own whose pages may open /ws and make changing requests, comma-separated, e.g. https://dash.example.com (env LEASEHOLD_ALLOWED_ORIGINS)")
@@ -166,8 +189,11 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, simCrash, simSpik
 	insecure, secureCookie = env("LEASEHOLD_INSECURE", "false"), env("LEASEHOLD_SECURE_COOKIE", "false")
 	fs.Var((*boolText)(&insecure), "insecure", "serve without an API token on an address that is not loopback: anyone who can reach it may drive the API (env LEASEHOLD_INSECURE)")
 	fs.Var((*boolText)(&secureCookie), "secure-cookie", "mark the dashboard's session cookie Secure: HTTPS is served by a proxy in front (env LEASEHOLD_SECURE_COOKIE)")
-	fs.StringVar(&crash, "sim-crash-rate", env("LEASEHOLD_SIM_CRASH_RATE", strconv.FormatFloat(simCrash, 'g', -1, 64)), "per task, the chance of a simulated crash (env LEASEHOLD_SIM_CRASH_RATE)")
-	fs.StringVar(&sp, "sim-spike-rate", env("LEASEHOLD_SIM_SPIKE_RATE", strconv.FormatFloat(simSpike, 'g', -1, 64)), "per heartbeat, the chance of a simulated latency spike (env LEASEHOLD_SIM_SPIKE_RATE)")
+	crash, sp = "0", "0"
+	if kind == demoReplica {
+		fs.StringVar(&crash, "sim-crash-rate", env("LEASEHOLD_SIM_CRASH_RATE", "0.05"), "per task, the chance that a demo worker's replica exits abruptly mid-task (env LEASEHOLD_SIM_CRASH_RATE)")
+		fs.StringVar(&sp, "sim-spike-rate", env("LEASEHOLD_SIM_SPIKE_RATE", "0.10"), "per heartbeat, the chance of a latency spike long enough to miss the lease (env LEASEHOLD_SIM_SPIKE_RATE)")
+	}
 	fs.StringVar(&genRate, "generator-rate", env("LEASEHOLD_GENERATOR_RATE", "2"), "tasks per second the generator creates while started (env LEASEHOLD_GENERATOR_RATE)")
 	fs.StringVar(&genSleep, "generator-sleep", env("LEASEHOLD_GENERATOR_SLEEP", "1s-5s"), "range of a generated task's sleep, MIN-MAX (env LEASEHOLD_GENERATOR_SLEEP)")
 	fs.StringVar(&grace, "shutdown-grace", env("LEASEHOLD_SHUTDOWN_GRACE", "10s"), "on SIGTERM, how long running tasks may finish before they are handed back (env LEASEHOLD_SHUTDOWN_GRACE)")

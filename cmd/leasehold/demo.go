@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/frontdoor"
-	"github.com/leasehold/leasehold/internal/generator"
 	"github.com/leasehold/leasehold/internal/localpg"
 	"github.com/leasehold/leasehold/internal/supervise"
 	"github.com/leasehold/leasehold/schema"
@@ -34,8 +34,6 @@ const (
 	// replicaGrace is how long a replica has to stop after SIGTERM: its workers' grace for
 	// running tasks (10 s) and the release of its leases.
 	replicaGrace = 20 * time.Second
-	// simCrashStatus is the exit status of a replica's simulated crash (internal/worker).
-	simCrashStatus = 3
 	// chaosShortest and chaosLongest bound the pause between two kills of --chaos.
 	chaosShortest, chaosLongest = 5 * time.Second, 20 * time.Second
 )
@@ -45,9 +43,16 @@ const (
 // (restarted when they exit, as a hosting platform would) and a round-robin front door over
 // them on --addr. When ctx ends it stops the front door, then the replicas, then the local
 // PostgreSQL if it started it.
+//
+// "leasehold demo replica [flags]" is one of those replicas: serve with the
+// demo's roles (its sleep workers and generator too) and its simulated
+// faults, which a production replica (serve) has not.
 func runDemo(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "replica" {
+		return runReplica(ctx, "leasehold demo replica", demoReplica, args[1:], getenv, stderr)
+	}
 	fs := flag.NewFlagSet("leasehold demo", flag.ContinueOnError)
-	finish := configFlags(fs, getenv, 0.05, 0.10)
+	finish := configFlags(fs, getenv, demoReplica)
 	replicas := fs.Int("replicas", 3, fmt.Sprintf("number of replicas, 1 to %d", maxReplicas))
 	chaos := fs.Bool("chaos", false, "kill -9 a random replica every 5 to 20 s (it is restarted) to watch failover")
 	if err := parse(fs, args, stderr); err != nil {
@@ -126,7 +131,7 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 	sup := &supervise.Supervisor{
 		Output:      stderr,
 		Log:         log,
-		ExitReasons: map[int]string{simCrashStatus: "simulated crash"},
+		ExitReasons: map[int]string{demo.CrashStatus: "simulated crash"},
 		Grace:       replicaGrace,
 	}
 
@@ -188,10 +193,10 @@ func prepareDatabase(ctx context.Context, url string) error {
 	if _, err := schema.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	return generator.NewState(pool).Set(ctx, true, "demo")
+	return demo.NewState(pool).Set(ctx, true, "demo")
 }
 
-// replicaChild is the supervised replica called name: "leasehold serve" on a free port of
+// replicaChild is the supervised replica called name: "leasehold demo replica" on a free port of
 // 127.0.0.1 (a new one at each start), behind backend while it runs.
 func replicaChild(exe, name string, c config, ttl string, backend *frontdoor.Backend, log zerolog.Logger) supervise.Child {
 	var addr string // of the current start; Command, Started and Exited run one at a time
@@ -203,7 +208,7 @@ func replicaChild(exe, name string, c config, ttl string, backend *frontdoor.Bac
 				return nil, err
 			}
 			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-			cmd := exec.Command(exe, "serve",
+			cmd := exec.Command(exe, "demo", "replica",
 				"--addr", addr,
 				"--instance", name,
 				"--workers", strconv.Itoa(c.Workers),

@@ -36,8 +36,8 @@ func TestDemoRejectsBadFlags(t *testing.T) {
 	}
 }
 
-// demo is a "leasehold demo" process.
-type demo struct {
+// demoProc is a "leasehold demo" process.
+type demoProc struct {
 	cmd    *exec.Cmd
 	logs   *syncBuffer // its stderr, its replicas' included
 	url    string      // the front door
@@ -48,7 +48,7 @@ type demo struct {
 
 // startDemo runs "leasehold demo" with three replicas on the database at dbURL, no
 // simulated faults, and args.
-func startDemo(t *testing.T, bin, dbURL string, args ...string) *demo {
+func startDemo(t *testing.T, bin, dbURL string, args ...string) *demoProc {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -60,7 +60,7 @@ func startDemo(t *testing.T, bin, dbURL string, args ...string) *demo {
 	}
 	args = append([]string{"demo", "--replicas", "3", "--addr", addr, "--database-url", dbURL,
 		"--sim-crash-rate", "0", "--sim-spike-rate", "0"}, args...)
-	d := &demo{
+	d := &demoProc{
 		cmd:  exec.Command(bin, args...),
 		logs: &syncBuffer{},
 		url:  "http://" + addr,
@@ -101,7 +101,7 @@ func startDemo(t *testing.T, bin, dbURL string, args ...string) *demo {
 }
 
 // stop sends SIGTERM to the demo and returns what Wait returned.
-func (d *demo) stop(t *testing.T) error {
+func (d *demoProc) stop(t *testing.T) error {
 	t.Helper()
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -119,7 +119,7 @@ func (d *demo) stop(t *testing.T) error {
 var startedLine = regexp.MustCompile(`started (replica-[a-z]+) pid=(\d+)`)
 
 // pids returns the pids the demo logged for each replica it started, in order.
-func (d *demo) pids() map[string][]int {
+func (d *demoProc) pids() map[string][]int {
 	pids := map[string][]int{}
 	for _, m := range startedLine.FindAllStringSubmatch(d.logs.String(), -1) {
 		pid, _ := strconv.Atoi(m[2])
@@ -130,7 +130,7 @@ func (d *demo) pids() map[string][]int {
 
 // send sends a request through the front door and returns the status, the replica that
 // answered and the body.
-func (d *demo) send(t *testing.T, method, path, body string) (int, string, []byte) {
+func (d *demoProc) send(t *testing.T, method, path, body string) (int, string, []byte) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, d.url+path, strings.NewReader(body))
 	if err != nil {
@@ -153,7 +153,7 @@ func (d *demo) send(t *testing.T, method, path, body string) (int, string, []byt
 
 // waitUntil checks cond every 50 ms until it holds; it fails the test after limit, or at
 // once should the demo exit.
-func (d *demo) waitUntil(t *testing.T, limit time.Duration, what string, cond func() bool) {
+func (d *demoProc) waitUntil(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for !cond() {
@@ -172,7 +172,7 @@ func (d *demo) waitUntil(t *testing.T, limit time.Duration, what string, cond fu
 
 // waitAllReady waits until /readyz through the front door has answered 200 from every one of
 // the replicas named.
-func (d *demo) waitAllReady(t *testing.T, names ...string) {
+func (d *demoProc) waitAllReady(t *testing.T, names ...string) {
 	t.Helper()
 	ready := map[string]bool{}
 	d.waitUntil(t, 90*time.Second, fmt.Sprintf("GET /readyz 200 from each of %q", names), func() bool {
@@ -200,7 +200,7 @@ func pidGone(pid int) bool {
 
 // checkStoppedCleanly stops the demo and checks that it exits 0 and leaves none of its
 // replicas behind.
-func (d *demo) checkStoppedCleanly(t *testing.T) {
+func (d *demoProc) checkStoppedCleanly(t *testing.T) {
 	t.Helper()
 	if err := d.stop(t); err != nil {
 		t.Errorf("demo after SIGTERM: %v, want exit status 0\nlogs:\n%s", err, d.logs)

@@ -273,7 +273,7 @@ func TestDockerfile(t *testing.T) {
 		return env(append(kv, "DATABASE_URL", "postgres://placeholder@localhost/leasehold")...)
 	}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	finish := configFlags(fs, imageEnv(), 0, 0)
+	finish := configFlags(fs, imageEnv(), productionReplica)
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -492,7 +492,7 @@ func readDockerfile(t *testing.T) dockerfile {
 func envNames(t *testing.T) map[string]bool {
 	t.Helper()
 	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
-	configFlags(fs, env(), 0, 0)
+	configFlags(fs, env(), productionReplica)
 	names := map[string]bool{}
 	re := regexp.MustCompile(`\(env ([A-Z_]+)`)
 	fs.VisitAll(func(f *flag.Flag) {

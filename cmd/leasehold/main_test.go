@@ -80,9 +80,8 @@ func TestServeNeedsDatabaseURL(t *testing.T) {
 
 func TestServeRejectsBadFlags(t *testing.T) {
 	t.Parallel()
-	// A URL that answers nothing: the flags must be refused before any
-	// connection is tried.
-	const noDB = "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"
+	// Against a URL that answers nothing (runRefused): the flags must be
+	// refused before any connection is tried.
 	for _, tc := range []struct {
 		args []string
 		env  []string
@@ -103,8 +102,9 @@ func TestServeRejectsBadFlags(t *testing.T) {
 		{nil, []string{"LEASEHOLD_SHUTDOWN_GRACE", "-1s"}, []string{`--shutdown-grace "-1s"`}},
 		{[]string{"--roles", "api,bogus"}, nil, []string{`"bogus"`, "api,worker,generator,reaper"}},
 		{nil, []string{"LEASEHOLD_ROLES", "reaper,apis"}, []string{`"apis"`}},
-		{[]string{"--sim-crash-rate", "2"}, nil, []string{"--sim-crash-rate", "between 0 and 1"}},
-		{[]string{"--sim-spike-rate", "x"}, nil, []string{"--sim-spike-rate"}},
+		// The simulated faults are the demo's: a production replica has no such flag.
+		{[]string{"--sim-crash-rate", "0.1"}, nil, []string{"-sim-crash-rate"}},
+		{[]string{"--sim-spike-rate", "0"}, nil, []string{"-sim-spike-rate"}},
 		{[]string{"--log-format", "xml"}, nil, []string{`--log-format "xml"`}},
 		{[]string{"--rate-limit", "-1"}, nil, []string{`--rate-limit "-1"`, "0 (off)"}},
 		{[]string{"--rate-limit", "NaN"}, nil, []string{`--rate-limit "NaN"`}},
@@ -118,31 +118,55 @@ func TestServeRejectsBadFlags(t *testing.T) {
 			[]string{`--workers "x"`, `--lease-ttl "0s"`, `"bogus"`}},
 	} {
 		args := append([]string{"serve", "--addr", "127.0.0.1:0"}, tc.args...)
-		var stdout, stderr bytes.Buffer
-		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-		err := run(ctx, args, env(append([]string{"DATABASE_URL", noDB}, tc.env...)...), &stdout, &stderr)
-		cancel()
-		if err == nil {
-			t.Errorf("run %q (env %q): got nil, want an error", args, tc.env)
-			continue
-		}
-		t.Logf("run %q (env %q): %v", args[3:], tc.env, err)
-		if !errors.Is(err, errUsage) {
-			t.Errorf("run %q (env %q): got %v, want a usage error (exit status 2)", args, tc.env, err)
-		}
-		for _, want := range tc.want {
-			if !strings.Contains(err.Error(), want) {
-				t.Errorf("run %q (env %q): got %q, want it to say %q", args, tc.env, err, want)
-			}
+		runRefused(t, args, tc.env, tc.want)
+	}
+	// A demo replica checks its simulated faults' rates.
+	for _, tc := range []struct{ args, want []string }{
+		{[]string{"--sim-crash-rate", "2"}, []string{"--sim-crash-rate", "between 0 and 1"}},
+		{[]string{"--sim-spike-rate", "x"}, []string{"--sim-spike-rate"}},
+	} {
+		runRefused(t, append([]string{"demo", "replica", "--addr", "127.0.0.1:0"}, tc.args...), nil, tc.want)
+	}
+}
+
+// runRefused runs the command line args, which must be refused as bad
+// usage with an error that says each of want.
+func runRefused(t *testing.T, args, envv, want []string) {
+	t.Helper()
+	const noDB = "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	err := run(ctx, args, env(append([]string{"DATABASE_URL", noDB}, envv...)...), &stdout, &stderr)
+	cancel()
+	if err == nil {
+		t.Errorf("run %q (env %q): got nil, want an error", args, envv)
+		return
+	}
+	t.Logf("run %q (env %q): %v", args, envv, err)
+	if !errors.Is(err, errUsage) {
+		t.Errorf("run %q (env %q): got %v, want a usage error (exit status 2)", args, envv, err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("run %q (env %q): got %q, want it to say %q", args, envv, err, w)
 		}
 	}
 }
 
-// serveConfig parses replica flags the way "leasehold serve" does.
+// serveConfig parses replica flags the way "leasehold demo replica" does,
+// with no simulated faults unless args set them: a replica that runs the
+// demo's sleep workers and generator besides a production replica's roles,
+// unless args name its roles.
 func serveConfig(t *testing.T, args []string, getenv func(string) string) config {
 	t.Helper()
+	return replicaConfig(t, demoReplica, append([]string{"--sim-crash-rate", "0", "--sim-spike-rate", "0"}, args...), getenv)
+}
+
+// replicaConfig parses the flags of a replica of kind.
+func replicaConfig(t *testing.T, kind replicaKind, args []string, getenv func(string) string) config {
+	t.Helper()
 	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
-	finish := configFlags(fs, getenv, 0, 0)
+	finish := configFlags(fs, getenv, kind)
 	if err := parse(fs, args, io.Discard); err != nil {
 		t.Fatalf("parse %q: %v", args, err)
 	}

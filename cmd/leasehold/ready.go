@@ -31,8 +31,9 @@ const (
 // nothing else above debug level.
 type readiness struct {
 	pool      *pgxpool.Pool
-	connected func() bool // the listener's
-	latest    int64       // the migration version this binary needs
+	connected func() bool  // the listener's
+	latest    int64        // the migration version this binary needs
+	failed    func() error // why a background component stopped, nil while none did
 	log       zerolog.Logger
 
 	mu       sync.Mutex
@@ -52,6 +53,15 @@ func (r *readiness) check(ctx context.Context) error {
 }
 
 func (r *readiness) probe(ctx context.Context) error {
+	if r.failed != nil {
+		if err := r.failed(); err != nil {
+			reason := "a background component stopped"
+			if c, ok := errors.AsType[*componentError](err); ok {
+				reason = "the " + c.Name + " stopped"
+			}
+			return &server.NotReady{Reason: reason + "; the replica is shutting down (its log says why)", Err: err}
+		}
+	}
 	if err := r.pool.Ping(ctx); err != nil {
 		// A URL that is not limited to the primary (target_session_attrs)
 		// may reach a standby, where nothing can be written: the pool's

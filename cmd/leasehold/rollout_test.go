@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/testkit"
 )
@@ -158,7 +158,7 @@ func generatorTerms(t *testing.T, db pgtest.DB) []rolloutTerm {
 	t.Helper()
 	rows, err := db.Pool.Query(t.Context(), `
 		SELECT holder, fence, kind, at, expires_at, expires_at <= clock_timestamp()
-		FROM lease_events WHERE resource = $1 ORDER BY id`, generator.Resource)
+		FROM lease_events WHERE resource = $1 ORDER BY id`, demo.Resource)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func generatorHolder(t *testing.T, db pgtest.DB) (string, int64) {
 	var fence int64
 	err := db.Pool.QueryRow(t.Context(), `
 		SELECT holder, fence FROM leases
-		WHERE resource = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`, generator.Resource).Scan(&holder, &fence)
+		WHERE resource = $1 AND released_at IS NULL AND expires_at > clock_timestamp()`, demo.Resource).Scan(&holder, &fence)
 	if err != nil {
 		t.Fatalf("the generator lease: %v", err)
 	}
@@ -232,7 +232,7 @@ func waitGenerating(t *testing.T, db pgtest.DB, after int64, procs []*rolloutPro
 		if fence > after {
 			var holder string
 			err := db.Pool.QueryRow(t.Context(), `SELECT holder FROM lease_events WHERE resource = $1 AND fence = $2 AND kind = 'acquired'`,
-				generator.Resource, fence).Scan(&holder)
+				demo.Resource, fence).Scan(&holder)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -272,7 +272,7 @@ func startRolloutProc(t *testing.T, bin, dbURL, name string) *rolloutProc {
 	p := &rolloutProc{
 		name: name,
 		url:  "http://" + addr,
-		cmd: exec.Command(bin, "serve", "--addr", addr, "--instance", name, "--workers", "2",
+		cmd: exec.Command(bin, "serve", "--addr", addr, "--instance", name, "--workers", "2", "--roles", "api,worker,generator,reaper,scheduler",
 			"--generator-rate", rolloutRate, "--generator-sleep", "0s-50ms", "--shutdown-grace", "2s"),
 		logs:   &syncBuffer{},
 		done:   make(chan error, 1),

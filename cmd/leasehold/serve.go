@@ -10,19 +10,17 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
-	"github.com/leasehold/leasehold/task"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/localpg"
@@ -36,8 +34,14 @@ import (
 )
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
-	finish := configFlags(fs, getenv, 0, 0)
+	return runReplica(ctx, "leasehold serve", productionReplica, args, getenv, stderr)
+}
+
+// runReplica is serve, and "leasehold demo replica": one replica of the
+// kind given, until ctx ends.
+func runReplica(ctx context.Context, cmd string, kind replicaKind, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	finish := configFlags(fs, getenv, kind)
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -154,7 +158,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	// The service's workers run the built-in demo kind only; every other
 	// kind is for the programs that bring its handler (the Go library,
 	// leasehold work, any REST client).
-	sleep, err := worker.Sleep(c.SimCrashRate, nil)
+	sleep, err := demo.Sleep(c.SimCrashRate, nil)
 	if err != nil {
 		return usagef("--sim-crash-rate: %v", err)
 	}
@@ -203,7 +207,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 
 	leases := leasing.NewStore(pool)
 	tasks := taskstore.NewStore(pool)
-	genState := generator.NewState(pool)
+	genState := demo.NewState(pool)
 	schedules := scheduler.NewStore(pool)
 	instances := instance.NewStore(pool)
 	metrics := server.NewMetrics(listener.Connected, listener.Reconnects)
@@ -214,6 +218,13 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		Instance: c.Instance, AllowedOrigins: c.AllowedOrigins, Log: log, NotifyLag: metrics.NotifyLag,
 	})
 	metrics.WatchClients(wsHub.Clients)
+	// Background work runs until shutdown, not until ctx: the API goes on
+	// answering while the workers drain and the leases are released. A
+	// component that stops before then stops the replica (see components).
+	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	comps := newComponents(bgCtx, log)
+	background := comps.Go
+	defer stopBackground()
 	stopping := make(chan struct{})
 	handler := server.NewServer(server.Deps{
 		Leases:     leases,
@@ -234,7 +245,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		// listener, and stop waiting when the replica shuts down.
 		Listener: listener, Stopping: stopping,
 		// What /readyz says is public: the details go to the log.
-		Ready: (&readiness{pool: pool, connected: listener.Connected, latest: latest, log: log}).check,
+		Ready: (&readiness{pool: pool, connected: listener.Connected, latest: latest, failed: comps.Err, log: log}).check,
 	})
 
 	ln, err := net.Listen("tcp", c.Addr)
@@ -242,7 +253,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		return fmt.Errorf("listen on %s: %w", c.Addr, err)
 	}
 	srv := &http.Server{
-		Handler:           boundAPIRequests(handler, apiBudget(c, poolCfg.ConnConfig.ConnectTimeout)),
+		Handler:           boundAPIRequests(servedRoutes(handler, c.Roles), apiBudget(c, poolCfg.ConnConfig.ConnectTimeout)),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      writeTimeout,
@@ -255,17 +266,6 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		return err
 	}
 
-	// Background work runs until shutdown, not until ctx: the API goes on
-	// answering while the workers drain and the leases are released.
-	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	background := func(name string, run func(ctx context.Context) error) {
-		wg.Go(func() {
-			if err := run(bgCtx); err != nil {
-				log.Error().Err(err).Msgf("%s stopped", name)
-			}
-		})
-	}
 	background("listener", listener.Run)
 	// The dashboards' websockets are closed when background work stops:
 	// srv.Shutdown does not wait for hijacked connections.
@@ -289,7 +289,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		}).Run)
 	}
 	if c.hasRole("generator") {
-		background("generator", (&generator.Generator{
+		background("generator", (&demo.Generator{
 			State: genState, Tasks: tasks, Leases: leases, Listener: listener, Instance: c.Instance,
 			Keep: lease.KeepConfig{TTL: 5 * time.Second, Observer: metrics.KeepObserver(server.HolderGenerator)},
 			Rate: c.GeneratorRate, MinSleep: c.GeneratorSleepMin, MaxSleep: c.GeneratorSleepMax, Log: log,
@@ -307,16 +307,20 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		if grace == 0 {
 			grace = -1 // the pool's "no grace"
 		}
+		ops, err := demo.SpikyHeartbeats(tasks, c.SimSpikeRate, log)
+		if err != nil {
+			return usagef("--sim-spike-rate: %v", err)
+		}
 		background("workers", (&worker.Pool{
-			Tasks: tasks, Listener: listener, Instance: c.Instance, Workers: c.Workers, TTL: c.LeaseTTL,
-			Kinds: []string{task.DefaultKind}, Handler: sleep,
-			SimSpikeRate: c.SimSpikeRate, ShutdownGrace: grace, Log: log, OnEvent: metrics.WorkerEvent,
+			Tasks: tasks, Ops: ops, Listener: listener, Instance: c.Instance, Workers: c.Workers, TTL: c.LeaseTTL,
+			Kinds: []string{demo.Kind}, Handler: sleep,
+			ShutdownGrace: grace, Log: log, OnEvent: metrics.WorkerEvent,
 		}).Run)
 	}
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info().Str("addr", ln.Addr().String()).Strs("roles", c.Roles).Int("workers", c.Workers).Msg("serving")
+	log.Info().Str("addr", ln.Addr().String()).Strs("roles", c.Roles).Strs("components", comps.Names()).Int("workers", c.Workers).Msg("serving")
 	if !c.secured() && !loopback(c.Addr) {
 		log.Warn().Str("addr", ln.Addr().String()).
 			Msg("serving without an API token on an address beyond this machine (--insecure): anyone who can reach it may drive the API")
@@ -328,11 +332,14 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	select {
 	case <-ctx.Done():
 	case err = <-serveErr:
+	case <-comps.Failed():
+		err = comps.Err()
+		log.Error().Err(err).Msg("a background component stopped: the replica shuts down, for its supervisor to start it again")
 	}
 	log.Info().Msg("shutting down")
 	close(stopping)
 	stopBackground()
-	wg.Wait()
+	comps.Wait()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if serr := srv.Shutdown(shutdownCtx); serr != nil && err == nil {

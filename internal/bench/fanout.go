@@ -16,7 +16,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/notify"
@@ -43,7 +43,7 @@ func runFanout(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	deps := hub.Deps{Leases: leases, Tasks: taskstore.NewStore(d.Pool), Generator: generator.NewState(d.Pool),
+	deps := hub.Deps{Leases: leases, Tasks: taskstore.NewStore(d.Pool), Generator: demo.NewState(d.Pool),
 		Instances: instance.NewStore(d.Pool), Listener: listener, Instance: "bench", SendBuffer: 4096, Log: zerolog.Nop()}
 	h := hub.New(deps)
 	bg.Go(func() { _ = h.Run(runCtx) })

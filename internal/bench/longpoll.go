@@ -16,7 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/notify"
@@ -54,7 +54,7 @@ func startPollReplicas(ctx context.Context, d *freshDB, n int) (*pollReplicas, e
 			return nil, err
 		}
 		api, err := startAPI(server.Deps{
-			Leases: leasing.NewStore(d.Pool), Tasks: taskstore.NewStore(d.Pool), Generator: generator.NewState(d.Pool),
+			Leases: leasing.NewStore(d.Pool), Tasks: taskstore.NewStore(d.Pool), Generator: demo.NewState(d.Pool),
 			Instances: instance.NewStore(d.Pool), DefaultTTL: 30 * time.Second, Listener: l, Stopping: r.stopping,
 			Instance: server.Instance{ID: fmt.Sprintf("bench-api-%d", i+1), StartedAt: time.Now().UTC(), Roles: []string{"api"}, Version: "bench"},
 		})

@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/taskstore"
-	"github.com/leasehold/leasehold/task"
 
 	"github.com/rs/zerolog"
 
@@ -35,7 +35,7 @@ type replicas struct {
 
 // startReplicas starts n replicas of workers each and returns once every one listens.
 func startReplicas(ctx context.Context, d *freshDB, tasks *taskstore.Store, n, workers int, onEvent func(worker.Event)) (*replicas, error) {
-	sleep, err := worker.Sleep(0, nil)
+	sleep, err := demo.Sleep(0, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -48,7 +48,7 @@ func startReplicas(ctx context.Context, d *freshDB, tasks *taskstore.Store, n, w
 			return nil, err
 		}
 		p := &worker.Pool{Tasks: tasks, Listener: l, Instance: fmt.Sprintf("bench-%d", i+1), Workers: workers,
-			TTL: 30 * time.Second, Kinds: []string{task.DefaultKind}, Handler: sleep,
+			TTL: 30 * time.Second, Kinds: []string{demo.Kind}, Handler: sleep,
 			Log: zerolog.Nop(), OnEvent: onEvent}
 		r.wg.Go(func() { _ = p.Run(ctx) })
 	}

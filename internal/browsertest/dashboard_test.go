@@ -683,7 +683,7 @@ type replica struct {
 // the test ends; its log is printed when the test failed.
 func startReplica(t *testing.T, bin, dbURL string, args ...string) *replica {
 	t.Helper()
-	args = append([]string{"serve", "--addr", "127.0.0.1:0", "--database-url", dbURL,
+	args = append([]string{"demo", "replica", "--addr", "127.0.0.1:0", "--database-url", dbURL,
 		"--instance", "browser-test", "--workers", "4", "--sim-crash-rate", "0", "--sim-spike-rate", "0",
 		"--generator-rate", "4", "--generator-sleep", "200ms-1s", "--shutdown-grace", "0s"}, args...)
 	cmd := exec.Command(bin, args...)

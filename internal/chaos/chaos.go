@@ -51,6 +51,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/checker"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/frontdoor"
 	"github.com/leasehold/leasehold/internal/localpg"
 	"github.com/leasehold/leasehold/internal/supervise"
@@ -198,8 +199,6 @@ const (
 	// roleLeaseTTL is the TTL of a replica's generator and reaper leases ("leasehold
 	// serve" sets it): a pause longer than it makes a stale generator or reaper.
 	roleLeaseTTL = 5 * time.Second
-	// simCrashStatus is the exit status of a replica's simulated crash (internal/worker).
-	simCrashStatus = 3
 	// readyTimeout bounds the wait for every replica to answer /readyz at the start.
 	readyTimeout = 2 * time.Minute
 	// checkTimeout bounds the checker.
@@ -390,7 +389,7 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	s.sup = &supervise.Supervisor{
 		Output:      s.opts.Output,
 		Log:         s.log,
-		ExitReasons: map[int]string{simCrashStatus: "simulated crash"},
+		ExitReasons: map[int]string{demo.CrashStatus: "simulated crash"},
 		Grace:       shutdownGrace + 20*time.Second,
 		// Restart at once: a hosting platform would, and a long backoff after a few
 		// faults in a row would leave the soak with fewer replicas than it says.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/checker"
-	"github.com/leasehold/leasehold/task"
+	"github.com/leasehold/leasehold/internal/demo"
 )
 
 // The soak's own load, besides the generator.
@@ -61,7 +61,7 @@ func (s *soak) createGatedTasks(ctx context.Context) {
 			batch[i].Lock = gateLocks[rng.IntN(len(gateLocks))]
 			switch rng.IntN(3) {
 			case 0:
-				batch[i].Kind = task.DefaultKind
+				batch[i].Kind = demo.Kind
 				batch[i].TaskData = map[string]float64{"sleep_duration_seconds": float64(rng.IntN(300)) / 1000}
 			case 1:
 				batch[i].Kind, batch[i].TaskData = KindFlaky, FlakyArgs{SleepMS: rng.IntN(300), FailFirst: rng.IntN(4) == 0}

@@ -80,7 +80,7 @@ func (s *soak) child(r *replica, b *frontdoor.Backend) supervise.Child {
 				return nil, err
 			}
 			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-			cmd := exec.Command(s.opts.Binary, "serve",
+			cmd := exec.Command(s.opts.Binary, "demo", "replica",
 				"--addr", addr,
 				"--instance", r.name,
 				"--workers", strconv.Itoa(workers),

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/checker"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/schedule"
-	"github.com/leasehold/leasehold/task"
 )
 
 // The soak's locks: the resources its lease-gated tasks and gated schedules name. The
@@ -39,10 +39,10 @@ type soakSchedule struct {
 // previous task waits for the lock is skipped; and one of five fields, in a zone of its
 // own.
 var schedules = []soakSchedule{
-	{Name: "chaos-every-1s", Cron: "@every 1s", Kind: task.DefaultKind, TaskData: json.RawMessage(`{"sleep_duration_seconds": 0.1}`)},
+	{Name: "chaos-every-1s", Cron: "@every 1s", Kind: demo.Kind, TaskData: json.RawMessage(`{"sleep_duration_seconds": 0.1}`)},
 	{Name: "chaos-gated-every-2s", Cron: "@every 2s", Kind: KindShell, Lock: gateLocks[0],
 		TaskData: json.RawMessage(`{"sleep_ms": 200, "fail_first": false}`)},
-	{Name: "chaos-unique-every-1s", Cron: "@every 1s", Kind: task.DefaultKind, Lock: gateLocks[1], Unique: true,
+	{Name: "chaos-unique-every-1s", Cron: "@every 1s", Kind: demo.Kind, Lock: gateLocks[1], Unique: true,
 		TaskData: json.RawMessage(`{"sleep_duration_seconds": 0.3}`)},
 	{Name: "chaos-minutely", Cron: "* * * * *", Zone: "Europe/Berlin", Kind: KindFlaky, Lock: gateLocks[2],
 		TaskData: json.RawMessage(`{"sleep_ms": 300, "fail_first": true}`)},

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/internal/checker"
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
 )
@@ -118,15 +118,15 @@ func TestCheck(t *testing.T) {
 	}
 
 	// The generator inserts two tasks under its lease.
-	gen := acquire(generator.Resource, "g1", time.Hour)
-	if err := generator.NewState(tdb.Pool).Set(ctx, true, "test"); err != nil {
+	gen := acquire(demo.Resource, "g1", time.Hour)
+	if err := demo.NewState(tdb.Pool).Set(ctx, true, "test"); err != nil {
 		t.Fatal(err)
 	}
 	generated, err := tasks.InsertGenerated(ctx, "g1", gen.Fence, []json.RawMessage{data, data})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: generator.Resource, Holder: "g1", Fence: gen.Fence}); err != nil {
+	if _, err := leases.Release(ctx, lease.ReleaseParams{Resource: demo.Resource, Holder: "g1", Fence: gen.Fence}); err != nil {
 		t.Fatal(err)
 	}
 

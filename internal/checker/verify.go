@@ -11,7 +11,7 @@ import (
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/reaper"
 )
 
@@ -364,7 +364,7 @@ func (v *verifier) resource(events []lease.Event) {
 	switch events[0].Resource {
 	case reaper.Resource:
 		v.reaper = ivs
-	case generator.Resource:
+	case demo.Resource:
 		for _, iv := range ivs {
 			v.generator[iv.fence] = iv
 		}
@@ -638,7 +638,7 @@ func (v *verifier) checkGenerated(t Task) {
 	switch {
 	case !ok:
 		v.violate(RuleGeneratorFence, "task %d created at %s with generator fence %d: %s was never acquired with that fence",
-			t.ID, ts(t.CreatedAt), t.GeneratorFence, generator.Resource)
+			t.ID, ts(t.CreatedAt), t.GeneratorFence, demo.Resource)
 	case t.CreatedAt.Before(iv.start) || !t.CreatedAt.Before(iv.end()):
 		v.violate(RuleGeneratorFence, "task %d created at %s with generator fence %d, outside %s",
 			t.ID, ts(t.CreatedAt), t.GeneratorFence, &iv)

@@ -11,7 +11,7 @@ import (
 	"github.com/leasehold/leasehold/task"
 
 	"github.com/leasehold/leasehold/internal/checker"
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/reaper"
 )
 
@@ -115,7 +115,7 @@ func clean() (*history, checker.Options) {
 	d := h.acquire("res:a", "d", 50, 3600, 1000) // taken over 100 ms later
 	d.release(4000)
 
-	g := h.acquire(generator.Resource, "g1", 60, 200, 5000)
+	g := h.acquire(demo.Resource, "g1", 60, 200, 5000)
 	g.release(5000)
 
 	// Task 1: handed back by w0 (shutting down), claimed by w1, completed.

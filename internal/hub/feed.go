@@ -20,7 +20,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/notify"
 )
@@ -266,7 +266,7 @@ func (f *feed) run(ctx context.Context) {
 				f.tasksDirty = true
 				armTasks()
 				continue
-			case ch.Resource == generator.Resource:
+			case ch.Resource == demo.Resource:
 				f.generator = true
 			case instance.IsLease(ch.Resource):
 				f.instances = true

@@ -31,7 +31,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/notify"
 )
@@ -44,7 +44,7 @@ const DefaultSendBuffer = 256
 type Deps struct {
 	Leases    *leasing.Store
 	Tasks     *taskstore.Store
-	Generator *generator.State
+	Generator *demo.State
 	Instances *instance.Store
 	// Listener is the process's LISTEN connection, listening on
 	// notify.ChannelLease, ChannelTask, ChannelGenerator and

@@ -23,7 +23,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/notify"
@@ -66,7 +66,7 @@ func startReplica(t testing.TB, db pgtest.DB, name string, o options) *replica {
 	}
 	listener := notify.New(connectListener, zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator, notify.ChannelSchedule)
 	h := hub.New(hub.Deps{
-		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
+		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: name,
 		AllowedOrigins: o.origins, SendBuffer: o.sendBuffer, Log: zerolog.Nop(),
 	})
@@ -77,7 +77,7 @@ func startReplica(t testing.TB, db pgtest.DB, name string, o options) *replica {
 	r := &replica{listener: listener, hub: h, stop: stopHub, hubDone: make(chan error, 1)}
 	go func() { r.hubDone <- h.Run(hubCtx) }()
 	r.srv = httptest.NewUnstartedServer(server.NewServer(server.Deps{
-		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
+		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), DefaultTTL: 30 * time.Second, APIToken: o.token, Hub: h,
 		Log: zerolog.Nop(), Metrics: server.NewMetrics(listener.Connected, listener.Reconnects),
 		Ready:    func(ctx context.Context) error { return nil },
@@ -410,7 +410,7 @@ func TestPendingByKind(t *testing.T) {
 		g.OldestWaitSeconds < lo-0.002 || g.OldestWaitSeconds > hi+0.002 {
 		t.Errorf("first row %+v, want reports/render, 2 pending, waiting between %.3f and %.3f s", g, lo, hi)
 	}
-	if g := got[1]; g.Queue != task.DefaultQueue || g.Kind != task.DefaultKind || g.Count != 1 || g.OldestWaitSeconds != 0 {
+	if g := got[1]; g.Queue != task.DefaultQueue || g.Kind != demo.Kind || g.Count != 1 || g.OldestWaitSeconds != 0 {
 		t.Errorf("second row %+v, want default/sleep, 1 pending, none due (0 s)", g)
 	}
 

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/notify"
@@ -31,7 +31,7 @@ func TestNotifyLag(t *testing.T) {
 		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
 	lags := make(chan time.Duration, 16)
 	h := hub.New(hub.Deps{
-		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
+		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: "lagged", Log: zerolog.Nop(),
 		NotifyLag: func(lag time.Duration) { lags <- lag },
 	})

@@ -10,7 +10,7 @@ import (
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/lease"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/instance"
 )
 
@@ -53,7 +53,7 @@ func TestGenerator(t *testing.T) {
 
 	// A replica holding the generator lease shows as the holder, with its fence.
 	leases := leasing.NewStore(b.db.Pool)
-	acq, err := leases.Acquire(t.Context(), lease.AcquireParams{Resource: generator.Resource, Holder: "replica-b", TTL: time.Minute})
+	acq, err := leases.Acquire(t.Context(), lease.AcquireParams{Resource: demo.Resource, Holder: "replica-b", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,16 +71,16 @@ func TestGenerator(t *testing.T) {
 	}
 
 	// Released, or expired: no holder.
-	if _, err := leases.Release(t.Context(), lease.ReleaseParams{Resource: generator.Resource, Holder: "replica-b"}); err != nil {
+	if _, err := leases.Release(t.Context(), lease.ReleaseParams{Resource: demo.Resource, Holder: "replica-b"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := b.generator(t, "GET", "/api/generator", http.StatusOK); got.Holder != nil || got.Fence != nil {
 		t.Errorf("GET /api/generator after release: got %+v, want holder and fence null", got)
 	}
-	if _, err := leases.Acquire(t.Context(), lease.AcquireParams{Resource: generator.Resource, Holder: "replica-c", TTL: time.Minute}); err != nil {
+	if _, err := leases.Acquire(t.Context(), lease.AcquireParams{Resource: demo.Resource, Holder: "replica-c", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	b.expire(t, generator.Resource)
+	b.expire(t, demo.Resource)
 	if got := b.generator(t, "GET", "/api/generator", http.StatusOK); got.Holder != nil || got.Fence != nil {
 		t.Errorf("GET /api/generator after expiry: got %+v, want holder and fence null", got)
 	}

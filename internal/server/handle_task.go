@@ -145,7 +145,7 @@ func handleTaskCreate(d Deps) http.Handler {
 			return
 		}
 		for _, nt := range nts {
-			if err := mayTask(r, or(nt.Queue, task.DefaultQueue), or(nt.Kind, task.DefaultKind), "", nt.Lock); err != nil {
+			if err := mayTask(r, or(nt.Queue, task.DefaultQueue), or(nt.Kind, taskstore.DefaultKind), "", nt.Lock); err != nil {
 				writeError(w, r, d.Log, err)
 				return
 			}

@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
-	"github.com/leasehold/leasehold/task"
 
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5"
@@ -426,7 +426,7 @@ func readUntil(t *testing.T, ws *websocket.Conn, what string, match func(wsMessa
 // sleepHandler is the demo's sleep handler, with no simulated crashes.
 func sleepHandler(t *testing.T) worker.Handler {
 	t.Helper()
-	h, err := worker.Sleep(0, nil)
+	h, err := demo.Sleep(0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +440,7 @@ func runPool(t *testing.T, r *replicaMetrics, onEvent func(worker.Event)) {
 	p := &worker.Pool{
 		Tasks: taskstore.NewStore(r.db.Pool), Listener: r.listener, Instance: "metered", Workers: 1,
 		TTL: 30 * time.Second, SafetyPoll: -1, Log: zerolog.Nop(),
-		Kinds: []string{task.DefaultKind}, Handler: sleepHandler(t),
+		Kinds: []string{demo.Kind}, Handler: sleepHandler(t),
 		OnEvent: func(ev worker.Event) {
 			r.metrics.WorkerEvent(ev)
 			onEvent(ev)

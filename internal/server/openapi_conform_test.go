@@ -24,7 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/notify"
@@ -68,7 +68,7 @@ func startHub(t *testing.T, db pgtest.DB) liveHub {
 	connected := listener.Subscribe(notify.ChannelGenerator, 1) // resynced once every channel is listened to
 	defer connected.Close()
 	h := hub.New(hub.Deps{
-		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: generator.NewState(db.Pool),
+		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: "test", Log: zerolog.Nop(),
 	})
 	listenCtx, stopListener := context.WithCancel(context.Background())

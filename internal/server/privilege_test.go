@@ -27,7 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	dbq "github.com/leasehold/leasehold/internal/db"
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/retention"
@@ -312,11 +312,11 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	}
 
 	// The generator's fenced insert, under its lease and with the switch on.
-	gen, err := leases.Acquire(ctx, lease.AcquireParams{Resource: generator.Resource, Holder: "replica-a", TTL: 5 * time.Second})
+	gen, err := leases.Acquire(ctx, lease.AcquireParams{Resource: demo.Resource, Holder: "replica-a", TTL: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := generator.NewState(app.Pool).Set(ctx, true, "replica-a"); err != nil {
+	if err := demo.NewState(app.Pool).Set(ctx, true, "replica-a"); err != nil {
 		t.Errorf("generator switch: %v", err)
 	}
 	if got, err := tasks.InsertGenerated(ctx, "replica-a", gen.Lease.Fence, []json.RawMessage{json.RawMessage(`{"sleep_duration_seconds":1}`)}); err != nil || len(got) != 1 {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/notify"
@@ -47,7 +47,7 @@ func (i Instance) MarshalJSON() ([]byte, error) {
 type Deps struct {
 	Leases    *leasing.Store
 	Tasks     *taskstore.Store
-	Generator *generator.State
+	Generator *demo.State
 	Instances *instance.Store
 	// Schedules serves /api/schedules; nil leaves those routes out.
 	Schedules *scheduler.Store

@@ -20,7 +20,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/scheduler"
@@ -66,7 +66,7 @@ func testDeps(db pgtest.DB, opts ...option) server.Deps {
 		Leases:     leasing.NewStore(db.Pool),
 		DefaultTTL: 30 * time.Second,
 		Tasks:      taskstore.NewStore(db.Pool),
-		Generator:  generator.NewState(db.Pool),
+		Generator:  demo.NewState(db.Pool),
 		Instances:  instance.NewStore(db.Pool),
 		Schedules:  scheduler.NewStore(db.Pool),
 		Log:        zerolog.Nop(),

@@ -21,7 +21,7 @@ import (
 func withTaskTTL(ttl time.Duration) option { return func(d *server.Deps) { d.TaskTTL = ttl } }
 
 // taskJSON is the task object of contract §3, with its timestamps as sent
-// (created_at, generator_fence and earlier_attempts are the task package's
+// (created_at and earlier_attempts are the task package's
 // additions).
 type taskJSON struct {
 	ID                  int64           `json:"id"`
@@ -44,7 +44,6 @@ type taskJSON struct {
 	TaskOutput          json.RawMessage `json:"task_output"`
 	LastError           *string         `json:"last_error"`
 	CreatedAt           string          `json:"created_at"`
-	GeneratorFence      *int64          `json:"generator_fence"`
 	Lock                *string         `json:"lock"`
 	Schedule            *string         `json:"schedule"`
 	ScheduleTick        *string         `json:"schedule_tick"`
@@ -275,8 +274,8 @@ func TestTaskLifecycle(t *testing.T) {
 
 	created := b.createTask(t, `{"task_data": {"sleep_duration_seconds": 5, "tags": ["a", "b"]}}`)
 	if created.State != "pending" || created.Attempts != 0 || created.MaxAttempts != 5 || created.Processor != nil ||
-		created.Fence != nil || created.StartedAt != nil || created.LastError != nil || created.GeneratorFence != nil {
-		t.Errorf("created task %v: want pending, 0 of 5 attempts, no processor, fence, started_at, last_error or generator_fence", created)
+		created.Fence != nil || created.StartedAt != nil || created.LastError != nil {
+		t.Errorf("created task %v: want pending, 0 of 5 attempts, no processor, fence, started_at or last_error", created)
 	}
 	if !jsonEqual(t, created.TaskData, []byte(`{"sleep_duration_seconds": 5, "tags": ["a", "b"]}`)) {
 		t.Errorf("created task_data %s, want the one sent", created.TaskData)

@@ -29,7 +29,7 @@ func fromRow(r db.Task) task.Task {
 		Fence: deref(r.Fence), TTLSeconds: deref(r.TTLSeconds), Attempts: r.Attempts, MaxAttempts: r.MaxAttempts,
 		LastHeartbeatAt: r.LastHeartbeatAt, MustHeartbeatBefore: r.MustHeartbeatBefore,
 		StartedAt: r.StartedAt, ProcessedAt: r.ProcessedAt, TaskOutput: r.TaskOutput,
-		LastError: deref(r.LastError), CreatedAt: r.CreatedAt, GeneratorFence: deref(r.GeneratorFence),
+		LastError: deref(r.LastError), CreatedAt: r.CreatedAt,
 		Lock: deref(r.LockResource), Schedule: deref(r.Schedule), ScheduleTick: r.ScheduleTick,
 	}
 	if len(r.EarlierAttempts) > 2 { // "[]" is the common case
@@ -60,10 +60,14 @@ type Store struct {
 // NewStore returns a store on the pool.
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{q: db.New(pool)} }
 
+// DefaultKind is the kind of a task inserted without one: the demo's
+// sleep, as the REST API has it. The library always names a kind.
+const DefaultKind = "sleep"
+
 // NewTask is a task to insert. Zero values take the defaults.
 type NewTask struct {
 	TaskData json.RawMessage
-	Kind     string // "": task.DefaultKind
+	Kind     string // "": DefaultKind
 	Queue    string // "": task.DefaultQueue
 	Priority int16
 	// UniqueKey, when set, makes the insert a no-op while another task of
@@ -104,7 +108,7 @@ func insert(ctx context.Context, q *db.Queries, tasks []NewTask) ([]Inserted, er
 	}
 	for i, t := range tasks {
 		p.TaskData[i] = t.TaskData
-		p.Kinds[i] = or(t.Kind, task.DefaultKind)
+		p.Kinds[i] = or(t.Kind, DefaultKind)
 		p.Queues[i] = or(t.Queue, task.DefaultQueue)
 		p.Priorities[i] = t.Priority
 		p.UniqueKeys[i] = t.UniqueKey

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/taskstore"
-	"github.com/leasehold/leasehold/task"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
@@ -33,7 +33,7 @@ func benchReplicas(ctx context.Context, b *testing.B, wg *sync.WaitGroup, url st
 		<-ready.Resync()
 		ready.Close()
 		p := &worker.Pool{Tasks: tasks, Listener: l, Instance: string(rune('a' + r)), Workers: workers,
-			TTL: 30 * time.Second, Kinds: []string{task.DefaultKind}, Handler: sleepHandler(b, 0, nil),
+			TTL: 30 * time.Second, Kinds: []string{demo.Kind}, Handler: sleepHandler(b, 0, nil),
 			Log: zerolog.Nop(), OnEvent: onEvent}
 		wg.Go(func() { _ = p.Run(ctx) })
 	}

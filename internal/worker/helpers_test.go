@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
@@ -131,7 +132,7 @@ func (e *env) startPool(instance string, workers int, ttl time.Duration, configu
 	r := &replica{ctx: ctx, events: newRecorder(), cancel: cancel, done: make(chan struct{})}
 	r.Pool = &worker.Pool{
 		Tasks: e.tasks, Instance: instance, Workers: workers, TTL: ttl,
-		Kinds: []string{task.DefaultKind}, Handler: sleepHandler(e.t, 0, nil),
+		Kinds: []string{demo.Kind}, Handler: sleepHandler(e.t, 0, nil),
 		SafetyPoll: -1, Log: e.log(), OnEvent: r.events.add,
 	}
 	if configure != nil {
@@ -154,7 +155,7 @@ func (e *env) startPool(instance string, workers int, ttl time.Duration, configu
 // simulated crash rate and hook.
 func sleepHandler(t testing.TB, crashRate float64, crash func()) worker.Handler {
 	t.Helper()
-	h, err := worker.Sleep(crashRate, crash)
+	h, err := demo.Sleep(crashRate, crash)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,10 +46,10 @@ type Pool struct {
 	// of seconds (1s to 1h). A task's workers heartbeat every third of its
 	// TTL.
 	TTL time.Duration
-	// SimSpikeRate is, per heartbeat, the chance of a pause longer than the
-	// TTL before the heartbeat is sent: the lease lapses and the worker must
-	// notice and abandon its task. 0 in serve.
-	SimSpikeRate float64
+	// Ops, when set, are the writes the workers make under their tasks'
+	// leases in place of Tasks' own: the demo wraps them to simulate
+	// latency spikes (demo.SpikyHeartbeats).
+	Ops Ops
 	// SafetyPoll is the last-resort poll interval (default 30s); negative
 	// disables it (tests that prove nobody needs it).
 	SafetyPoll time.Duration
@@ -124,6 +124,14 @@ type claim struct {
 	wake Wake
 }
 
+// ops are the writes under a task's lease: Ops, or else Tasks'.
+func (p *Pool) ops() Ops {
+	if p.Ops != nil {
+		return p.Ops
+	}
+	return p.Tasks
+}
+
 // Counters returns the pool's running totals.
 func (p *Pool) Counters() Counters { return p.counters.snapshot() }
 
@@ -160,8 +168,6 @@ func (p *Pool) init() error {
 		return fmt.Errorf("worker pool: %d workers: want 0 or more", p.Workers)
 	case p.TTL < time.Second || p.TTL > time.Hour || p.TTL%time.Second != 0:
 		return fmt.Errorf("worker pool: task lease TTL %s must be a whole number of seconds from 1s to 1h", p.TTL)
-	case p.SimSpikeRate < 0 || p.SimSpikeRate > 1:
-		return fmt.Errorf("worker pool: simulated spike rate %v must be between 0 and 1", p.SimSpikeRate)
 	}
 	if p.Queue == "" {
 		p.Queue = task.DefaultQueue
@@ -190,7 +196,7 @@ func (p *Pool) init() error {
 	p.idle = make(chan finished, p.Workers)
 	p.completer = newCompleter(p)
 	p.runner = runner{
-		ops: p.Tasks, complete: p.completer.complete, handler: p.Handler, ttl: p.TTL, spike: p.SimSpikeRate,
+		ops: p.ops(), complete: p.completer.complete, handler: p.Handler, ttl: p.TTL,
 		log: p.log, counters: &p.counters, onEvent: p.OnEvent,
 	}
 	p.wakeC = make(chan struct{}, 1)

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
@@ -125,7 +128,11 @@ func TestLeaseLostDuringWork(t *testing.T) {
 	e := newEnv(t)
 	e.startReaper()
 	a := e.startPool("a", 1, 2*time.Second, func(p *worker.Pool, r *replica) {
-		p.SimSpikeRate = 1
+		spiky, err := demo.SpikyHeartbeats(p.Tasks, 1, zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Ops = spiky
 		record := p.OnEvent
 		p.OnEvent = func(ev worker.Event) {
 			record(ev)
@@ -462,7 +469,7 @@ func TestRunChecksSettings(t *testing.T) {
 	l := e.listener(e.ctx)
 	valid := func() *worker.Pool {
 		return &worker.Pool{Tasks: e.tasks, Listener: l, Instance: "x", Workers: 1, TTL: time.Second,
-			Kinds: []string{task.DefaultKind}, Handler: sleepHandler(t, 0, nil)}
+			Kinds: []string{demo.Kind}, Handler: sleepHandler(t, 0, nil)}
 	}
 	cases := map[string]func(p *worker.Pool){
 		"no store":        func(p *worker.Pool) { p.Tasks = nil },
@@ -473,7 +480,6 @@ func TestRunChecksSettings(t *testing.T) {
 		"ttl zero":        func(p *worker.Pool) { p.TTL = 0 },
 		"no kinds":        func(p *worker.Pool) { p.Kinds = nil },
 		"no handler":      func(p *worker.Pool) { p.Handler = nil },
-		"spike rate < 0":  func(p *worker.Pool) { p.SimSpikeRate = -0.1 },
 		"ttl over a hour": func(p *worker.Pool) { p.TTL = 2 * time.Hour },
 	}
 	for name, breakIt := range cases {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -39,7 +38,6 @@ type runner struct {
 	// transient, when set, tells a failed final write worth making again
 	// from a refusal (RemotePool.Transient); nil retries every failure.
 	transient func(error) bool
-	spike     float64 // SimSpikeRate
 	log       zerolog.Logger
 	counters  *counters
 	onEvent   func(Event)
@@ -425,21 +423,6 @@ func (r *runner) heartbeat(ctx context.Context, log func() *zerolog.Logger, t ta
 			failing = true
 			ev.Err(err).Msg("heartbeat failed; retrying until the lease's deadline")
 		},
-	}
-	if r.spike > 0 {
-		loop.BeforeRenew = func(ctx context.Context) {
-			if rand.Float64() >= r.spike {
-				return
-			}
-			pause := keep.TTL + keep.TTL/2
-			log().Warn().Dur("pause", pause).Msg("simulated latency spike before a heartbeat")
-			timer := time.NewTimer(pause)
-			defer timer.Stop()
-			select {
-			case <-ctx.Done(): // the deadline passed meanwhile: the lease is lost
-			case <-timer.C:
-			}
-		}
 	}
 	deadline, _ := loop.Run(ctx, sent)
 	return deadline

@@ -452,7 +452,6 @@ export function createTasksView({ $, el, api, errorText, now, age, signIn }) {
       ["processed", stamp(t.processed_at)], ["lease TTL", t.ttl_seconds ? `${t.ttl_seconds} s` : "–"],
       ["unique key", t.unique_key ?? "–"], ["last error", t.last_error ?? "–"],
     ];
-    if (t.generator_fence) facts.push(["generator fence", t.generator_fence]);
     // A task holding a lock holds its resource's lease while it runs; a
     // scheduled one links to its schedule in the schedules view.
     if (t.lock) facts.push(["lock", t.lock]);

@@ -1,8 +1,10 @@
-// Package generator is leasehold's singleton task generator: demo tasks
-// created on exactly one replica at a time, while a cluster-wide switch in
+// Package demo is what leasehold's demo adds to a replica, and what no
+// production replica runs: the sleep kind and its workers' simulated
+// faults (sleep.go), and the singleton task generator, which creates sleep
+// tasks on exactly one replica at a time while a cluster-wide switch in
 // the database says so.
 //
-// Every replica runs a Generator; each campaigns for the lease
+// Every demo replica runs a Generator; each campaigns for the lease
 // leasehold:generator, and only the holder generates:
 //
 //	           won the lease               read: started
@@ -31,7 +33,7 @@
 // retries with backoff and, woken by the listener's reconnect, wins the
 // lease again once the database is back; generation resumes if the switch
 // is on.
-package generator
+package demo
 
 import (
 	"context"
@@ -96,8 +98,9 @@ type Generator struct {
 	// read it. Like the hooks below it is called on the generating
 	// goroutine, which waits for it; it is meant for tests.
 	Observed func(s Status)
-	// Inserted, if set, is called with each task the holder inserted.
-	Inserted func(t task.Task)
+	// Inserted, if set, is called with each task the holder inserted, and
+	// the fence of the generator lease it was inserted under.
+	Inserted func(t task.Task, fence int64)
 	// InsertFailed, if set, is called when an insert did not happen: err is
 	// taskstore.ErrNotGenerator when the database refused it (the switch is off
 	// or the lease is no longer live), otherwise the database error.
@@ -297,7 +300,7 @@ func (g *Generator) insert(ctx context.Context, l lease.Lease, s settings, n int
 	}
 	for _, t := range tasks {
 		if g.Inserted != nil {
-			g.Inserted(t)
+			g.Inserted(t, l.Fence)
 		}
 	}
 	return nil

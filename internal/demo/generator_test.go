@@ -1,4 +1,4 @@
-package generator_test
+package demo_test
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/leasehold/leasehold/internal/generator"
+	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/pgtest"
 )
@@ -43,9 +43,10 @@ const (
 type event struct {
 	instance string
 	kind     string
-	status   generator.Status // observed
-	task     task.Task        // inserted
-	err      error            // failed
+	status   demo.Status // observed
+	task     task.Task   // inserted
+	fence    int64       // of the generator lease it was inserted under
+	err      error       // failed
 }
 
 // recorder keeps every hook call of every generator in a test, in order,
@@ -115,7 +116,7 @@ type cluster struct {
 	t      *testing.T
 	ctx    context.Context
 	db     pgtest.DB
-	state  *generator.State
+	state  *demo.State
 	tasks  *taskstore.Store
 	leases *leasing.Store
 	rec    *recorder
@@ -135,7 +136,7 @@ func newCluster(t *testing.T) *cluster {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &cluster{
 		t: t, ctx: ctx, db: tdb, rec: newRecorder(),
-		state: generator.NewState(tdb.Pool), tasks: taskstore.NewStore(tdb.Pool), leases: leasing.NewStore(tdb.Pool),
+		state: demo.NewState(tdb.Pool), tasks: taskstore.NewStore(tdb.Pool), leases: leasing.NewStore(tdb.Pool),
 	}
 	// Registered after pgtest's: every replica has stopped before the
 	// database is dropped.
@@ -145,19 +146,21 @@ func newCluster(t *testing.T) *cluster {
 
 // start runs a generator named name; configure, if given, changes it
 // before it starts.
-func (c *cluster) start(name string, configure func(g *generator.Generator)) *replica {
+func (c *cluster) start(name string, configure func(g *demo.Generator)) *replica {
 	c.t.Helper()
 	ctx, stop := context.WithCancel(c.ctx)
 	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, c.db.URL) },
 		zerolog.Nop(), notify.ChannelLease, notify.ChannelGenerator)
-	g := &generator.Generator{
+	g := &demo.Generator{
 		State: c.state, Tasks: c.tasks, Leases: c.leases, Listener: listener, Instance: name,
 		Keep:     lease.KeepConfig{TTL: 5 * time.Second},
 		Rate:     50,
 		MinSleep: 1500 * time.Millisecond, MaxSleep: 2500 * time.Millisecond,
 		Log:      zerolog.New(zerolog.NewTestWriter(c.t)).Level(zerolog.InfoLevel).With().Str("instance", name).Logger(),
-		Observed: func(s generator.Status) { c.rec.add(event{instance: name, kind: kindObserved, status: s}) },
-		Inserted: func(tk task.Task) { c.rec.add(event{instance: name, kind: kindInserted, task: tk}) },
+		Observed: func(s demo.Status) { c.rec.add(event{instance: name, kind: kindObserved, status: s}) },
+		Inserted: func(tk task.Task, fence int64) {
+			c.rec.add(event{instance: name, kind: kindInserted, task: tk, fence: fence})
+		},
 		InsertFailed: func(err error) {
 			c.rec.add(event{instance: name, kind: kindFailed, err: err})
 		},
@@ -245,7 +248,7 @@ func checkGenerated(t *testing.T, c *cluster) []holding {
 	ctx := context.Background()
 	var events []lease.Event
 	for after := int64(0); ; {
-		page, err := c.leases.Events(ctx, lease.EventsParams{Resource: generator.Resource, AfterID: after, Limit: 1000})
+		page, err := c.leases.Events(ctx, lease.EventsParams{Resource: demo.Resource, AfterID: after, Limit: 1000})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -308,14 +311,15 @@ func checkGenerated(t *testing.T, c *cluster) []holding {
 		}
 		for _, tk := range page {
 			inDB[tk.ID] = true
-			if tk.GeneratorFence == 0 {
+			fence := c.generatorFence(tk.ID)
+			if fence == 0 {
 				t.Errorf("task %d has no generator fence", tk.ID)
 				continue
 			}
-			h := byFence[tk.GeneratorFence]
+			h := byFence[fence]
 			switch {
 			case h == nil:
-				t.Errorf("task %d carries fence %d, which no generator lease had", tk.ID, tk.GeneratorFence)
+				t.Errorf("task %d carries fence %d, which no generator lease had", tk.ID, fence)
 			case tk.CreatedAt.Before(h.start) || !tk.CreatedAt.Before(h.end):
 				t.Errorf("task %d created at %s, outside the holding [%s, %s) of its fence %d",
 					tk.ID, tk.CreatedAt, h.start, h.end, h.fence)
@@ -331,7 +335,7 @@ func checkGenerated(t *testing.T, c *cluster) []holding {
 		if !inDB[e.task.ID] {
 			t.Errorf("%s reported task %d, which is not in the database", e.instance, e.task.ID)
 		}
-		if h := byFence[e.task.GeneratorFence]; h != nil && h.holder != e.instance {
+		if h := byFence[e.fence]; h != nil && h.holder != e.instance {
 			t.Errorf("%s inserted task %d under fence %d, which %s held", e.instance, e.task.ID, h.fence, h.holder)
 		}
 	}
@@ -363,7 +367,7 @@ func TestOneGeneratorAtATime(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	replicas := map[string]*replica{}
-	short := func(g *generator.Generator) { g.Keep.TTL = time.Second }
+	short := func(g *demo.Generator) { g.Keep.TTL = time.Second }
 	for i := range 3 {
 		name := fmt.Sprintf("replica-%d", i)
 		replicas[name] = c.start(name, short)
@@ -377,7 +381,7 @@ func TestOneGeneratorAtATime(t *testing.T) {
 		for range 10 {
 			last, at = c.rec.await(t, at, "generated tasks", inserted)
 			checkSleep(t, last.task)
-			fences[last.task.GeneratorFence] = true
+			fences[last.fence] = true
 		}
 		if round == 3 {
 			break
@@ -415,7 +419,7 @@ func TestStopFromNonHolder(t *testing.T) {
 	first, _ := c.rec.await(t, 0, "generated tasks", inserted)
 
 	at := c.rec.mark()
-	elsewhere := generator.NewState(c.db.Pool) // another replica's view of the switch
+	elsewhere := demo.NewState(c.db.Pool) // another replica's view of the switch
 	if err := elsewhere.Set(c.ctx, false, "replica-elsewhere"); err != nil {
 		t.Fatal(err)
 	}
@@ -471,17 +475,17 @@ func TestStoppedHolderHandsOver(t *testing.T) {
 	for i := range 3 {
 		name := fmt.Sprintf("replica-%d", i)
 		// The longest TTL: a takeover within the test came through the release.
-		replicas[name] = c.start(name, func(g *generator.Generator) { g.Keep.TTL = time.Hour })
+		replicas[name] = c.start(name, func(g *demo.Generator) { g.Keep.TTL = time.Hour })
 	}
 	c.set(true, "operator")
 	old, at := c.rec.await(t, 0, "generated tasks", inserted)
-	oldFence := old.task.GeneratorFence
+	oldFence := old.fence
 	c.halt(replicas[old.instance])
 	delete(replicas, old.instance)
 
 	next, _ := c.rec.await(t, at, "another replica to generate", insertedNotBy(old.instance))
-	if next.task.GeneratorFence <= oldFence {
-		t.Errorf("new generator's fence %d not above the old %d", next.task.GeneratorFence, oldFence)
+	if next.fence <= oldFence {
+		t.Errorf("new generator's fence %d not above the old %d", next.fence, oldFence)
 	}
 	c.refuseStale(old.instance, oldFence)
 
@@ -513,20 +517,20 @@ func TestCrashedHolderHandsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	doomed := c.start("doomed", func(g *generator.Generator) {
-		g.State, g.Tasks, g.Leases = generator.NewState(pool), taskstore.NewStore(pool), leasing.NewStore(pool)
+	doomed := c.start("doomed", func(g *demo.Generator) {
+		g.State, g.Tasks, g.Leases = demo.NewState(pool), taskstore.NewStore(pool), leasing.NewStore(pool)
 		g.Keep.TTL = time.Second
 	})
 	c.set(true, "operator")
 	crashed, _ := c.rec.await(t, 0, "the first generator's tasks", inserted)
-	crashedFence := crashed.task.GeneratorFence
+	crashedFence := crashed.fence
 	others := []*replica{c.start("replica-1", nil), c.start("replica-2", nil)}
 
 	at := c.rec.mark()
 	pool.Close() // the crash: from here on "doomed" reaches no database
 	next, _ := c.rec.await(t, at, "another replica to generate", insertedNotBy("doomed"))
-	if next.task.GeneratorFence <= crashedFence {
-		t.Errorf("new generator's fence %d not above the crashed holder's %d", next.task.GeneratorFence, crashedFence)
+	if next.fence <= crashedFence {
+		t.Errorf("new generator's fence %d not above the crashed holder's %d", next.fence, crashedFence)
 	}
 	c.refuseStale("doomed", crashedFence)
 
@@ -552,23 +556,23 @@ func TestPausedHolderIsRefused(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	c.set(true, "operator")
-	paused, err := c.leases.Acquire(c.ctx, lease.AcquireParams{Resource: generator.Resource, Holder: "paused", TTL: time.Hour})
+	paused, err := c.leases.Acquire(c.ctx, lease.AcquireParams{Resource: demo.Resource, Holder: "paused", TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fence := paused.Lease.Fence
 	got, err := c.tasks.InsertGenerated(c.ctx, "paused", fence, []json.RawMessage{json.RawMessage(`{"sleep_duration_seconds":2}`)})
-	if err != nil || len(got) != 1 || got[0].GeneratorFence == 0 || got[0].GeneratorFence != fence {
+	if err != nil || len(got) != 1 || c.generatorFence(got[0].ID) != fence {
 		t.Fatalf("insert by the live holder: got %+v, %v; want one task under fence %d", got, err, fence)
 	}
 	// The pause: a last renewal, down to 1 s, and nothing after it.
-	if _, err := c.leases.Renew(c.ctx, lease.RenewParams{Resource: generator.Resource, Holder: "paused", Fence: fence, TTL: time.Second}); err != nil {
+	if _, err := c.leases.Renew(c.ctx, lease.RenewParams{Resource: demo.Resource, Holder: "paused", Fence: fence, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	replicas := []*replica{c.start("replica-1", nil), c.start("replica-2", nil)}
 	next, _ := c.rec.await(t, 0, "a live generator to take over", inserted)
-	if next.task.GeneratorFence <= fence {
-		t.Errorf("new generator's fence %d not above the paused holder's %d", next.task.GeneratorFence, fence)
+	if next.fence <= fence {
+		t.Errorf("new generator's fence %d not above the paused holder's %d", next.fence, fence)
 	}
 	c.refuseStale("paused", fence)
 	if n := c.countFence(fence); n != 1 {
@@ -591,10 +595,10 @@ func TestRevokedLeaseStepsDown(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	// Renewals ~20 min apart: the refused insert is what tells the holder.
-	only := c.start("replica-0", func(g *generator.Generator) { g.Keep.TTL = time.Hour })
+	only := c.start("replica-0", func(g *demo.Generator) { g.Keep.TTL = time.Hour })
 	c.set(true, "operator")
 	holder, _ := c.rec.await(t, 0, "generated tasks", inserted)
-	fence := holder.task.GeneratorFence
+	fence := holder.fence
 
 	at := c.rec.mark()
 	// leasing.Store.Release would do, but for when it stamps released_at: at
@@ -605,11 +609,11 @@ func TestRevokedLeaseStepsDown(t *testing.T) {
 	// stamped after: every insert has either committed before the stamp or
 	// waits and is refused.
 	err := pgx.BeginFunc(c.ctx, c.db.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(c.ctx, `SELECT 1 FROM leases WHERE resource = $1 AND fence = $2 FOR UPDATE`, generator.Resource, fence); err != nil {
+		if _, err := tx.Exec(c.ctx, `SELECT 1 FROM leases WHERE resource = $1 AND fence = $2 FOR UPDATE`, demo.Resource, fence); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(c.ctx, `UPDATE leases SET released_at = clock_timestamp(), expires_at = clock_timestamp()
-			WHERE resource = $1 AND fence = $2 AND released_at IS NULL`, generator.Resource, fence)
+			WHERE resource = $1 AND fence = $2 AND released_at IS NULL`, demo.Resource, fence)
 		if err == nil && tag.RowsAffected() != 1 {
 			err = fmt.Errorf("%d leases revoked; want 1", tag.RowsAffected())
 		}
@@ -634,9 +638,9 @@ func TestRevokedLeaseStepsDown(t *testing.T) {
 	}
 	t.Logf("the holder learned of the revoke after %d refused inserts", refused)
 	next, _ := c.rec.await(t, at, "generation under a new fence", func(e event) bool {
-		return e.kind == kindInserted && e.task.GeneratorFence > fence
+		return e.kind == kindInserted && e.fence > fence
 	})
-	t.Logf("%s stepped down and generates again under fence %d", holder.instance, next.task.GeneratorFence)
+	t.Logf("%s stepped down and generates again under fence %d", holder.instance, next.fence)
 	c.refuseStale(holder.instance, fence)
 	c.halt(only)
 	checkGenerated(t, c)
@@ -646,33 +650,33 @@ func TestRevokedLeaseStepsDown(t *testing.T) {
 // refused before it touches the database, with an error naming the field.
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	valid := func() *generator.Generator {
-		return &generator.Generator{
-			State: generator.NewState(nil), Tasks: taskstore.NewStore(nil), Leases: leasing.NewStore(nil),
+	valid := func() *demo.Generator {
+		return &demo.Generator{
+			State: demo.NewState(nil), Tasks: taskstore.NewStore(nil), Leases: leasing.NewStore(nil),
 			Listener: notify.New(nil, zerolog.Nop()), Instance: "replica-a",
 			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: zerolog.Nop(),
 		}
 	}
 	for _, tc := range []struct {
 		name   string
-		change func(g *generator.Generator)
+		change func(g *demo.Generator)
 		want   string // in the error; "" for none
 	}{
-		{"defaults", func(*generator.Generator) {}, ""},
-		{"explicit", func(g *generator.Generator) { g.Rate, g.MinSleep, g.MaxSleep = 0.5, 0, time.Millisecond }, ""},
-		{"widest", func(g *generator.Generator) { g.Rate, g.MinSleep, g.MaxSleep = generator.MaxRate, time.Hour, time.Hour }, ""},
-		{"negative rate", func(g *generator.Generator) { g.Rate = -1 }, "rate"},
-		{"NaN rate", func(g *generator.Generator) { g.Rate = math.NaN() }, "rate"},
-		{"rate too high", func(g *generator.Generator) { g.Rate = math.Inf(1) }, "rate"},
-		{"negative min sleep", func(g *generator.Generator) { g.MinSleep, g.MaxSleep = -time.Second, time.Second }, "negative"},
-		{"min above max", func(g *generator.Generator) { g.MinSleep, g.MaxSleep = 3*time.Second, 2*time.Second }, "above max sleep"},
-		{"min without max", func(g *generator.Generator) { g.MinSleep = 2 * time.Second }, "above max sleep"},
-		{"max too long", func(g *generator.Generator) { g.MaxSleep = time.Hour + time.Millisecond }, "limit"},
-		{"no instance", func(g *generator.Generator) { g.Instance = "" }, "Instance"},
-		{"no listener", func(g *generator.Generator) { g.Listener = nil }, "must all be set"},
-		{"no state", func(g *generator.Generator) { g.State = nil }, "must all be set"},
-		{"no TTL", func(g *generator.Generator) { g.Keep.TTL = 0 }, "generator lease"},
-		{"fractional TTL", func(g *generator.Generator) { g.Keep.TTL = 1500 * time.Millisecond }, "generator lease"},
+		{"defaults", func(*demo.Generator) {}, ""},
+		{"explicit", func(g *demo.Generator) { g.Rate, g.MinSleep, g.MaxSleep = 0.5, 0, time.Millisecond }, ""},
+		{"widest", func(g *demo.Generator) { g.Rate, g.MinSleep, g.MaxSleep = demo.MaxRate, time.Hour, time.Hour }, ""},
+		{"negative rate", func(g *demo.Generator) { g.Rate = -1 }, "rate"},
+		{"NaN rate", func(g *demo.Generator) { g.Rate = math.NaN() }, "rate"},
+		{"rate too high", func(g *demo.Generator) { g.Rate = math.Inf(1) }, "rate"},
+		{"negative min sleep", func(g *demo.Generator) { g.MinSleep, g.MaxSleep = -time.Second, time.Second }, "negative"},
+		{"min above max", func(g *demo.Generator) { g.MinSleep, g.MaxSleep = 3*time.Second, 2*time.Second }, "above max sleep"},
+		{"min without max", func(g *demo.Generator) { g.MinSleep = 2 * time.Second }, "above max sleep"},
+		{"max too long", func(g *demo.Generator) { g.MaxSleep = time.Hour + time.Millisecond }, "limit"},
+		{"no instance", func(g *demo.Generator) { g.Instance = "" }, "Instance"},
+		{"no listener", func(g *demo.Generator) { g.Listener = nil }, "must all be set"},
+		{"no state", func(g *demo.Generator) { g.State = nil }, "must all be set"},
+		{"no TTL", func(g *demo.Generator) { g.Keep.TTL = 0 }, "generator lease"},
+		{"fractional TTL", func(g *demo.Generator) { g.Keep.TTL = 1500 * time.Millisecond }, "generator lease"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -697,6 +701,20 @@ func TestConfigValidation(t *testing.T) {
 
 // heldBy reports whether the switch's status names holder with fence as the
 // generator lease's holder.
-func heldBy(s generator.Status, holder string, fence int64) bool {
+func heldBy(s demo.Status, holder string, fence int64) bool {
 	return s.Holder != nil && *s.Holder == holder && s.Fence != nil && *s.Fence == fence
+}
+
+// generatorFence is the fence of the generator lease task id was inserted
+// under, as the database recorded it (0: none).
+func (c *cluster) generatorFence(id int64) int64 {
+	c.t.Helper()
+	var fence *int64
+	if err := c.db.Pool.QueryRow(c.ctx, `SELECT generator_fence FROM tasks WHERE id = $1`, id).Scan(&fence); err != nil {
+		c.t.Fatal(err)
+	}
+	if fence == nil {
+		return 0
+	}
+	return *fence
 }
