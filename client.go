@@ -10,13 +10,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/restclient"
+	"github.com/leasehold/leasehold/internal/schedulestore"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/scheduler"
@@ -100,7 +101,7 @@ type Client struct {
 	// On a pool: pool and the stores. Remote: rest.
 	pool       *pgxpool.Pool
 	store      *taskstore.Store
-	leaseStore *leasing.Store
+	leaseStore *leasestore.Store
 	rest       *restclient.Client
 
 	leases    *Leases
@@ -140,9 +141,9 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	}
 	c.pool = pool
 	c.store = taskstore.NewStore(pool)
-	c.leaseStore = leasing.NewStore(pool)
+	c.leaseStore = leasestore.NewStore(pool)
 	c.leases = &Leases{svc: storeLeases{store: c.leaseStore, c: c}, ttl: c.cfg.LeaseTTL}
-	c.schedules = &Schedules{store: scheduler.NewStore(pool)}
+	c.schedules = &Schedules{store: schedulestore.NewStore(pool)}
 	return c, nil
 }
 
@@ -405,7 +406,7 @@ func (c *Client) Stop(ctx context.Context) error {
 // storeLeases is the lease service on the client's pool: an acquisition
 // that waits hears of a release through the client's LISTEN connection.
 type storeLeases struct {
-	store *leasing.Store
+	store *leasestore.Store
 	c     *Client
 }
 
@@ -415,7 +416,7 @@ func (s storeLeases) Acquire(ctx context.Context, p lease.AcquireParams) (lease.
 	}
 	l, done := s.c.listen()
 	defer done()
-	return s.store.AcquireWaiting(ctx, p, leasing.WaitParams{Listener: l})
+	return s.store.AcquireWaiting(ctx, p, leasestore.WaitParams{Listener: l})
 }
 
 func (s storeLeases) Renew(ctx context.Context, p lease.RenewParams) (lease.Lease, error) {

@@ -18,9 +18,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold"
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
@@ -414,7 +414,7 @@ func startService(t *testing.T, db pgtest.DB) service {
 	stopping := make(chan struct{})
 	tasks := taskstore.NewStore(db.Pool)
 	h := server.NewServer(server.Deps{
-		Leases: leasing.NewStore(db.Pool), Tasks: tasks, DefaultTTL: 30 * time.Second, Listener: l, Stopping: stopping,
+		Leases: leasestore.NewStore(db.Pool), Tasks: tasks, DefaultTTL: 30 * time.Second, Listener: l, Stopping: stopping,
 		Log: zerolog.Nop(), Metrics: server.NewMetrics(l.Connected, l.Reconnects),
 		Ready: func(context.Context) error { return nil }, Instance: server.Instance{ID: "service"},
 	})
@@ -654,7 +654,7 @@ func TestElectionHandsOverOnKill(t *testing.T) {
 		t.Errorf("the new leader's fence %d is not above the old one's %d", heirFence, fence)
 	}
 	// The holding intervals in the history never overlap.
-	events, err := leasing.NewStore(db.Pool).Events(t.Context(), lease.EventsParams{Resource: "leader:test", Limit: 1000})
+	events, err := leasestore.NewStore(db.Pool).Events(t.Context(), lease.EventsParams{Resource: "leader:test", Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

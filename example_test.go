@@ -12,10 +12,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold"
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/server"
 	"github.com/leasehold/leasehold/internal/taskstore"
-	"github.com/leasehold/leasehold/internal/testkit"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
 )
@@ -37,7 +37,7 @@ func examplePool() *pgxpool.Pool { return exampleDB.Pool }
 // database, for the examples' lifetime.
 func exampleService() (url string, stop func()) {
 	srv := httptest.NewServer(server.NewServer(server.Deps{
-		Leases: leasing.NewStore(exampleDB.Pool), Tasks: taskstore.NewStore(exampleDB.Pool), DefaultTTL: 30 * time.Second,
+		Leases: leasestore.NewStore(exampleDB.Pool), Tasks: taskstore.NewStore(exampleDB.Pool), DefaultTTL: 30 * time.Second,
 		Log: zerolog.Nop(), Metrics: server.NewMetrics(func() bool { return true }, func() int64 { return 0 }),
 		Ready: func(context.Context) error { return nil }, Instance: server.Instance{ID: "example"},
 	}))

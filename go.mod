@@ -2,7 +2,7 @@ module github.com/leasehold/leasehold
 
 go 1.26.8
 
-tool github.com/leasehold/leasehold/internal/task
+tool github.com/leasehold/leasehold/internal/lab/tools/task
 
 require (
 	github.com/chromedp/cdproto v0.159.0

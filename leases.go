@@ -73,8 +73,9 @@ func checkTTL(field string, ttl time.Duration) error {
 	return nil
 }
 
-// MaxWait is the longest one Acquire may wait for a held resource.
-const MaxWait = leasing.MaxWaitPerRequest
+// MaxWait is the longest one Acquire may wait for a held resource: 300 s,
+// lease.MaxWait.
+const MaxWait = lease.MaxWait
 
 // Acquire takes p.Resource for p.Holder with p.TTL (zero: the client's
 // default, Config.LeaseTTL, or the service's for a remote client).

@@ -12,15 +12,15 @@ import (
 
 	"github.com/leasehold/leasehold"
 	"github.com/leasehold/leasehold/internal/apitime"
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/lease"
 
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // clientServer is a real leasehold server on a fresh database, behind a
@@ -42,7 +42,7 @@ func startClientServer(t *testing.T, token string) *clientServer {
 	t.Helper()
 	db := pgtest.New(t)
 	h := server.NewServer(server.Deps{
-		Leases:     leasing.NewStore(db.Pool),
+		Leases:     leasestore.NewStore(db.Pool),
 		DefaultTTL: 30 * time.Second,
 		APIToken:   token,
 		Log:        zerolog.Nop(),

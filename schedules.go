@@ -7,8 +7,8 @@ import (
 	"net/http"
 
 	"github.com/leasehold/leasehold/internal/restclient"
+	"github.com/leasehold/leasehold/internal/schedulestore"
 
-	"github.com/leasehold/leasehold/internal/scheduler"
 	"github.com/leasehold/leasehold/schedule"
 )
 
@@ -18,8 +18,8 @@ import (
 // whichever process holds the scheduler lease: a `leasehold serve` replica
 // with the scheduler role, or a Client on a pool with Config.Scheduler.
 type Schedules struct {
-	store *scheduler.Store   // on a pool
-	rest  *restclient.Client // remote
+	store *schedulestore.Store // on a pool
+	rest  *restclient.Client   // remote
 }
 
 // Schedules returns the client's schedules.

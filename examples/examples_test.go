@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 )
 
 // giveUp bounds every wait, only so that a broken test fails instead of

@@ -52,6 +52,11 @@ const (
 	FilterRenewed = "renewed"
 )
 
+// MaxWait is the longest one acquisition may wait for a held resource (the
+// REST API's wait_seconds bound, 300 s); a caller that means to wait
+// longer asks again.
+const MaxWait = 300 * time.Second
+
 // Errors of the lease service. A caller that lost its lease gets ErrNotHeld:
 // a normal outcome, not a failure of the service.
 var (

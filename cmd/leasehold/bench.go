@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/bench"
-	"github.com/leasehold/leasehold/internal/localpg"
+	"github.com/leasehold/leasehold/internal/lab/bench"
+	"github.com/leasehold/leasehold/internal/lab/localpg"
 )
 
 // runBench runs `leasehold bench`: the benchmark scenarios, each on a fresh database of its

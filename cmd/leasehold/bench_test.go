@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leasehold/leasehold/internal/bench"
-	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/testkit"
+	"github.com/leasehold/leasehold/internal/lab/bench"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
 )
 
 // TestBenchDrainProcesses runs `leasehold bench --processes` as a user

@@ -19,9 +19,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/demo"
-	"github.com/leasehold/leasehold/internal/frontdoor"
-	"github.com/leasehold/leasehold/internal/localpg"
-	"github.com/leasehold/leasehold/internal/supervise"
+	"github.com/leasehold/leasehold/internal/demo/frontdoor"
+	"github.com/leasehold/leasehold/internal/demo/supervise"
+	"github.com/leasehold/leasehold/internal/lab/localpg"
 	"github.com/leasehold/leasehold/schema"
 )
 
@@ -53,8 +53,7 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 	}
 	fs := flag.NewFlagSet("leasehold demo", flag.ContinueOnError)
 	finish := configFlags(fs, getenv, demoReplica)
-	replicas := fs.Int("replicas", 3, fmt.Sprintf("number of replicas, 1 to %d", maxReplicas))
-	chaos := fs.Bool("chaos", false, "kill -9 a random replica every 5 to 20 s (it is restarted) to watch failover")
+	replicas, chaos := demoFlags(fs)
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -180,6 +179,14 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 	proxy.CloseIdleConnections()
 	log.Info().Msg("all replicas stopped")
 	return err
+}
+
+// demoFlags defines the demo's own flags on fs, those it has besides a
+// replica's (configFlags): how many replicas, and whether to kill them.
+func demoFlags(fs *flag.FlagSet) (replicas *int, chaos *bool) {
+	replicas = fs.Int("replicas", 3, fmt.Sprintf("number of replicas, 1 to %d", maxReplicas))
+	chaos = fs.Bool("chaos", false, "kill -9 a random replica every 5 to 20 s (it is restarted) to watch failover")
+	return replicas, chaos
 }
 
 // prepareDatabase applies the migrations once, before the replicas start (each would, too,

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/frontdoor"
-	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/testkit"
+	"github.com/leasehold/leasehold/internal/demo/frontdoor"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
 )
 
 func TestDemoRejectsBadFlags(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/leasehold/leasehold/internal/checker"
+	"github.com/leasehold/leasehold/internal/lab/checker"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
 )

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/localpg"
+	"github.com/leasehold/leasehold/internal/lab/localpg"
 	"github.com/leasehold/leasehold/internal/server"
 	"github.com/leasehold/leasehold/schema"
 )

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 )
 
 // cliExitCode is the status main exits with for what run returned.

@@ -20,9 +20,8 @@ usage:
   leasehold serve    [flags]   run one replica (REST API, reaper, ...)
   leasehold migrate  [flags]   apply the database migrations and exit
   leasehold demo     [flags]   a local PostgreSQL (unless DATABASE_URL is set), 3 replicas and a round-robin front door on :8080
+                               (leasehold demo replica [flags] is one of its replicas: serve with the demo's roles and faults)
   leasehold bench    [flags]   measure the hot paths (see docs/performance.md)
-  leasehold chaos    [flags]   a chaos soak: replicas on a PostgreSQL of their own under load and random faults, then the history checked
-  leasehold chaos-app [flags]  one of the chaos soak's applications on the Go library (the soak starts them)
   leasehold lease    CMD [flags]   acquire, renew, release, get or list leases over a server's REST API (see docs/cli.md)
   leasehold exec     [flags] -- CMD ARGS...   run CMD only while holding a lease: leasehold exec --resource R -- CMD ARGS...
   leasehold work     [flags] -- CMD ARGS...   a task worker for any program: leasehold work --kind K -- CMD ARGS... runs CMD for each task of kind K
@@ -102,10 +101,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runDemo(ctx, rest, getenv, stderr)
 	case "bench":
 		return runBench(ctx, rest, getenv, stdout, stderr)
-	case "chaos":
-		return runChaosSoak(ctx, rest, stdout, stderr)
-	case "chaos-app":
-		return runChaosApp(ctx, rest, getenv, stderr)
 	case "localdb":
 		return runLocalDB(ctx, stdout, stderr)
 	case "lease":

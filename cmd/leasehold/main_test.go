@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
 	"github.com/leasehold/leasehold/internal/reaper"
-	"github.com/leasehold/leasehold/internal/testkit"
 	"github.com/leasehold/leasehold/schema"
 )
 

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 )
 
 // burstAcquire sends n requests to r at once, all from this host, each racing

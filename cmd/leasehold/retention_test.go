@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 )
 
 // TestRetentionFlags: a week by default, from the environment, overridden

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/demo"
-	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/testkit"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
 )
 
 // rolloutLimit bounds each wait of TestRollingRestart, only so that a

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
 	"github.com/leasehold/leasehold/internal/scheduler"
-	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // schedTerm is one holding of the scheduler lease, by the database clock.

@@ -12,7 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/schedulestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 
@@ -23,7 +25,7 @@ import (
 	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/localpg"
+	"github.com/leasehold/leasehold/internal/lab/localpg"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/retention"
@@ -205,10 +207,10 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	}
 	defer pool.Close()
 
-	leases := leasing.NewStore(pool)
+	leases := leasestore.NewStore(pool)
 	tasks := taskstore.NewStore(pool)
 	genState := demo.NewState(pool)
-	schedules := scheduler.NewStore(pool)
+	schedules := schedulestore.NewStore(pool)
 	instances := instance.NewStore(pool)
 	metrics := server.NewMetrics(listener.Connected, listener.Reconnects)
 	metrics.WatchDatabase(pool, metricsDBTimeout, metricsDBCache)

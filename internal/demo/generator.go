@@ -44,6 +44,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
@@ -80,7 +81,7 @@ const (
 type Generator struct {
 	State    *State
 	Tasks    *taskstore.Store
-	Leases   *leasing.Store
+	Leases   *leasestore.Store
 	Listener *notify.Listener
 	// Instance names this replica: the holder of the generator lease.
 	Instance string

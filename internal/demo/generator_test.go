@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
@@ -23,8 +23,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/leasehold/leasehold/internal/demo"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -118,7 +118,7 @@ type cluster struct {
 	db     pgtest.DB
 	state  *demo.State
 	tasks  *taskstore.Store
-	leases *leasing.Store
+	leases *leasestore.Store
 	rec    *recorder
 	wg     sync.WaitGroup
 }
@@ -136,7 +136,7 @@ func newCluster(t *testing.T) *cluster {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &cluster{
 		t: t, ctx: ctx, db: tdb, rec: newRecorder(),
-		state: demo.NewState(tdb.Pool), tasks: taskstore.NewStore(tdb.Pool), leases: leasing.NewStore(tdb.Pool),
+		state: demo.NewState(tdb.Pool), tasks: taskstore.NewStore(tdb.Pool), leases: leasestore.NewStore(tdb.Pool),
 	}
 	// Registered after pgtest's: every replica has stopped before the
 	// database is dropped.
@@ -518,7 +518,7 @@ func TestCrashedHolderHandsOver(t *testing.T) {
 	}
 	defer pool.Close()
 	doomed := c.start("doomed", func(g *demo.Generator) {
-		g.State, g.Tasks, g.Leases = demo.NewState(pool), taskstore.NewStore(pool), leasing.NewStore(pool)
+		g.State, g.Tasks, g.Leases = demo.NewState(pool), taskstore.NewStore(pool), leasestore.NewStore(pool)
 		g.Keep.TTL = time.Second
 	})
 	c.set(true, "operator")
@@ -601,7 +601,7 @@ func TestRevokedLeaseStepsDown(t *testing.T) {
 	fence := holder.fence
 
 	at := c.rec.mark()
-	// leasing.Store.Release would do, but for when it stamps released_at: at
+	// leasestore.Store.Release would do, but for when it stamps released_at: at
 	// the statement's start (now()), before it waits for the row lock that
 	// an insert in flight holds (FOR SHARE), so that an insert serialized
 	// before the release can carry a later created_at and the history show
@@ -652,7 +652,7 @@ func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	valid := func() *demo.Generator {
 		return &demo.Generator{
-			State: demo.NewState(nil), Tasks: taskstore.NewStore(nil), Leases: leasing.NewStore(nil),
+			State: demo.NewState(nil), Tasks: taskstore.NewStore(nil), Leases: leasestore.NewStore(nil),
 			Listener: notify.New(nil, zerolog.Nop()), Instance: "replica-a",
 			Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: zerolog.Nop(),
 		}

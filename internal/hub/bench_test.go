@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/lease"
 
 	"github.com/gorilla/websocket"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 )
 
 // BenchmarkFanout200 measures, with 200 clients connected, the time from a
@@ -22,7 +22,7 @@ func BenchmarkFanout200(b *testing.B) {
 	const clients = 200
 	db := pgtest.New(b)
 	r := startReplica(b, db, "bench", options{})
-	leases := leasing.NewStore(db.Pool)
+	leases := leasestore.NewStore(db.Pool)
 	acq, err := leases.Acquire(b.Context(), lease.AcquireParams{Resource: "bench", Holder: "h", TTL: time.Hour})
 	if err != nil {
 		b.Fatal(err)

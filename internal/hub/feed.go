@@ -13,7 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/leasehold/leasehold/internal/apitime"
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
@@ -185,11 +185,11 @@ type feed struct {
 	sent      map[int64]struct{}
 	sentOrder []int64
 
-	changes   []leasing.Change // non-task lease changes waiting for leaseBatch
-	received  []time.Time      // when the notification of each of changes arrived
-	generator bool             // a generator message is due with the batch
-	instances bool             // an instances message is due with the batch
-	resynced  bool             // the listener resynced: catch up on missed events
+	changes   []leasestore.Change // non-task lease changes waiting for leaseBatch
+	received  []time.Time         // when the notification of each of changes arrived
+	generator bool                // a generator message is due with the batch
+	instances bool                // an instances message is due with the batch
+	resynced  bool                // the listener resynced: catch up on missed events
 
 	tasksDirty bool
 	// waiter registers the hub for task changes while it has clients
@@ -256,7 +256,7 @@ func (f *feed) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case n := <-leaseSub.C():
-			ch, err := leasing.ParseChange(n.Payload)
+			ch, err := leasestore.ParseChange(n.Payload)
 			if err != nil {
 				f.h.d.Log.Warn().Err(err).Msg("ignoring lease notification")
 				continue
@@ -437,7 +437,7 @@ func (f *feed) flushSchedules(ctx context.Context) {
 // observeLag reports the notify lag of each change whose event was read:
 // from the event's time (the database clock) to the arrival of its
 // notification (this process's clock), never below zero.
-func (f *feed) observeLag(changes []leasing.Change, received []time.Time, evs []lease.Event) {
+func (f *feed) observeLag(changes []leasestore.Change, received []time.Time, evs []lease.Event) {
 	if f.h.d.NotifyLag == nil || len(evs) == 0 {
 		return
 	}

@@ -25,7 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 
 	"github.com/gorilla/websocket"
@@ -42,7 +42,7 @@ const DefaultSendBuffer = 256
 
 // Deps is what the hub needs.
 type Deps struct {
-	Leases    *leasing.Store
+	Leases    *leasestore.Store
 	Tasks     *taskstore.Store
 	Generator *demo.State
 	Instances *instance.Store

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
@@ -26,11 +26,11 @@ import (
 	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -66,7 +66,7 @@ func startReplica(t testing.TB, db pgtest.DB, name string, o options) *replica {
 	}
 	listener := notify.New(connectListener, zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator, notify.ChannelSchedule)
 	h := hub.New(hub.Deps{
-		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
+		Leases: leasestore.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: name,
 		AllowedOrigins: o.origins, SendBuffer: o.sendBuffer, Log: zerolog.Nop(),
 	})
@@ -77,7 +77,7 @@ func startReplica(t testing.TB, db pgtest.DB, name string, o options) *replica {
 	r := &replica{listener: listener, hub: h, stop: stopHub, hubDone: make(chan error, 1)}
 	go func() { r.hubDone <- h.Run(hubCtx) }()
 	r.srv = httptest.NewUnstartedServer(server.NewServer(server.Deps{
-		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
+		Leases: leasestore.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), DefaultTTL: 30 * time.Second, APIToken: o.token, Hub: h,
 		Log: zerolog.Nop(), Metrics: server.NewMetrics(listener.Connected, listener.Reconnects),
 		Ready:    func(ctx context.Context) error { return nil },
@@ -231,7 +231,7 @@ func TestSnapshotThenLeaseEvents(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := t.Context()
-	leases := leasing.NewStore(db.Pool)
+	leases := leasestore.NewStore(db.Pool)
 	// History from before the client connects shows in the snapshot.
 	before, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "before", Holder: "h0", TTL: time.Minute})
 	if err != nil {
@@ -326,7 +326,7 @@ func TestReplicasStreamTheSameEvents(t *testing.T) {
 	b := startReplica(t, db, "replica-b", options{})
 	connA, _ := connect(t, a)
 	connB, _ := connect(t, b)
-	leases := leasing.NewStore(db.Pool)
+	leases := leasestore.NewStore(db.Pool)
 	acq, err := leases.Acquire(t.Context(), lease.AcquireParams{Resource: "shared", Holder: "h", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -630,7 +630,7 @@ func TestMissedEventsAfterReconnect(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if _, err := leasing.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "missed", Holder: "h", TTL: time.Minute}); err != nil {
+	if _, err := leasestore.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "missed", Holder: "h", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	close(reconnect)

@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/lease"
 
 	"github.com/gorilla/websocket"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 )
 
 // readUntilClosed reads until the connection fails and returns the error.
@@ -59,7 +59,7 @@ func TestOversizedClientFrameClosesConnection(t *testing.T) {
 	if err := conn.WriteMessage(websocket.TextMessage, bytes.Repeat([]byte("x"), 4<<10)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := leasing.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "after-small-frame", Holder: "h", TTL: time.Minute}); err != nil {
+	if _, err := leasestore.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "after-small-frame", Holder: "h", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, conn, "the acquisition after a frame of 4 KiB", leaseMsg("after-small-frame", "acquired"))
@@ -105,7 +105,7 @@ func TestWebsocketOutlivesServerTimeouts(t *testing.T) {
 	time.Sleep(time.Until(start.Add(2 * timeout)))
 
 	// The server still writes...
-	if _, err := leasing.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "late", Holder: "h", TTL: time.Minute}); err != nil {
+	if _, err := leasestore.NewStore(db.Pool).Acquire(t.Context(), lease.AcquireParams{Resource: "late", Holder: "h", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, conn, "an acquisition after the server's timeouts", leaseMsg("late", "acquired"))

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 
@@ -16,8 +16,8 @@ import (
 	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 )
 
 // TestNotifyLag: the feed reports, for each lease change it was notified
@@ -31,7 +31,7 @@ func TestNotifyLag(t *testing.T) {
 		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask, notify.ChannelGenerator)
 	lags := make(chan time.Duration, 16)
 	h := hub.New(hub.Deps{
-		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
+		Leases: leasestore.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: "lagged", Log: zerolog.Nop(),
 		NotifyLag: func(lag time.Duration) { lags <- lag },
 	})
@@ -49,7 +49,7 @@ func TestNotifyLag(t *testing.T) {
 	}
 	ready.Close()
 
-	store := leasing.NewStore(db.Pool)
+	store := leasestore.NewStore(db.Pool)
 	acq, err := store.Acquire(ctx, lease.AcquireParams{Resource: "lagged", Holder: "h", TTL: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)

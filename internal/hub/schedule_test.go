@@ -11,9 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/leasing"
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/scheduler"
+	"github.com/leasehold/leasehold/internal/schedulestore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/schedule"
 )
@@ -38,7 +39,7 @@ func runScheduler(t *testing.T, db pgtest.DB, r *replica, name string) {
 	done := make(chan error, 1)
 	go func() {
 		done <- (&scheduler.Scheduler{
-			Store: scheduler.NewStore(db.Pool), Leases: leasing.NewStore(db.Pool), Listener: r.listener,
+			Store: schedulestore.NewStore(db.Pool), Leases: leasestore.NewStore(db.Pool), Listener: r.listener,
 			Instance: name, Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: zerolog.Nop(),
 		}).Run(ctx)
 	}()
@@ -73,7 +74,7 @@ func TestScheduleMessages(t *testing.T) {
 
 	// A name with a colon: the payload is "<kind>:<name>".
 	const name = "report:nightly"
-	store := scheduler.NewStore(db.Pool)
+	store := schedulestore.NewStore(db.Pool)
 	if _, _, err := store.Create(t.Context(), schedule.Params{Name: name, Cron: "@every 1s", Kind: "report.render"}); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +110,7 @@ func TestScheduleChangeWhileDisconnected(t *testing.T) {
 	}})
 	r.waitListening(t)
 	conn, _ := connect(t, r)
-	store := scheduler.NewStore(db.Pool)
+	store := schedulestore.NewStore(db.Pool)
 	// A change streamed by name: the catch-up after the first connection
 	// is behind it.
 	if _, _, err := store.Create(t.Context(), schedule.Params{Name: "before", Cron: "@daily", Kind: "report.render"}); err != nil {

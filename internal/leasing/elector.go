@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/keepalive"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/lease"
 )
@@ -118,21 +119,8 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l leas
 	}
 }
 
-// subscription is a Subscription to the lease channel, or nothing without
-// a listener.
-type subscription struct{ *notify.Subscription }
-
-func (s subscription) Close() {
-	if s.Subscription != nil {
-		s.Subscription.Close()
-	}
-}
-
-func (e *Elector) subscribe() subscription {
-	if e.Listener == nil {
-		return subscription{}
-	}
-	return subscription{e.Listener.Subscribe(notify.ChannelLease, 64)}
+func (e *Elector) subscribe() leasestore.Subscription {
+	return leasestore.Subscribe(e.Listener)
 }
 
 // maxCampaignBackoff bounds the wait between campaigns that failed on an
@@ -241,7 +229,7 @@ func (e *Elector) release(ctx context.Context, p lease.ReleaseParams) {
 
 // waitForTurn waits up to d for a sign that the resource may be free: its
 // release or expiry notified, or a resync. It reports false when ctx ended.
-func waitForTurn(ctx context.Context, sub subscription, resource string, d time.Duration) bool {
+func waitForTurn(ctx context.Context, sub leasestore.Subscription, resource string, d time.Duration) bool {
 	timer := time.NewTimer(max(d, 0))
 	defer timer.Stop()
 	var (
@@ -260,7 +248,7 @@ func waitForTurn(ctx context.Context, sub subscription, resource string, d time.
 		case <-resync:
 			return true
 		case n := <-changes:
-			if Frees(n, resource) {
+			if leasestore.Frees(n, resource) {
 				return true
 			}
 		}

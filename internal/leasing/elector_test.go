@@ -7,14 +7,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/lab/testkit"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/lease"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 )
 
 // TestElectorTakesOverFromCrashedHolder: the holder "crashed" (its lease
@@ -24,7 +26,7 @@ func TestElectorTakesOverFromCrashedHolder(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := leasing.NewStore(tdb.Pool)
+	store := leasestore.NewStore(tdb.Pool)
 	ghost, err := store.Acquire(ctx, lease.AcquireParams{Resource: "singleton", Holder: "crashed", TTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +54,7 @@ func TestElectorTakesOverFromCrashedHolder(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
-	checkHistory(t, tdb.Pool, "singleton")
+	testkit.CheckLeaseHistory(t, tdb.Pool, "singleton")
 }
 
 // TestElectorsLeadOneAtATime: several electors on one resource, each
@@ -63,7 +65,7 @@ func TestElectorsLeadOneAtATime(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	tdb := pgtest.New(t)
-	store := leasing.NewStore(tdb.Pool)
+	store := leasestore.NewStore(tdb.Pool)
 	listener := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, tdb.URL) },
 		zerolog.Nop(), notify.ChannelLease)
 	var wg sync.WaitGroup
@@ -110,7 +112,7 @@ func TestElectorsLeadOneAtATime(t *testing.T) {
 	if len(ledBy) < 2 {
 		t.Errorf("only %v led; stepping down should hand the lease to another elector", ledBy)
 	}
-	checkHistory(t, tdb.Pool, "job")
+	testkit.CheckLeaseHistory(t, tdb.Pool, "job")
 }
 
 // TestElectorRenewsLeaseItAlreadyHolds: an elector whose holder already
@@ -122,7 +124,7 @@ func TestElectorRenewsLeaseItAlreadyHolds(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := leasing.NewStore(tdb.Pool)
+	store := leasestore.NewStore(tdb.Pool)
 	earlier, err := store.Acquire(ctx, lease.AcquireParams{Resource: "singleton", Holder: "replica-a", TTL: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -1,8 +1,6 @@
 package leasing
 
 import (
-	"time"
-
 	"github.com/leasehold/leasehold/lease"
 )
 
@@ -19,8 +17,3 @@ func released(c lease.KeepConfig, l lease.Lease) {
 		c.Observer.Released(l)
 	}
 }
-
-// MaxWaitPerRequest is the longest wait one acquisition may ask for (the
-// REST API's wait_seconds bound); a caller that means to wait longer asks
-// again.
-const MaxWaitPerRequest = 300 * time.Second

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/lease"
 
@@ -14,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 )
 
 // observed records what a KeepObserver hears.
@@ -42,7 +43,7 @@ func (o *observed) Released(l lease.Lease) {
 // observeElector runs an elector on resource with the observer until lead
 // has run terms times, and returns what the observer heard. lead gets the
 // term's number, from 1.
-func observeElector(t *testing.T, tdb pgtest.DB, store *leasing.Store, resource string, terms int,
+func observeElector(t *testing.T, tdb pgtest.DB, store *leasestore.Store, resource string, terms int,
 	lead func(ctx context.Context, term int, l lease.Lease),
 ) *observed {
 	t.Helper()
@@ -86,7 +87,7 @@ func observeElector(t *testing.T, tdb pgtest.DB, store *leasing.Store, resource 
 func TestElectorObserverWinsReleasesLoses(t *testing.T) {
 	t.Parallel()
 	tdb := pgtest.New(t)
-	store := leasing.NewStore(tdb.Pool)
+	store := leasestore.NewStore(tdb.Pool)
 	var fences []int64
 	o := observeElector(t, tdb, store, "observed", 2, func(ctx context.Context, term int, l lease.Lease) {
 		fences = append(fences, l.Fence)
@@ -127,7 +128,7 @@ func TestElectorObserverDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	o := observeElector(t, tdb, leasing.NewStore(pool), "observed", 1, func(ctx context.Context, _ int, _ lease.Lease) {
+	o := observeElector(t, tdb, leasestore.NewStore(pool), "observed", 1, func(ctx context.Context, _ int, _ lease.Lease) {
 		pool.Close()
 		<-ctx.Done()
 	})

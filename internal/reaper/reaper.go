@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
@@ -35,7 +36,7 @@ const batchSize = 500
 
 // Reaper marks expired leases while it holds the reaper lease.
 type Reaper struct {
-	Store    *leasing.Store
+	Store    *leasestore.Store
 	Tasks    *taskstore.Store // nil: task leases are not the reaper's to announce
 	Listener *notify.Listener
 	Instance string
@@ -126,7 +127,7 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 			wakeAt = time.Now()
 			timer.Reset(0)
 		case n := <-sub.C():
-			c, err := leasing.ParseChange(n.Payload)
+			c, err := leasestore.ParseChange(n.Payload)
 			if err != nil || c.Kind == "released" || c.Kind == "expired" {
 				continue
 			}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
@@ -18,10 +18,10 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
-	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -39,7 +39,7 @@ func startListener(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url st
 
 // observe returns the lease notifications an outside observer receives
 // from the moment it returns: it waits until its LISTEN is in place.
-func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) <-chan leasing.Change {
+func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) <-chan leasestore.Change {
 	t.Helper()
 	l := notify.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) },
 		zerolog.Nop(), notify.ChannelLease)
@@ -50,7 +50,7 @@ func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) 
 	case <-time.After(testkit.Patience):
 		t.Fatal("the observer never connected")
 	}
-	out := make(chan leasing.Change, 1024)
+	out := make(chan leasestore.Change, 1024)
 	wg.Go(func() {
 		defer sub.Close()
 		for {
@@ -58,7 +58,7 @@ func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) 
 			case <-ctx.Done():
 				return
 			case n := <-sub.C():
-				c, err := leasing.ParseChange(n.Payload)
+				c, err := leasestore.ParseChange(n.Payload)
 				if err != nil {
 					t.Errorf("bad payload: %v", err)
 					return
@@ -70,7 +70,7 @@ func observe(ctx context.Context, t *testing.T, wg *sync.WaitGroup, url string) 
 	return out
 }
 
-func waitChange(t *testing.T, c <-chan leasing.Change, match func(leasing.Change) bool, what string) leasing.Change {
+func waitChange(t *testing.T, c <-chan leasestore.Change, match func(leasestore.Change) bool, what string) leasestore.Change {
 	t.Helper()
 	deadline := time.After(testkit.Patience) // keeps a broken test from hanging; asserts no speed
 	for {
@@ -93,7 +93,7 @@ func TestExpiryIsAnnounced(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := leasing.NewStore(tdb.Pool)
+	store := leasestore.NewStore(tdb.Pool)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 
@@ -111,7 +111,7 @@ func TestExpiryIsAnnounced(t *testing.T) {
 			t.Errorf("reaper: %v", err)
 		}
 	})
-	waitChange(t, got, func(c leasing.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
+	waitChange(t, got, func(c leasestore.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
 
 	// Leases with staggered TTLs; "kept" is renewed and must not expire.
 	const n = 6
@@ -127,7 +127,7 @@ func TestExpiryIsAnnounced(t *testing.T) {
 	}
 	expired := map[string]bool{}
 	for len(expired) < n {
-		c := waitChange(t, got, func(c leasing.Change) bool { return c.Kind == "expired" }, "expiries")
+		c := waitChange(t, got, func(c leasestore.Change) bool { return c.Kind == "expired" }, "expiries")
 		if c.Resource == "kept" {
 			t.Fatal("the renewed lease was announced expired")
 		}
@@ -171,7 +171,7 @@ func TestOneReaperAtATime(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := leasing.NewStore(tdb.Pool)
+	store := leasestore.NewStore(tdb.Pool)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	got := observe(ctx, t, &wg, tdb.URL)
@@ -188,8 +188,8 @@ func TestOneReaperAtATime(t *testing.T) {
 		}
 		rwg.Go(func() { _ = r.Run(rctx) })
 	}
-	isReaper := func(kind string) func(leasing.Change) bool {
-		return func(c leasing.Change) bool { return c.Resource == reaper.Resource && c.Kind == kind }
+	isReaper := func(kind string) func(leasestore.Change) bool {
+		return func(c leasestore.Change) bool { return c.Resource == reaper.Resource && c.Kind == kind }
 	}
 	first := waitChange(t, got, isReaper("acquired"), "the first election")
 	l, err := store.Get(ctx, first.ID)
@@ -239,7 +239,7 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := leasing.NewStore(tdb.Pool)
+	store := leasestore.NewStore(tdb.Pool)
 	tasks := taskstore.NewStore(tdb.Pool)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
@@ -262,7 +262,7 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 	})
 	// The reaper's own lease (an hour) is the only one due: it sleeps until
 	// about then after its first pass.
-	waitChange(t, got, func(c leasing.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
+	waitChange(t, got, func(c leasestore.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
 	if _, err := taskstore.TasksOf(tasks.Insert(ctx, []taskstore.NewTask{{TaskData: json.RawMessage(`{}`)}})); err != nil {
 		t.Fatal(err)
 	}

@@ -8,17 +8,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
 	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/retention"
-	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // TestOnlyTheReaperPrunes runs two reapers with retention: only the one
@@ -29,7 +29,7 @@ func TestOnlyTheReaperPrunes(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdb := pgtest.New(t)
-	store := leasing.NewStore(tdb.Pool)
+	store := leasestore.NewStore(tdb.Pool)
 	tasks := taskstore.NewStore(tdb.Pool)
 	var rwg sync.WaitGroup // the reapers and their listeners
 	defer func() { cancel(); rwg.Wait() }()

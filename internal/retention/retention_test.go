@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
@@ -21,7 +21,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/retention"
 )
 
@@ -70,7 +70,7 @@ func data(n int) json.RawMessage { return json.RawMessage(fmt.Sprintf(`{"n":%d}`
 // moved into its row (schema/0009): a database upgraded from before that
 // still has them, and they go with their tasks. The row is released
 // unless live is set.
-func legacyLease(t *testing.T, leases *leasing.Store, id int64, live bool) {
+func legacyLease(t *testing.T, leases *leasestore.Store, id int64, live bool) {
 	t.Helper()
 	ctx := t.Context()
 	p := lease.AcquireParams{Resource: taskstore.LeaseResource(id), Holder: "w/1", TTL: time.Minute}
@@ -96,7 +96,7 @@ func TestPruneTasks(t *testing.T) {
 	ctx := t.Context()
 	tdb := pgtest.New(t)
 	tasks := taskstore.NewStore(tdb.Pool)
-	leases := leasing.NewStore(tdb.Pool)
+	leases := leasestore.NewStore(tdb.Pool)
 
 	// One task at a time, so that each claim takes the one just inserted.
 	run := func(maxAttempts int32) task.Task {
@@ -209,7 +209,7 @@ func TestPrunedTaskTakesItsLeaseRow(t *testing.T) {
 	ctx := t.Context()
 	tdb := pgtest.New(t)
 	tasks := taskstore.NewStore(tdb.Pool)
-	leases := leasing.NewStore(tdb.Pool)
+	leases := leasestore.NewStore(tdb.Pool)
 	ins, err := taskstore.TasksOf(tasks.Insert(ctx, []taskstore.NewTask{{TaskData: data(1)}}))
 	if err != nil {
 		t.Fatal(err)
@@ -304,7 +304,7 @@ func TestTaskLeasesStayOutOfTheEndedIndex(t *testing.T) {
 		}
 	}
 	// A lease row task:<id> from before schema/0009 that ends stays out too.
-	leases := leasing.NewStore(tdb.Pool)
+	leases := leasestore.NewStore(tdb.Pool)
 	legacyLease(t, leases, 1, false)
 	if got := size(); got != empty {
 		t.Errorf("leases_ended_idx after 200 tasks ran and a task's lease row ended: %d bytes, want %d (empty): a task lease was written to it", got, empty)
@@ -328,7 +328,7 @@ func TestPruneLeaseEvents(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	leases := leasing.NewStore(tdb.Pool)
+	leases := leasestore.NewStore(tdb.Pool)
 	for _, r := range []string{"old", "new"} {
 		if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: r, Holder: "h", TTL: time.Minute}); err != nil {
 			t.Fatal(err)
@@ -368,7 +368,7 @@ func TestPruneLeases(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tdb := pgtest.New(t)
-	leases := leasing.NewStore(tdb.Pool)
+	leases := leasestore.NewStore(tdb.Pool)
 	acquire := func(resource, holder string, ttl time.Duration) lease.Lease {
 		t.Helper()
 		acq, err := leases.Acquire(ctx, lease.AcquireParams{Resource: resource, Holder: holder, TTL: ttl})
@@ -452,7 +452,7 @@ func TestPruneBatches(t *testing.T) {
 	ctx := t.Context()
 	tdb := pgtest.New(t)
 	tasks := taskstore.NewStore(tdb.Pool)
-	leases := leasing.NewStore(tdb.Pool)
+	leases := leasestore.NewStore(tdb.Pool)
 	batch := make([]taskstore.NewTask, 25)
 	for i := range batch {
 		batch[i] = taskstore.NewTask{TaskData: data(i)}
@@ -577,7 +577,7 @@ func TestRetentionZeroKeepsForever(t *testing.T) {
 	if _, err := taskstore.TasksOf(taskstore.NewStore(tdb.Pool).Insert(ctx, []taskstore.NewTask{{TaskData: data(0)}})); err != nil {
 		t.Fatal(err)
 	}
-	leases := leasing.NewStore(tdb.Pool)
+	leases := leasestore.NewStore(tdb.Pool)
 	if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "r", Holder: "h", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 )
 
 // TestWalkFromTheFirstRowNowAndThen: a walk goes on after where the last

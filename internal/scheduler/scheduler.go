@@ -37,6 +37,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/internal/schedulestore"
 	"github.com/leasehold/leasehold/lease"
 )
 
@@ -53,7 +54,7 @@ const readRetry = time.Second
 // The Listener must listen on notify.ChannelLease (for the election) and
 // notify.ChannelSchedule, and run while the Scheduler runs.
 type Scheduler struct {
-	Store    *Store
+	Store    *schedulestore.Store
 	Leases   leasing.Service
 	Listener *notify.Listener
 	// Instance names this replica: the holder of the scheduler lease.
@@ -144,16 +145,16 @@ func (s *Scheduler) lead(ctx context.Context, l lease.Lease) {
 // to sleep until the next. refused: an enqueue was refused and the
 // schedule had not changed, so the lease is no longer live.
 func (s *Scheduler) round(ctx context.Context, log zerolog.Logger, l lease.Lease, termStart time.Time) (wait time.Duration, refused bool, err error) {
-	all, now, err := s.Store.times(ctx)
+	all, now, err := s.Store.Times(ctx)
 	if err != nil {
 		return 0, false, err
 	}
 	earliest := time.Time{}
 	for _, d := range all {
-		if d.specErr != nil {
+		if d.SpecErr != nil {
 			// Written by an older or newer release that reads it
 			// differently: left alone, said once per round.
-			log.Error().Err(d.specErr).Str("schedule", d.name).Msg("schedule cannot be read; its ticks are not enqueued")
+			log.Error().Err(d.SpecErr).Str("schedule", d.Name).Msg("schedule cannot be read; its ticks are not enqueued")
 			continue
 		}
 		next, refusedHere, err := s.catchUp(ctx, l, d, now, termStart)
@@ -164,12 +165,12 @@ func (s *Scheduler) round(ctx context.Context, log zerolog.Logger, l lease.Lease
 			// The compare-and-set found the schedule changed (the next
 			// read sees it), or the lease is gone: a changed schedule
 			// NOTIFYs, so a read after it tells the two apart.
-			all2, _, err := s.Store.times(ctx)
+			all2, _, err := s.Store.Times(ctx)
 			if err != nil {
 				return 0, false, err
 			}
 			for _, d2 := range all2 {
-				if d2.id == d.id && d2.next.Equal(next) {
+				if d2.ID == d.ID && d2.Next.Equal(next) {
 					return 0, true, nil
 				}
 			}
@@ -187,13 +188,13 @@ func (s *Scheduler) round(ctx context.Context, log zerolog.Logger, l lease.Lease
 
 // catchUp enqueues the due ticks of one schedule and returns its next
 // tick. refused: a compare-and-set failed at expect (returned as next).
-func (s *Scheduler) catchUp(ctx context.Context, l lease.Lease, d due, now, termStart time.Time) (next time.Time, refused bool, err error) {
-	expect := d.next
+func (s *Scheduler) catchUp(ctx context.Context, l lease.Lease, d schedulestore.Due, now, termStart time.Time) (next time.Time, refused bool, err error) {
+	expect := d.Next
 	if !expect.After(termStart) && !expect.After(now) {
 		// Missed while no scheduler ran: one task, for the latest.
 		last, missed := expect, int64(0)
 		for {
-			n := d.spec.Next(last)
+			n := d.Spec.Next(last)
 			if n.IsZero() || n.After(termStart) || n.After(now) {
 				break
 			}
@@ -202,13 +203,13 @@ func (s *Scheduler) catchUp(ctx context.Context, l lease.Lease, d due, now, term
 		if refused, err := s.make(ctx, l, d, expect, last, missed); err != nil || refused {
 			return expect, refused, err
 		}
-		expect = d.spec.Next(last)
+		expect = d.Spec.Next(last)
 	}
 	for !expect.IsZero() && !expect.After(now) {
 		if refused, err := s.make(ctx, l, d, expect, expect, 0); err != nil || refused {
 			return expect, refused, err
 		}
-		expect = d.spec.Next(expect)
+		expect = d.Spec.Next(expect)
 	}
 	if expect.IsZero() {
 		expect = now.Add(time.Hour) // no tick in five years: look again later
@@ -218,20 +219,20 @@ func (s *Scheduler) catchUp(ctx context.Context, l lease.Lease, d due, now, term
 
 // make enqueues one tick: the schedule's next tick moves from expect to
 // the one after tick.
-func (s *Scheduler) make(ctx context.Context, l lease.Lease, d due, expect, tick time.Time, missed int64) (refused bool, err error) {
-	after := d.spec.Next(tick)
+func (s *Scheduler) make(ctx context.Context, l lease.Lease, d schedulestore.Due, expect, tick time.Time, missed int64) (refused bool, err error) {
+	after := d.Spec.Next(tick)
 	if after.IsZero() {
 		after = tick.AddDate(100, 0, 0) // never again: far enough
 	}
-	res, err := s.Store.enqueue(ctx, s.Instance, l.Fence, d.id, expect, tick, after, missed)
+	res, err := s.Store.Enqueue(ctx, s.Instance, l.Fence, d.ID, expect, tick, after, missed)
 	if err != nil {
 		return false, err
 	}
-	if !res.ok {
+	if !res.OK {
 		return true, nil
 	}
 	if s.Enqueued != nil {
-		s.Enqueued(d.name, tick, res.taskID, missed)
+		s.Enqueued(d.Name, tick, res.TaskID, missed)
 	}
 	return false, nil
 }

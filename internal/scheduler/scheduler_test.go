@@ -12,10 +12,11 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/scheduler"
+	"github.com/leasehold/leasehold/internal/schedulestore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/schedule"
 )
@@ -41,8 +42,8 @@ type cluster struct {
 	t      *testing.T
 	ctx    context.Context
 	db     pgtest.DB
-	store  *scheduler.Store
-	leases *leasing.Store
+	store  *schedulestore.Store
+	leases *leasestore.Store
 	wg     sync.WaitGroup
 
 	mu   sync.Mutex
@@ -54,7 +55,7 @@ func newCluster(t *testing.T) *cluster {
 	t.Helper()
 	db := pgtest.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &cluster{t: t, ctx: ctx, db: db, store: scheduler.NewStore(db.Pool), leases: leasing.NewStore(db.Pool), wake: make(chan struct{})}
+	c := &cluster{t: t, ctx: ctx, db: db, store: schedulestore.NewStore(db.Pool), leases: leasestore.NewStore(db.Pool), wake: make(chan struct{})}
 	t.Cleanup(func() { cancel(); c.wg.Wait() })
 	return c
 }
@@ -372,7 +373,7 @@ func TestFencedEnqueue(t *testing.T) {
 		{"an older fence", "a", l.Fence - 1, s.NextTick},
 		{"a tick that is not the next", "a", l.Fence, s.NextTick.Add(-time.Second)},
 	} {
-		ok, err := scheduler.Enqueue(c.ctx, c.store, c2.holder, c2.fence, s.Name, c2.expect, c2.expect, next)
+		ok, err := c.enqueue(c2.holder, c2.fence, s.Name, c2.expect, c2.expect, next)
 		if err != nil || ok {
 			t.Errorf("enqueue with %s: ok %v, %v; want refused", c2.what, ok, err)
 		}
@@ -380,12 +381,12 @@ func TestFencedEnqueue(t *testing.T) {
 	if n := len(c.tasks(s.Name)); n != 0 {
 		t.Fatalf("%d tasks after refused enqueues", n)
 	}
-	if ok, err := scheduler.Enqueue(c.ctx, c.store, "a", l.Fence, s.Name, s.NextTick, s.NextTick, next); err != nil || !ok {
+	if ok, err := c.enqueue("a", l.Fence, s.Name, s.NextTick, s.NextTick, next); err != nil || !ok {
 		t.Fatalf("enqueue under the live lease: %v, %v", ok, err)
 	}
 	// The same tick again, as a second enqueuer that read the schedule
 	// before the first moved it on: the compare-and-set refuses it.
-	if ok, err := scheduler.Enqueue(c.ctx, c.store, "a", l.Fence, s.Name, s.NextTick, s.NextTick, next); err != nil || ok {
+	if ok, err := c.enqueue("a", l.Fence, s.Name, s.NextTick, s.NextTick, next); err != nil || ok {
 		t.Errorf("the same tick twice: %v, %v; want refused", ok, err)
 	}
 	// And a tick made already inserts nothing even past the
@@ -401,7 +402,7 @@ func TestFencedEnqueue(t *testing.T) {
 	if _, err := c.leases.Release(c.ctx, lease.ReleaseParams{Resource: scheduler.Resource, Holder: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := scheduler.Enqueue(c.ctx, c.store, "a", l.Fence, s.Name, next, next, next.Add(time.Second)); err != nil || ok {
+	if ok, err := c.enqueue("a", l.Fence, s.Name, next, next, next.Add(time.Second)); err != nil || ok {
 		t.Errorf("enqueue under a released lease: %v, %v; want refused", ok, err)
 	}
 }
@@ -463,4 +464,15 @@ func TestCreateRefuses(t *testing.T) {
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+// enqueue is the scheduler's fenced enqueue of one tick of the schedule
+// name: ok reports whether the compare-and-set held.
+func (c *cluster) enqueue(holder string, fence int64, name string, expect, tick, next time.Time) (bool, error) {
+	var id int64
+	if err := c.db.Pool.QueryRow(c.ctx, `SELECT id FROM schedules WHERE name = $1`, name).Scan(&id); err != nil {
+		return false, err
+	}
+	res, err := c.store.Enqueue(c.ctx, holder, fence, id, expect, tick, next, 0)
+	return res.OK, err
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,7 +19,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
 )
 
@@ -222,7 +222,7 @@ func FuzzRequireToken(f *testing.F) {
 	f.Cleanup(pool.Close)
 	var logs syncBuffer
 	h := server.NewServer(server.Deps{
-		Leases: leasing.NewStore(pool), Tasks: taskstore.NewStore(pool), Generator: demo.NewState(pool),
+		Leases: leasestore.NewStore(pool), Tasks: taskstore.NewStore(pool), Generator: demo.NewState(pool),
 		Instances: instance.NewStore(pool), DefaultTTL: 30 * time.Second, APIToken: token,
 		Log:     zerolog.New(&logs),
 		Metrics: server.NewMetrics(func() bool { return true }, func() int64 { return 0 }),

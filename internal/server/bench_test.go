@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 
 	"github.com/rs/zerolog"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
 )
 
@@ -27,7 +27,7 @@ import (
 func BenchmarkAcquireReleaseREST(b *testing.B) {
 	tdb := pgtest.New(b)
 	srv := httptest.NewServer(server.NewServer(server.Deps{
-		Leases:     leasing.NewStore(tdb.Pool),
+		Leases:     leasestore.NewStore(tdb.Pool),
 		DefaultTTL: 30 * time.Second,
 		Log:        zerolog.Nop(),
 		Metrics:    server.NewMetrics(func() bool { return true }, func() int64 { return 0 }),

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/apitime"
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/lease"
 
 	"github.com/leasehold/leasehold/internal/demo"
@@ -52,7 +52,7 @@ func TestGenerator(t *testing.T) {
 	b.do(t, "POST", "/api/generator/start", `{"whatever": [1, 2]} not even JSON`).want(t, "start again with a body", http.StatusAccepted)
 
 	// A replica holding the generator lease shows as the holder, with its fence.
-	leases := leasing.NewStore(b.db.Pool)
+	leases := leasestore.NewStore(b.db.Pool)
 	acq, err := leases.Acquire(t.Context(), lease.AcquireParams{Resource: demo.Resource, Holder: "replica-b", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func TestInstances(t *testing.T) {
 
 	// Registered but without its lease: not live.
 	instances := instance.NewStore(b.db.Pool)
-	leases := leasing.NewStore(b.db.Pool)
+	leases := leasestore.NewStore(b.db.Pool)
 	for _, id := range []string{"replica-a", "replica-b"} {
 		if err := instances.Register(t.Context(), instance.Instance{ID: id, Addr: "10.0.0.1:8080", Roles: []string{"api", "worker"}, Version: "v1.2.3"}); err != nil {
 			t.Fatal(err)

@@ -7,7 +7,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/lease"
 )
 
@@ -29,7 +29,7 @@ func (q acquireRequest) validate() error {
 
 // maxWaitSeconds bounds the wait_seconds of one acquisition: a client that
 // means to wait longer asks again, as the Go client does.
-const maxWaitSeconds = int64(leasing.MaxWaitPerRequest / time.Second)
+const maxWaitSeconds = int64(lease.MaxWait / time.Second)
 
 // checkWait validates an optional wait_seconds.
 func checkWait(wait *int64) error {
@@ -93,7 +93,7 @@ func releaseAbandoned(d Deps, l lease.Lease) {
 
 // errStopping ends a waiting acquisition or claim when the replica shuts
 // down.
-var errStopping = leasing.ErrStopping
+var errStopping = leasestore.ErrStopping
 
 // answerMargin is the time a waiting request leaves itself, past its
 // wait, for its last statement and for writing the answer.
@@ -111,7 +111,7 @@ func holdOpen(w http.ResponseWriter, deadline time.Time) {
 
 // acquireWaiting acquires p for a request with wait_seconds: while another
 // holder holds the resource it waits, up to wait, for the lease to be
-// released or to expire (leasing.Store.AcquireWaiting), woken by the
+// released or to expire (leasestore.Store.AcquireWaiting), woken by the
 // release's NOTIFY through Deps.Listener or at the holder's expires_at.
 // Waiters are not queued: whichever acquisition lands first wins, and the
 // others wait on.
@@ -126,7 +126,7 @@ func acquireWaiting(w http.ResponseWriter, r *http.Request, d Deps, p lease.Acqu
 	deadline := time.Now().Add(wait)
 	holdOpen(w, deadline)
 	p.Wait = wait
-	return d.Leases.AcquireWaiting(ctx, p, leasing.WaitParams{
+	return d.Leases.AcquireWaiting(ctx, p, leasestore.WaitParams{
 		Listener: d.Listener, Stopping: d.Stopping, Statement: budget,
 		Waiting: func(held lease.Lease) {
 			d.Log.Debug().Str("resource", p.Resource).Str("holder", p.Holder).Str("held_by", held.Holder).

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 )
 
 // heldAnswer is the answer to one PUT /api/tasks/{id}/heartbeat with

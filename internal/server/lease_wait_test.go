@@ -14,10 +14,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
-	"github.com/leasehold/leasehold/internal/testkit"
 )
 
 // waitBundle is a server whose waiting acquisitions hear of releases

@@ -16,7 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
+	"github.com/leasehold/leasehold/internal/schedulestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 
 	"github.com/gorilla/websocket"
@@ -27,9 +28,8 @@ import (
 	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/scheduler"
 	"github.com/leasehold/leasehold/internal/server"
 )
 
@@ -43,7 +43,7 @@ var notDriven = map[string]string{
 
 // withSchedules serves /api/schedules from db.
 func withSchedules(db pgtest.DB) option {
-	return func(d *server.Deps) { d.Schedules = scheduler.NewStore(db.Pool) }
+	return func(d *server.Deps) { d.Schedules = schedulestore.NewStore(db.Pool) }
 }
 
 // serve starts a server on deps until the test ends.
@@ -68,7 +68,7 @@ func startHub(t *testing.T, db pgtest.DB) liveHub {
 	connected := listener.Subscribe(notify.ChannelGenerator, 1) // resynced once every channel is listened to
 	defer connected.Close()
 	h := hub.New(hub.Deps{
-		Leases: leasing.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
+		Leases: leasestore.NewStore(db.Pool), Tasks: taskstore.NewStore(db.Pool), Generator: demo.NewState(db.Pool),
 		Instances: instance.NewStore(db.Pool), Listener: listener, Instance: "test", Log: zerolog.Nop(),
 	})
 	listenCtx, stopListener := context.WithCancel(context.Background())

@@ -13,7 +13,8 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/apitime"
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
+	"github.com/leasehold/leasehold/internal/schedulestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 
 	"github.com/rs/zerolog"
@@ -22,7 +23,6 @@ import (
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/scheduler"
 )
 
 // Instance describes the replica serving the request.
@@ -45,12 +45,12 @@ func (i Instance) MarshalJSON() ([]byte, error) {
 
 // Deps is what the server needs.
 type Deps struct {
-	Leases    *leasing.Store
+	Leases    *leasestore.Store
 	Tasks     *taskstore.Store
 	Generator *demo.State
 	Instances *instance.Store
 	// Schedules serves /api/schedules; nil leaves those routes out.
-	Schedules *scheduler.Store
+	Schedules *schedulestore.Store
 	Instance  Instance
 	// DefaultTTL applies to acquisitions that name no ttl_seconds.
 	DefaultTTL time.Duration

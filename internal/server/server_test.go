@@ -14,7 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
+	"github.com/leasehold/leasehold/internal/schedulestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 
 	"github.com/rs/zerolog"
@@ -22,8 +23,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/pgtest"
-	"github.com/leasehold/leasehold/internal/scheduler"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
 )
 
@@ -63,12 +63,12 @@ func withLog(log zerolog.Logger) option { return func(d *server.Deps) { d.Log = 
 // describes it, adjusted by opts.
 func testDeps(db pgtest.DB, opts ...option) server.Deps {
 	d := server.Deps{
-		Leases:     leasing.NewStore(db.Pool),
+		Leases:     leasestore.NewStore(db.Pool),
 		DefaultTTL: 30 * time.Second,
 		Tasks:      taskstore.NewStore(db.Pool),
 		Generator:  demo.NewState(db.Pool),
 		Instances:  instance.NewStore(db.Pool),
-		Schedules:  scheduler.NewStore(db.Pool),
+		Schedules:  schedulestore.NewStore(db.Pool),
 		Log:        zerolog.Nop(),
 		Metrics:    server.NewMetrics(func() bool { return true }, func() int64 { return 0 }),
 		Ready:      func(ctx context.Context) error { return db.Pool.Ping(ctx) },

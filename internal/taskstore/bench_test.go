@@ -9,7 +9,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/taskstore"
 
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 )
 
 // BenchmarkClaimCompleteBatch: one op is a task inserted, claimed and completed, in

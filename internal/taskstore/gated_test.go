@@ -12,16 +12,16 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leasehold/leasehold/internal/db"
-	"github.com/leasehold/leasehold/internal/leasing"
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/testkit"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
-	"github.com/leasehold/leasehold/internal/testkit"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
 )
 
 // lockEvents returns the lease history of a resource, oldest first.
-func lockEvents(t *testing.T, l *leasing.Store, resource string) []lease.Event {
+func lockEvents(t *testing.T, l *leasestore.Store, resource string) []lease.Event {
 	t.Helper()
 	evs, err := l.Events(context.Background(), lease.EventsParams{Resource: resource, Limit: 10000})
 	if err != nil {
@@ -48,7 +48,7 @@ func leaseOf(t *testing.T, pool interface {
 func TestGatedTaskHoldsItsLock(t *testing.T) {
 	t.Parallel()
 	pdb := pgtest.New(t)
-	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	s, l := taskstore.NewStore(pdb.Pool), leasestore.NewStore(pdb.Pool)
 	ctx := context.Background()
 	tk := insert(t, s, taskstore.NewTask{Kind: "reindex", Lock: "db:index"})[0]
 	if tk.Lock != "db:index" {
@@ -96,7 +96,7 @@ func TestGatedTaskHoldsItsLock(t *testing.T) {
 func TestGatedTaskAndAnotherHolder(t *testing.T) {
 	t.Parallel()
 	pdb := pgtest.New(t)
-	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	s, l := taskstore.NewStore(pdb.Pool), leasestore.NewStore(pdb.Pool)
 	ctx := context.Background()
 
 	// The other holder first.
@@ -139,7 +139,7 @@ func TestGatedTaskAndAnotherHolder(t *testing.T) {
 func TestGatedHeartbeatNeedsTheLock(t *testing.T) {
 	t.Parallel()
 	pdb := pgtest.New(t)
-	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	s, l := taskstore.NewStore(pdb.Pool), leasestore.NewStore(pdb.Pool)
 	ctx := context.Background()
 	insert(t, s, taskstore.NewTask{Kind: "k", Lock: "L"})
 	run := claim(t, s, taskstore.ClaimParams{Processors: []string{"w1"}})[0]
@@ -158,7 +158,7 @@ func TestGatedHeartbeatNeedsTheLock(t *testing.T) {
 func TestGatedLapseFreesTheLock(t *testing.T) {
 	t.Parallel()
 	pdb := pgtest.New(t)
-	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	s, l := taskstore.NewStore(pdb.Pool), leasestore.NewStore(pdb.Pool)
 	ctx := context.Background()
 	insert(t, s, taskstore.NewTask{Kind: "k", Lock: "L", TTL: time.Second})
 	run := claim(t, s, taskstore.ClaimParams{Processors: []string{"w1"}})[0]
@@ -205,7 +205,7 @@ func TestGatedLapseFreesTheLock(t *testing.T) {
 func TestGatedNeverOverlap(t *testing.T) {
 	t.Parallel()
 	pdb := pgtest.New(t)
-	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	s, l := taskstore.NewStore(pdb.Pool), leasestore.NewStore(pdb.Pool)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const perLock = 40
@@ -338,7 +338,7 @@ func TestGatedNeverOverlap(t *testing.T) {
 func TestBusyLockCostsClaimsNothing(t *testing.T) {
 	t.Parallel()
 	pdb := pgtest.New(t)
-	s, l := taskstore.NewStore(pdb.Pool), leasing.NewStore(pdb.Pool)
+	s, l := taskstore.NewStore(pdb.Pool), leasestore.NewStore(pdb.Pool)
 	ctx := context.Background()
 	if _, err := l.Acquire(ctx, lease.AcquireParams{Resource: "busy", Holder: "script", TTL: time.Hour}); err != nil {
 		t.Fatal(err)

@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
 
 	"github.com/leasehold/leasehold/internal/db"
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 )
 
 func TestClaimHeartbeatComplete(t *testing.T) {
@@ -42,7 +42,7 @@ func TestClaimHeartbeatComplete(t *testing.T) {
 	if claimed[1].Fence == a.Fence {
 		t.Fatalf("two claims share fence %d", a.Fence)
 	}
-	if l, err := leasing.NewStore(tdb.Pool).List(ctx, lease.ListParams{Filter: "active", Prefix: "task:", Limit: 10}); err != nil || len(l) != 0 {
+	if l, err := leasestore.NewStore(tdb.Pool).List(ctx, lease.ListParams{Filter: "active", Prefix: "task:", Limit: 10}); err != nil || len(l) != 0 {
 		t.Fatalf("leases rows for task leases: %+v, %v; want none", l, err)
 	}
 	if _, err := s.Heartbeat(ctx, a.ID, "someone-else", 0); !errors.Is(err, task.ErrLeaseLost) {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/demo"
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
@@ -18,8 +18,8 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/reaper"
 	"github.com/leasehold/leasehold/internal/worker"
 )
@@ -85,7 +85,7 @@ func (e *env) listenerWith(ctx context.Context, connect func(ctx context.Context
 func (e *env) startReaper() {
 	e.t.Helper()
 	r := &reaper.Reaper{
-		Store: leasing.NewStore(e.db.Pool), Tasks: taskstore.NewStore(e.db.Pool), Listener: e.listener(e.ctx), Instance: "reaper",
+		Store: leasestore.NewStore(e.db.Pool), Tasks: taskstore.NewStore(e.db.Pool), Listener: e.listener(e.ctx), Instance: "reaper",
 		Keep: lease.KeepConfig{TTL: 5 * time.Second}, Log: e.log(),
 	}
 	e.wg.Go(func() {

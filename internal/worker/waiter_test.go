@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
@@ -216,7 +216,7 @@ func TestReaperPrunesDeadWaiters(t *testing.T) {
 	if got := e.waiterPIDs("crashed/workers"); !slices.Equal(got, []int32{pid}) {
 		t.Fatalf("the dead replica's waiter rows before any expiry: %v, want [%d]", got, pid)
 	}
-	if _, err := leasing.NewStore(e.db.Pool).Acquire(e.ctx, lease.AcquireParams{Resource: "instance:crashed", Holder: "crashed", TTL: time.Second}); err != nil {
+	if _, err := leasestore.NewStore(e.db.Pool).Acquire(e.ctx, lease.AcquireParams{Resource: "instance:crashed", Holder: "crashed", TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the reaper pruned the dead replica's registration", giveUp, func() bool {
