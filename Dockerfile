@@ -8,7 +8,7 @@
 # Run: the image's default command is "serve"; it needs DATABASE_URL and an
 # API token (a replica that listens beyond its container, as the image's
 # :8080 does, refuses to serve without one), and listens on :8080 (see
-# docs/operations.md, docs/security.md and deploy/kubernetes/).
+# docs/operations/deploying.md, docs/operations/security.md and deploy/kubernetes/).
 #
 #   docker run --rm -p 8080:8080 -e DATABASE_URL=postgres://... \
 #     -e LEASEHOLD_API_TOKEN="$(openssl rand -hex 32)" leasehold

@@ -15,7 +15,7 @@ import (
 // versions it applied (none when the database is up to date). Any number
 // of processes may call it at once: one migrates, the others wait and then
 // find nothing to do. Run it as the owner of the tables; the workers may
-// run as a role with only the grants of docs/least-privilege.sql.
+// run as a role with only the grants of docs/operations/least-privilege.sql.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: Migrate needs a *pgxpool.Pool, not nil", ErrInvalidConfig)

@@ -363,7 +363,7 @@ SELECT coalesce(tasks_next_due(sqlc.narg(want_queues)::text[], sqlc.narg(want_ki
        now()::timestamptz AS db_now;
 
 -- name: TaskListRunning :many
--- TaskListRunning returns running tasks, oldest claim first.
+-- TaskListRunning returns running tasks, oldest first (by id).
 SELECT * FROM tasks
 WHERE state = 'running'
 ORDER BY id

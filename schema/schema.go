@@ -109,7 +109,7 @@ func Applied(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 // Migrate applies every pending migration and returns the versions it
 // applied (none when another replica got there first). When none is
 // pending it only reads: a runtime role without DDL rights (see
-// docs/least-privilege.sql) can run it.
+// docs/operations/least-privilege.sql) can run it.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 	ms, err := Migrations()
 	if err != nil {

@@ -106,8 +106,8 @@ func (c config) secured() bool { return c.APIToken != "" || len(c.Tokens) > 0 }
 // checkExposure refuses to serve the API without a token on an address
 // others can reach, unless the operator says --insecure.
 func (c config) checkExposure() error {
-	if c.secured() || c.Insecure || loopback(c.Addr) {
-		return nil
+	if c.secured() || c.Insecure || loopback(c.Addr) || !c.hasRole("api") {
+		return nil // without the api role, only the probes and /metrics answer
 	}
 	return fmt.Errorf("--addr %s listens beyond this machine, and no API token is set: anyone who can reach the port could drive the API; "+
 		"set --api-token (or --tokens-file), listen on loopback (--addr 127.0.0.1:8080), or pass --insecure to serve without a token anyway", c.Addr)
@@ -183,7 +183,7 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, kind replicaKind)
 			"reaper (expires leases, wakes workers, prunes history), scheduler (enqueues schedules' ticks), "+
 			"worker (the demo's sleep workers) and generator (the demo's task generator) (env LEASEHOLD_ROLES)")
 	fs.StringVar(&c.APIToken, "api-token", getenv("LEASEHOLD_API_TOKEN"), "require this Bearer token (at least 16 bytes), of every scope, on /api/* and /ws (env LEASEHOLD_API_TOKEN)")
-	fs.StringVar(&tokensFile, "tokens-file", getenv("LEASEHOLD_TOKENS_FILE"), "a JSON file of tokens, each with its scopes (read, lease, produce, work, admin) and prefixes (docs/security.md) (env LEASEHOLD_TOKENS_FILE)")
+	fs.StringVar(&tokensFile, "tokens-file", getenv("LEASEHOLD_TOKENS_FILE"), "a JSON file of tokens, each with its scopes (read, lease, produce, work, admin) and prefixes (docs/operations/security.md) (env LEASEHOLD_TOKENS_FILE)")
 	fs.StringVar(&origins, "allowed-origins", getenv("LEASEHOLD_ALLOWED_ORIGINS"), "origins besides the server's own whose pages may open /ws and make changing requests, comma-separated, e.g. https://dash.example.com (env LEASEHOLD_ALLOWED_ORIGINS)")
 	fs.StringVar(&hosts, "allowed-hosts", getenv("LEASEHOLD_ALLOWED_HOSTS"), "host names the server answers to (the Host header, without its port), comma-separated; without an API token it answers only to localhost, 127.0.0.1, ::1, its listen address and these (env LEASEHOLD_ALLOWED_HOSTS)")
 	insecure, secureCookie = env("LEASEHOLD_INSECURE", "false"), env("LEASEHOLD_SECURE_COOKIE", "false")
@@ -201,7 +201,7 @@ func configFlags(fs *flag.FlagSet, getenv func(string) string, kind replicaKind)
 	fs.StringVar(&rateLimit, "rate-limit", env("LEASEHOLD_RATE_LIMIT", "0"), "API requests a second each client (IPv4 address or IPv6 /64) may make once its burst is spent; 429 beyond, counted in leasehold_http_rate_limited_total; 0, the default, is no limit. Turn it on (e.g. 500) where clients you do not run reach the API: one host of workers or lease holders makes hundreds a second (env LEASEHOLD_RATE_LIMIT)")
 	fs.StringVar(&rateBurst, "rate-burst", env("LEASEHOLD_RATE_BURST", "200"), "API requests a client may make at once while --rate-limit is on (env LEASEHOLD_RATE_BURST)")
 	fs.StringVar(&proxies, "trusted-proxies", getenv("LEASEHOLD_TRUSTED_PROXIES"), "proxies (CIDRs or addresses, comma-separated) whose X-Forwarded-For names the client for the rate limit, e.g. 10.0.0.0/8 (env LEASEHOLD_TRUSTED_PROXIES)")
-	fs.StringVar(&taskRetention, "task-retention", env("LEASEHOLD_TASK_RETENTION", "168h"), "how long a finished (done or dead) task is kept before the reaper deletes it; 0 keeps tasks forever (env LEASEHOLD_TASK_RETENTION)")
+	fs.StringVar(&taskRetention, "task-retention", env("LEASEHOLD_TASK_RETENTION", "168h"), "how long a finished (done, dead or cancelled) task is kept before the reaper deletes it; 0 keeps tasks forever (env LEASEHOLD_TASK_RETENTION)")
 	fs.StringVar(&historyRetention, "lease-history-retention", env("LEASEHOLD_LEASE_HISTORY_RETENTION", "168h"), "how long lease events, and the rows of released or expired leases, are kept before the reaper deletes them; 0 keeps them forever (env LEASEHOLD_LEASE_HISTORY_RETENTION)")
 	fs.StringVar(&c.LogLevel, "log-level", env("LEASEHOLD_LOG_LEVEL", "info"), "debug, info, warn or error (env LEASEHOLD_LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", env("LEASEHOLD_LOG_FORMAT", "json"), "json or console (env LEASEHOLD_LOG_FORMAT)")

@@ -229,6 +229,8 @@ func replicaChild(exe, name string, c config, ttl string, backend *frontdoor.Bac
 				"--statement-timeout", c.StatementTimeout.String(),
 				"--rate-limit", strconv.FormatFloat(c.RateLimit, 'g', -1, 64),
 				"--rate-burst", strconv.Itoa(c.RateBurst),
+				"--task-retention", c.TaskRetention.String(),
+				"--lease-history-retention", c.LeaseHistoryRetention.String(),
 				// The front door adds X-Forwarded-For: each browser counts as itself.
 				"--trusted-proxies", "127.0.0.1/32,::1/128",
 				"--log-level", c.LogLevel,
@@ -236,9 +238,9 @@ func replicaChild(exe, name string, c config, ttl string, backend *frontdoor.Bac
 			)
 			// Secrets go by environment, not on the command line where ps shows them;
 			// the names the front door is reached by and the tokens' file too.
-			cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "LEASEHOLD_API_TOKEN", "LEASEHOLD_TOKENS_FILE", "LEASEHOLD_ALLOWED_HOSTS",
-				"LEASEHOLD_ALLOWED_ORIGINS", "LEASEHOLD_SECURE_COOKIE"),
-				"DATABASE_URL="+c.DatabaseURL, "LEASEHOLD_API_TOKEN="+c.APIToken, "LEASEHOLD_TOKENS_FILE="+c.TokensFile,
+			cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "LEASEHOLD_LISTEN_DATABASE_URL", "LEASEHOLD_API_TOKEN", "LEASEHOLD_TOKENS_FILE",
+				"LEASEHOLD_ALLOWED_HOSTS", "LEASEHOLD_ALLOWED_ORIGINS", "LEASEHOLD_SECURE_COOKIE"),
+				"DATABASE_URL="+c.DatabaseURL, "LEASEHOLD_LISTEN_DATABASE_URL="+c.ListenDatabaseURL, "LEASEHOLD_API_TOKEN="+c.APIToken, "LEASEHOLD_TOKENS_FILE="+c.TokensFile,
 				"LEASEHOLD_ALLOWED_HOSTS="+strings.Join(append(c.AllowedHosts, frontHost(c.Addr)...), ","),
 				"LEASEHOLD_ALLOWED_ORIGINS="+strings.Join(c.AllowedOrigins, ","),
 				"LEASEHOLD_SECURE_COOKIE="+strconv.FormatBool(c.SecureCookie))

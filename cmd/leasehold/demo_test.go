@@ -10,11 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/demo/frontdoor"
 	"github.com/leasehold/leasehold/internal/lab/pgtest"
@@ -413,4 +416,36 @@ func deref(p *int64) any {
 		return nil
 	}
 	return *p
+}
+
+// TestDemoReplicasTakeTheDemosConfiguration: each replica the demo starts
+// is a demo replica with the configuration the demo was given, flags and
+// secrets (by environment, never on its command line) alike.
+func TestDemoReplicasTakeTheDemosConfiguration(t *testing.T) {
+	t.Parallel()
+	c := replicaConfig(t, demoReplica, []string{
+		"--task-retention", "48h", "--lease-history-retention", "0", "--listen-database-url", "postgres://session@db:5432/x",
+		"--api-token", "demo-token-of-16-bytes", "--rate-limit", "7",
+	}, env("DATABASE_URL", "postgres://app@db:6432/x"))
+	child := replicaChild("/bin/leasehold", "replica-a", c, "5s", frontdoor.NewBackend("replica-a", ""), zerolog.Nop())
+	cmd, err := child.Command()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(cmd.Args, " ")
+	for _, want := range []string{"/bin/leasehold demo replica ", "--task-retention 48h0m0s", "--lease-history-retention 0s", "--rate-limit 7", "--lease-ttl 5s"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("the replica's command line %q does not say %q", args, want)
+		}
+	}
+	for _, secret := range []string{"postgres://", "demo-token"} {
+		if strings.Contains(args, secret) {
+			t.Errorf("the replica's command line %q shows a secret (%s)", args, secret)
+		}
+	}
+	for _, want := range []string{"DATABASE_URL=postgres://app@db:6432/x", "LEASEHOLD_LISTEN_DATABASE_URL=postgres://session@db:5432/x", "LEASEHOLD_API_TOKEN=demo-token-of-16-bytes"} {
+		if !slices.Contains(cmd.Env, want) {
+			t.Errorf("the replica's environment lacks %s", want)
+		}
+	}
 }

@@ -189,7 +189,7 @@ func winLease(ctx context.Context, client *leasehold.Leases, o execOptions, sigs
 	sent := time.Now()
 	go func() {
 		var err error
-		won, err = client.Acquire(wctx, lease.AcquireParams{Resource: o.resource, Holder: o.holder, TTL: o.ttl, Wait: o.wait})
+		won, _, err = acquireWaiting(wctx, client, lease.AcquireParams{Resource: o.resource, Holder: o.holder, TTL: o.ttl}, o.wait)
 		done <- err
 	}()
 	var err error

@@ -584,9 +584,9 @@ func TestExecGraceDefault(t *testing.T) {
 	}
 }
 
-// TestExecShortTTL is issue 14's "leasehold exec --resource R --ttl 5s --
-// CMD", which exited 2 because the default --grace exceeded half the TTL:
-// it runs CMD under the lease and exits with CMD's status.
+// TestExecShortTTL: "leasehold exec --resource R --ttl 5s -- CMD", whose
+// default --grace would exceed half the TTL, runs CMD under the lease and
+// exits with CMD's status.
 func TestExecShortTTL(t *testing.T) {
 	t.Parallel()
 	r := execReplica(t)

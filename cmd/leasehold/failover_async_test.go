@@ -34,7 +34,7 @@ import (
 //     union of both histories), and every acquisition on the new primary
 //     has a fence above every one of the old primary's;
 //   - what was lost is what asynchronous replication loses, as
-//     docs/operations.md says: acknowledged operations of the lag, each
+//     docs/operations/postgresql-and-failover.md says: acknowledged operations of the lag, each
 //     committed on the old primary (it is in the old history); none
 //     acknowledged before the standby caught up, or sent after the kill;
 //     and every one sent after the cut and answered before the kill;

@@ -128,7 +128,7 @@ func TestFencesNeverRepeatAfterLostFailover(t *testing.T) {
 	if after.Fence <= highest {
 		t.Errorf("the first fence after the failover is %d, not above the %d lost acquisitions' highest, %d: a fence was handed out twice", after.Fence, lost, highest)
 	}
-	// What asynchronous replication lost, as docs/operations.md says: the
+	// What asynchronous replication lost, as docs/operations/postgresql-and-failover.md says: the
 	// acquisitions of the last moments; what it had received stays.
 	list := call[struct {
 		Leases []leaseBody `json:"leases"`
@@ -219,7 +219,7 @@ func taskState(t *testing.T, r *replica, id int64) string {
 // uses it, and no fence is handed out twice. PgBouncer's server_login_retry
 // (15 s by default) is how long the database stays unreachable through it
 // after the failed connection to the dead primary: 1 s here
-// (docs/operations.md).
+// (docs/operations/postgresql-and-failover.md).
 func TestFencesBehindATransactionPooler(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -65,7 +65,7 @@ func (e exitStatus) Error() string {
 
 func (e exitStatus) Unwrap() error { return e.err }
 
-// Defaults of the client commands (contract §1).
+// Defaults of the client commands.
 const defaultURL = "http://localhost:8080"
 
 // clientFlags are the flags of every command that talks to the REST API.
@@ -114,6 +114,24 @@ func (c *clientFlags) describe(err error) error {
 		return fmt.Errorf("%w (pass the server's token with --api-token or LEASEHOLD_API_TOKEN)", err)
 	}
 	return err
+}
+
+// acquireWaiting acquires the lease of p, waiting up to wait in all for a
+// held resource to come free. One request waits at most lease.MaxWait, so
+// a longer wait asks again until it is over. It returns the acquisition
+// and when the first request was sent (a lease's local deadline may count
+// from then: it is earlier than the winning request's).
+func acquireWaiting(ctx context.Context, client *leasehold.Leases, p lease.AcquireParams, wait time.Duration) (lease.Acquisition, time.Time, error) {
+	sent := time.Now()
+	deadline := sent.Add(wait)
+	for {
+		p.Wait = min(max(time.Until(deadline), 0), lease.MaxWait).Truncate(time.Second)
+		acq, err := client.Acquire(ctx, p)
+		var held *lease.HeldError
+		if !errors.As(err, &held) || ctx.Err() != nil || time.Until(deadline) < time.Second {
+			return acq, sent, err
+		}
+	}
 }
 
 // defaultHolder is the holder of the lease commands when --holder is not
@@ -254,7 +272,7 @@ func runLeaseChange(ctx context.Context, cmd string, args []string, getenv func(
 	switch cmd {
 	case "acquire":
 		var acq lease.Acquisition
-		acq, err = client.Acquire(ctx, lease.AcquireParams{Resource: *resource, Holder: *holder, TTL: p.ttl, Wait: p.wait})
+		acq, _, err = acquireWaiting(ctx, client, lease.AcquireParams{Resource: *resource, Holder: *holder, TTL: p.ttl}, p.wait)
 		l = acq.Lease
 	case "renew":
 		l, err = client.Renew(ctx, lease.RenewParams{Resource: *resource, Holder: *holder, Fence: p.fence, TTL: p.ttl})

@@ -253,3 +253,34 @@ func TestLeaseCommandsRejectBadUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseAcquireWaitsPastOneRequest: --wait beyond what one request may
+// wait (lease.MaxWait) is taken (the acquisition asks again as each
+// request's wait ends), and wins the lease once its holder releases it.
+func TestLeaseAcquireWaitsPastOneRequest(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	r := startReplica(t, serveConfig(t, []string{"--addr", "127.0.0.1:0", "--roles", "api"}, env("DATABASE_URL", db.URL)))
+	a := cli{t, env("LEASEHOLD_URL", r.url, "LEASEHOLD_HOLDER", "holder-a")}
+	b := cli{t, env("LEASEHOLD_URL", r.url, "LEASEHOLD_HOLDER", "holder-b")}
+	a.ok("lease", "acquire", "--resource", "long:wait", "--ttl", "1h")
+
+	type result struct {
+		out  string
+		code int
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		out, code, err := b.run("lease", "acquire", "--resource", "long:wait", "--wait", "20m", "--json")
+		got <- result{out, code, err}
+	}()
+	// Released whether b's request waits already or not: b wins it, by
+	// waiting or at once, and is never refused for its long --wait.
+	a.ok("lease", "release", "--resource", "long:wait")
+	res := <-got
+	var l cliLease
+	if res.code != 0 || json.Unmarshal([]byte(res.out), &l) != nil || l.Holder != "holder-b" || l.State != "active" {
+		t.Fatalf("lease acquire --wait 20m: exit %d, %v, %q; want holder-b to win the released lease", res.code, res.err, res.out)
+	}
+}

@@ -21,11 +21,11 @@ usage:
   leasehold migrate  [flags]   apply the database migrations and exit
   leasehold demo     [flags]   a local PostgreSQL (unless DATABASE_URL is set), 3 replicas and a round-robin front door on :8080
                                (leasehold demo replica [flags] is one of its replicas: serve with the demo's roles and faults)
-  leasehold bench    [flags]   measure the hot paths (see docs/performance.md)
-  leasehold lease    CMD [flags]   acquire, renew, release, get or list leases over a server's REST API (see docs/cli.md)
+  leasehold bench    [flags]   measure the hot paths on your database (see docs/guide/cli.md)
+  leasehold lease    CMD [flags]   acquire, renew, release, get or list leases over a server's REST API (see docs/guide/cli.md)
   leasehold exec     [flags] -- CMD ARGS...   run CMD only while holding a lease: leasehold exec --resource R -- CMD ARGS...
   leasehold work     [flags] -- CMD ARGS...   a task worker for any program: leasehold work --kind K -- CMD ARGS... runs CMD for each task of kind K
-  leasehold task     CMD [flags]   add, get, list, cancel or retry tasks over a server's REST API (see docs/cli.md)
+  leasehold task     CMD [flags]   add, get, list, cancel or retry tasks over a server's REST API (see docs/guide/cli.md)
   leasehold schedule CMD [flags]   add, replace, get, list or remove schedules (a task per cron tick) over a server's REST API
   leasehold localdb            start or reuse the local development PostgreSQL; print its URL
   leasehold version            print the version

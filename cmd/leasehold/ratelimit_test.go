@@ -71,9 +71,9 @@ func rateLimitedTotal(t *testing.T, r *replica) int {
 }
 
 // TestServeRateLimitOffByDefault: a replica with the default configuration
-// refuses none of a burst of 300 requests from one client (issue 14: the
-// old default, 100 a second in bursts of 200, answered 429 to a host of
-// lease holders racing for one lease); exactly one of them wins the lease.
+// refuses none of a burst of 300 requests from one client (a limit
+// of 100 a second in bursts of 200 would answer 429 to a host of lease
+// holders racing for one lease); exactly one of them wins the lease.
 func TestServeRateLimitOffByDefault(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)

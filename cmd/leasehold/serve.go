@@ -143,7 +143,8 @@ func newLogger(c config, w io.Writer) (zerolog.Logger, error) {
 //
 // On shutdown (ctx ends: SIGTERM or Ctrl-C) the replica stops claiming
 // tasks, gives running tasks ShutdownGrace to finish and hands the rest
-// back, then releases every lease it holds (generator, reaper, instance) so
+// back, then releases every lease it holds (reaper, scheduler, instance; a demo
+// replica's generator too) so
 // that other replicas take over at once; the API answers until then.
 //
 // While the database cannot be reached the replica keeps running: /readyz

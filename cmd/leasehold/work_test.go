@@ -452,7 +452,7 @@ func TestWorkCancel(t *testing.T) {
 	}
 	waitUntil(t, "the polite command to get SIGTERM", func() bool { return log.has(fmt.Sprintf("term %d", polite.ID)) }, log, w.logs)
 	took := time.Since(cancelled)
-	t.Logf("the command got SIGTERM %v after the cancellation (the contract says within 1 s)", took)
+	t.Logf("the command got SIGTERM %v after the cancellation (promised within 1 s)", took)
 	// Not a benchmark: a generous bound, still well below a held
 	// heartbeat's wait (TTL 60 s: (60 − 6 − 1)/3 s, 17 s in whole seconds).
 	if took > 10*time.Second {

@@ -1115,7 +1115,7 @@ ORDER BY id
 LIMIT $1
 `
 
-// TaskListRunning returns running tasks, oldest claim first.
+// TaskListRunning returns running tasks, oldest first (by id).
 func (q *Queries) TaskListRunning(ctx context.Context, rowLimit int32) ([]Task, error) {
 	rows, err := q.db.Query(ctx, taskListRunning, rowLimit)
 	if err != nil {

@@ -237,7 +237,7 @@ type holding struct {
 	expiresBeforeRelease time.Time
 }
 
-// checkGenerated checks guarantee 4 (contract §5) from the database alone:
+// checkGenerated checks the generator's guarantee from the database alone:
 // the holding intervals of the generator lease never overlap, and every
 // task carries the fence of a generator lease whose holding interval
 // contains the task's created_at (both by the database clock). It also

@@ -1,5 +1,5 @@
 // Package hub streams leasehold's state to browsers over websockets
-// (contract §4, the /ws protocol): a snapshot on connect, then one message
+// (the /ws protocol, docs/reference/websocket.md): a snapshot on connect, then one message
 // per change.
 //
 // The changes come from PostgreSQL's NOTIFY through the process's single

@@ -15,7 +15,7 @@ import (
 // The store's hot paths, for benchstat; -cpu sets the concurrency
 // (GOMAXPROCS × 4 clients), each client on a resource of its own:
 //
-//	go test -run '^$' -bench 'AcquireRelease|Renew' -cpu 1,2,8 -count 6 ./internal/lease/
+//	go test -run '^$' -bench 'AcquireRelease|Renew' -cpu 1,2,8 -count 6 ./internal/leasestore/
 
 // BenchmarkAcquireRelease: one op is an acquisition and its release (two commits).
 func BenchmarkAcquireRelease(b *testing.B) {

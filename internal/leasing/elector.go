@@ -162,7 +162,7 @@ func (e *Elector) campaign(ctx context.Context, keep lease.KeepConfig) (lease.Ac
 
 // RunUntilDone holds the lease for as long as ctx lasts (campaigning again
 // whenever it is lost): how a replica keeps a lease that only says it is
-// alive, such as instance:<id>.
+// alive, such as leasehold:instance:<id>.
 func (e *Elector) RunUntilDone(ctx context.Context) error {
 	return e.Run(ctx, func(ctx context.Context, _ lease.Lease) { <-ctx.Done() })
 }

@@ -49,7 +49,7 @@ type Notification struct {
 }
 
 // The payloads of ChannelTask, each sent at most once per statement
-// (schema/0002, 0006, 0008 and 0009). TasksInserted is sent only while some
+// (schema/0002, 0006, 0008, 0009, 0011 and 0012). TasksInserted is sent only while some
 // Waiter is registered; TasksFinished only while a ChangesWaiter is. A
 // claim sends "claimed:<ms>", <ms> the earliest expiry of the new task
 // leases in epoch milliseconds (see ParseClaimed), while a ChangesWaiter is
@@ -58,7 +58,7 @@ type Notification struct {
 const (
 	TasksInserted = "inserted" // tasks were inserted, and someone waits for them
 	TasksRequeued = "requeued" // tasks went back to pending (failed, handed back, or their lease lapsed): claimable now or after a backoff
-	TasksFinished = "finished" // tasks ended done or dead, and a ChangesWaiter waits for that
+	TasksFinished = "finished" // tasks ended done, dead or cancelled, and a ChangesWaiter waits for that
 )
 
 // ParseCancelled returns the id of the running task a "cancelled:<id>"

@@ -166,7 +166,7 @@ func checkStoredTasks(t *testing.T, db pgtest.DB, what string, sent, got []byte)
 	}
 }
 
-// authorized is the contract's rule, written out apart from the server's:
+// authorized is the API's rule, written out apart from the server's:
 // a request presents the token in an Authorization header of the Bearer
 // scheme (any case) or, when it has no such header, in the sign-in cookie.
 func authorized(r *http.Request, token string) (ok, byCookie bool) {
@@ -182,7 +182,7 @@ func authorized(r *http.Request, token string) (ok, byCookie bool) {
 
 // FuzzRequireToken sends requests built from any method, target,
 // Authorization header and Cookie header, parsed as the server parses a
-// request, to a server with an API token. A request the contract
+// request, to a server with an API token. A request the API's rule
 // authorizes is never answered 401; one it does not is never served by an
 // /api/* route (POST /api/session aside) or /ws: the route the request log
 // names for it must be a public one, or the answer a 401 (or the mux's
@@ -247,7 +247,7 @@ func FuzzRequireToken(f *testing.F) {
 
 		ok, _ := authorized(req, token)
 		if ok && rec.Code == http.StatusUnauthorized {
-			t.Fatalf("%q: authorized by the contract, answered 401", raw)
+			t.Fatalf("%q: authorized by the API's rule, answered 401", raw)
 		}
 		route := loggedRoute(t, logs.String()[logged:])
 		protected := strings.Contains(route, " /api/") && route != "POST /api/session" || route == "GET /ws"

@@ -79,7 +79,7 @@ func without(fs []field, key string) []field {
 	return out
 }
 
-// badCase is one request and the status the contract gives it.
+// badCase is one request and the status the API promises for it.
 type badCase struct {
 	name   string
 	method string
@@ -89,7 +89,7 @@ type badCase struct {
 }
 
 // TestRejectedRequestsChangeNothing sends every kind of bad request the
-// contract names to every lease route, and requests that are valid but match
+// API promises for every lease route, and requests that are valid but match
 // nothing, and checks each answer and that the database is as it was.
 func TestRejectedRequestsChangeNothing(t *testing.T) {
 	t.Parallel()

@@ -17,7 +17,7 @@ import (
 
 // The fuzz targets of the request decoders and validators: each input is
 // either refused with a *badRequest whose message says where the problem
-// is, or accepted as a value that keeps every rule of the contract and
+// is, or accepted as a value that keeps every rule of the API and
 // survives a round trip (encoded and parsed again, it is the same).
 // `go test` runs the seeds below and testdata/fuzz; the fuzz task of the
 // Taskfile runs each target for a few seconds.

@@ -265,7 +265,7 @@ func decodeError(err error) error {
 		return badRequestf("field %q must be %s, not %s", typeErr.Field, jsonKind(typeErr.Type.Kind().String()), typeErr.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		field := strings.TrimPrefix(err.Error(), "json: unknown field ")
-		return badRequestf("unknown field %s; remove it (see the README for the fields of this request)", field)
+		return badRequestf("unknown field %s; remove it (GET /api/openapi.json gives the fields of every request)", field)
 	default:
 		return badRequestf("request body could not be read as JSON: %v", err)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/leasehold/leasehold/internal/instance"
 )
 
-// generatorJSON is GET /api/generator of contract §3.
+// generatorJSON is GET /api/generator as the REST API answers it.
 type generatorJSON struct {
 	Status       string  `json:"status"`
 	Holder       *string `json:"holder"`

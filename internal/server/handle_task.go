@@ -79,7 +79,7 @@ const (
 
 // newTask checks the request and returns the task to insert.
 func (q newTaskRequest) newTask() (taskstore.NewTask, error) {
-	// task_data is a JSON object, as in the contract: a worker reads named
+	// task_data is a JSON object, as the API promises: a worker reads named
 	// fields from it (sleep_duration_seconds), and null or a bare value is
 	// far more likely a client's mistake than a task.
 	data := bytes.TrimSpace(q.TaskData)

@@ -22,7 +22,7 @@ import (
 )
 
 // Metrics are the replica's Prometheus metrics, on a registry of its own.
-// docs/metrics.md is their catalogue, with what to alert on; a test keeps
+// docs/reference/metrics.md is their catalogue, with what to alert on; a test keeps
 // the two in step.
 //
 // Every label takes a few values fixed by the code (no ids, no names from

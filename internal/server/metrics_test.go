@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/demo"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/leasing"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
@@ -29,8 +30,8 @@ import (
 
 	"github.com/leasehold/leasehold/internal/hub"
 	"github.com/leasehold/leasehold/internal/instance"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/notify"
-	"github.com/leasehold/leasehold/internal/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
 	"github.com/leasehold/leasehold/internal/worker"
 )
@@ -466,7 +467,7 @@ func loseElectedLease(t *testing.T, r *replicaMetrics) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e := &leasing.Elector{
-		Leases: leasing.NewStore(r.db.Pool), Listener: r.listener, Resource: resource, Holder: "elector",
+		Leases: leasestore.NewStore(r.db.Pool), Listener: r.listener, Resource: resource, Holder: "elector",
 		Keep: lease.KeepConfig{TTL: 3 * time.Second, Observer: r.metrics.KeepObserver(server.HolderGenerator)},
 		Log:  zerolog.Nop(),
 	}
@@ -498,12 +499,12 @@ func loseElectedLease(t *testing.T, r *replicaMetrics) {
 	}
 }
 
-// TestMetricsCatalogue keeps docs/metrics.md and the metrics in step: every
-// metric of the catalogue's table is exported, with the type the table
-// gives, and every leasehold_* metric exported is in the table.
+// TestMetricsCatalogue keeps docs/reference/metrics.md and the metrics in
+// step: every metric of the catalogue's table is exported, with the type
+// the table gives, and every leasehold_* metric exported is in the table.
 func TestMetricsCatalogue(t *testing.T) {
 	t.Parallel()
-	documented := catalogue(t, "../../docs/metrics.md")
+	documented := catalogue(t, "../../docs/reference/metrics.md")
 	r := newReplicaMetrics(t)
 	// The HTTP metrics have a series once a request was served, the
 	// pending-by-kind gauges once a task is pending, the tables' estimated
@@ -522,23 +523,23 @@ func TestMetricsCatalogue(t *testing.T) {
 	for name, typ := range documented {
 		switch got, ok := exported[name]; {
 		case !ok:
-			t.Errorf("docs/metrics.md lists %s, which /metrics does not export: remove it from the table or export it", name)
+			t.Errorf("docs/reference/metrics.md lists %s, which /metrics does not export: remove it from the table or export it", name)
 		case got != typ:
-			t.Errorf("docs/metrics.md gives %s the type %s; /metrics says %s", name, typ, got)
+			t.Errorf("docs/reference/metrics.md gives %s the type %s; /metrics says %s", name, typ, got)
 		}
 	}
 	for name := range exported {
 		if _, ok := documented[name]; !ok {
-			t.Errorf("/metrics exports %s, which docs/metrics.md does not list: add a row to its table", name)
+			t.Errorf("/metrics exports %s, which docs/reference/metrics.md does not list: add a row to its table", name)
 		}
 	}
 	if len(documented) < 20 {
-		t.Errorf("docs/metrics.md's table lists %d metrics; is the table still parsed right?", len(documented))
+		t.Errorf("docs/reference/metrics.md's table lists %d metrics; is the table still parsed right?", len(documented))
 	}
 }
 
-// catalogue reads the metrics table of docs/metrics.md: each row's name
-// (its first cell, in backquotes) and type (its second cell).
+// catalogue reads the metrics table of docs/reference/metrics.md: each
+// row's name (its first cell, in backquotes) and type (its second cell).
 func catalogue(t *testing.T, path string) map[string]string {
 	t.Helper()
 	f, err := os.Open(path)
@@ -555,7 +556,7 @@ func catalogue(t *testing.T, path string) map[string]string {
 		}
 		name := strings.Trim(strings.TrimSpace(cells[1]), "`")
 		if _, dup := names[name]; dup {
-			t.Errorf("docs/metrics.md lists %s twice", name)
+			t.Errorf("docs/reference/metrics.md lists %s twice", name)
 		}
 		names[name] = strings.TrimSpace(cells[2])
 	}

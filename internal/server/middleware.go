@@ -176,7 +176,7 @@ func jsonFallbacks(mux *http.ServeMux) http.Handler {
 			w.Header().Set("Allow", allow)
 			encode(w, http.StatusMethodNotAllowed, errorBody{Error: "method " + r.Method + " is not allowed on " + r.URL.Path + "; use " + allow})
 		default:
-			encode(w, http.StatusNotFound, errorBody{Error: "no route " + r.URL.Path + "; the README lists the API"})
+			encode(w, http.StatusNotFound, errorBody{Error: "no route " + r.URL.Path + "; GET /api/openapi.json lists the API (docs/reference/rest.md)"})
 		}
 	})
 }

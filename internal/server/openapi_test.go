@@ -588,7 +588,7 @@ func TestOpenAPIDeclaresClientErrors(t *testing.T) {
 
 // TestOpenAPINamePattern: every name the API reads (resource, holder,
 // processor, kind, queue, unique_key, lock, a schedule's name, in a body,
-// a path or a query) carries the rule of contract §3 as its pattern: no
+// a path or a query) carries the API's name rule as its pattern: no
 // control characters (C0, DEL and C1, what the server's check refuses),
 // besides its length.
 func TestOpenAPINamePattern(t *testing.T) {

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/internal/leasing"
+	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
@@ -29,15 +29,15 @@ import (
 	dbq "github.com/leasehold/leasehold/internal/db"
 	"github.com/leasehold/leasehold/internal/demo"
 	"github.com/leasehold/leasehold/internal/instance"
-	"github.com/leasehold/leasehold/internal/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/retention"
 	"github.com/leasehold/leasehold/internal/scheduler"
 	"github.com/leasehold/leasehold/internal/server"
 	"github.com/leasehold/leasehold/schema"
 )
 
-// grantsFile is the least-privilege grants, which docs/security.md shows.
-const grantsFile = "../../docs/least-privilege.sql"
+// grantsFile is the least-privilege grants, which docs/operations/security.md shows.
+const grantsFile = "../../docs/operations/least-privilege.sql"
 
 // newRuntimeRole creates a login role, applies grantsFile to it on db as
 // the tables' owner (as psql would, its :"role" and :"DBNAME" filled in)
@@ -97,17 +97,17 @@ func TestSecurityDocShowsTheGrants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc, err := os.ReadFile("../../docs/security.md")
+	doc, err := os.ReadFile("../../docs/operations/security.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Contains(doc, grants) {
-		t.Errorf("docs/security.md does not show %s as it is; paste the file into its sql block", grantsFile)
+		t.Errorf("docs/operations/security.md does not show %s as it is; paste the file into its sql block", grantsFile)
 	}
 }
 
 // TestLeastPrivilegeRole runs every part of leasehold that talks to the
-// database as a role with exactly the grants of docs/least-privilege.sql:
+// database as a role with exactly the grants of docs/operations/least-privilege.sql:
 // the API (leases, tasks, generator, instances, readiness), instance
 // registration, the reaper's marking, the generator's fenced insert, the
 // workers' task operations, retention's pruning and LISTEN. Then it checks
@@ -188,7 +188,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	for _, path := range []string{"/api/schedules", "/api/schedules/nightly"} {
 		b.do(t, "GET", path, "").want(t, path, http.StatusOK)
 	}
-	sched, err := leasing.NewStore(app.Pool).Acquire(ctx, lease.AcquireParams{Resource: scheduler.Resource, Holder: "replica-a", TTL: 5 * time.Second})
+	sched, err := leasestore.NewStore(app.Pool).Acquire(ctx, lease.AcquireParams{Resource: scheduler.Resource, Holder: "replica-a", TTL: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	}
 
 	// Instance registration, and its lease.
-	leases := leasing.NewStore(app.Pool)
+	leases := leasestore.NewStore(app.Pool)
 	if err := instance.NewStore(app.Pool).Register(ctx, instance.Instance{ID: "replica-a", Addr: "127.0.0.1:8080", Roles: []string{"api"}, Version: "test"}); err != nil {
 		t.Errorf("register instance: %v", err)
 	}
@@ -520,7 +520,7 @@ func TestRuntimeRoleCannotForge(t *testing.T) {
 	db := pgtest.New(t)
 	app := newRuntimeRole(t, db)
 	ctx := t.Context()
-	leases := leasing.NewStore(app.Pool)
+	leases := leasestore.NewStore(app.Pool)
 	if _, err := leases.Acquire(ctx, lease.AcquireParams{Resource: "first", Holder: "a", TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}

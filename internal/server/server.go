@@ -1,4 +1,4 @@
-// Package server is leasehold's HTTP face: the REST API of contract §3,
+// Package server is leasehold's HTTP face: the REST API,
 // health, readiness and metrics. NewServer wires the routes (all listed in
 // routes.go); handlers decode and validate in encode.go, and every error
 // becomes a status in one place, writeError in errors.go.

@@ -157,7 +157,7 @@ func decodeStrict[T any](t *testing.T, what string, r response) T {
 	return v
 }
 
-// leaseJSON is the lease object of contract §3, with its timestamps as sent.
+// leaseJSON is the REST API's lease object, with its timestamps as sent.
 type leaseJSON struct {
 	ID         int64   `json:"id"`
 	Resource   string  `json:"resource"`
@@ -194,7 +194,7 @@ type eventJSON struct {
 	ExpiresAt string `json:"expires_at"`
 }
 
-// apiTime is contract §3's timestamp: RFC 3339, UTC, milliseconds.
+// apiTime is the REST API's timestamp: RFC 3339, UTC, milliseconds.
 var apiTime = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$`)
 
 // parseTime checks s against the API's timestamp format and parses it.

@@ -39,7 +39,7 @@ func snapshotAll(t *testing.T, db pgtest.DB) string {
 }
 
 // TestTaskRejectedRequestsChangeNothing sends every kind of bad request the
-// contract names to every task, generator and instance route, and requests
+// API promises for every task, generator and instance route, and requests
 // that are valid but refused, and checks each answer and that the database
 // is as it was.
 func TestTaskRejectedRequestsChangeNothing(t *testing.T) {

@@ -20,7 +20,7 @@ import (
 
 func withTaskTTL(ttl time.Duration) option { return func(d *server.Deps) { d.TaskTTL = ttl } }
 
-// taskJSON is the task object of contract §3, with its timestamps as sent
+// taskJSON is the REST API's task object, with its timestamps as sent
 // (created_at and earlier_attempts are the task package's
 // additions).
 type taskJSON struct {

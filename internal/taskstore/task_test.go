@@ -421,7 +421,7 @@ func TestClaimPendingLeavesLapsedTasks(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"b"}, TTL: 30 * time.Second, WithLapsed: false}); err != nil || len(got) != 0 {
-		t.Fatalf("ClaimPending took %+v, %v; want nothing: the task is running, its lease lapsed", got, err)
+		t.Fatalf("a claim without lapsed tasks took %+v, %v; want nothing: the task is running, its lease lapsed", got, err)
 	}
 	got, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"c"}, TTL: 30 * time.Second, WithLapsed: true})
 	if err != nil || len(got) != 1 || got[0].ID != first[0].ID || got[0].Attempts != 2 {

@@ -75,8 +75,10 @@ func ttlOf(t task.Task, def time.Duration) time.Duration {
 }
 
 // work runs one claimed task under its lease, then completes it, fails it,
-// hands it back (shutdown), snoozes or cancels it as its handler asks or,
-// when the lease was lost, leaves it alone. workCtx ends when the shutdown
+// hands it back (shutdown), snoozes or cancels it as its handler asks; when
+// the lease was given up at its local deadline it hands the task back under
+// its fence, and when a heartbeat was refused (the lease taken, the task
+// cancelled) it leaves the task alone. workCtx ends when the shutdown
 // grace is over. It returns what became of the task and, when the
 // completion's statement claimed one, the worker's next task.
 func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, *claim) {

@@ -23,7 +23,7 @@ const timeMs = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-
 const stampFmt = new Intl.DateTimeFormat(undefined, { year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit", fractionalSecondDigits: 3, hour12: false });
 
 // actionOf is what can be done to a task in state: cancel a pending or
-// running one, retry a dead or cancelled one (contract §6).
+// running one, retry a dead or cancelled one.
 function actionOf(state) {
   if (state === "pending" || state === "running") return "cancel";
   if (state === "dead" || state === "cancelled") return "retry";

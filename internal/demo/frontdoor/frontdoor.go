@@ -195,7 +195,7 @@ func (b *retryBody) Read(p []byte) (int, error) {
 
 func (b *retryBody) Close() error { return nil }
 
-// writeError answers a request no replica answered: 502 with the contract's error body.
+// writeError answers a request no replica answered: 502 with the API's error body.
 func (p *Proxy) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		// The client went away; nobody reads the answer.

@@ -38,7 +38,7 @@ const (
 )
 
 // runCapacity measures what each kind of work costs PostgreSQL, for the capacity model of
-// docs/operations.md: renewals of held leases at a fixed rate, heartbeats of as many running
+// docs/operations/capacity.md: renewals of held leases at a fixed rate, heartbeats of as many running
 // tasks as the smallest count of leases, acquire+release cycles, a drain of pre-inserted
 // tasks (twice: with statistics taken while tasks were pending, and with those of an empty
 // queue), a steady stream of tasks inserted one per statement, and pgbench's simple update

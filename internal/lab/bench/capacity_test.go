@@ -10,7 +10,7 @@ import (
 
 // TestCapacity runs the capacity scenario small on the test server and checks that every
 // figure is there and positive: the rates, the CPU and WAL per operation and what they
-// give per core and per GB. The figures themselves are for people (docs/operations.md).
+// give per core and per GB. The figures themselves are for people (docs/operations/capacity.md).
 func TestCapacity(t *testing.T) {
 	t.Parallel()
 	cfg := Config{

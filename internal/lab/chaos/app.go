@@ -188,7 +188,7 @@ func RunApp(ctx context.Context, o AppOptions) error {
 		}
 		// The name the disconnect fault looks for.
 		pc.ConnConfig.RuntimeParams["application_name"] = "leasehold " + o.Name
-		// As a program on the library does (docs/operations.md): after a failover, the fences of
+		// As a program on the library does (docs/operations/postgresql-and-failover.md): after a failover, the fences of
 		// the new primary's timeline lie above the old one's before this pool grants any.
 		pc.AfterConnect = leasehold.PrepareSession
 		if pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {

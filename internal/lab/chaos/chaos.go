@@ -28,7 +28,7 @@
 // A replica that exits, of a fault or of a simulated crash, is restarted, as a hosting
 // platform would. At the end the faults and the load stop, the schedules are removed once
 // the scheduler has made every tick due, the replicas drain the queue and stop, and
-// internal/checker verifies the guarantees of the contract (§5, and §9's for schedules and
+// internal/lab/checker verifies leasehold's guarantees (those of leases and tasks, of schedules and
 // lease-gated tasks) over the whole history the database recorded. The lease clients also check mutual exclusion from
 // the outside: no client is granted a resource while another could rightly believe, by
 // its own clock, that it still holds it.
@@ -200,8 +200,8 @@ const (
 	// simulated faults: about one crash every 25 s at the generator's rate.
 	simCrashRate = "0.002"
 	simSpikeRate = "0.02"
-	// roleLeaseTTL is the TTL of a replica's generator and reaper leases ("leasehold
-	// serve" sets it): a pause longer than it makes a stale generator or reaper.
+	// roleLeaseTTL is the TTL of a replica's generator and reaper leases (the replica
+	// sets it): a pause longer than it makes a stale generator or reaper.
 	roleLeaseTTL = 5 * time.Second
 	// readyTimeout bounds the wait for every replica to answer /readyz at the start.
 	readyTimeout = 2 * time.Minute

@@ -55,7 +55,7 @@ func TestChaosShort(t *testing.T) {
 		FaultInterval: 2 * time.Second,
 		Forced:        AllKinds,
 		Seed:          1,
-		Cluster:       "chaos-test", // not the cluster of a "leasehold chaos" running beside
+		Cluster:       "chaos-test", // not the cluster of a soak (go tool task chaos) running beside
 	})
 
 	if !rep.OK() {

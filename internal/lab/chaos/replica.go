@@ -25,7 +25,7 @@ import (
 // requestTimeout bounds one request to a replica: a paused one answers nothing.
 const requestTimeout = 3 * time.Second
 
-// replica is one supervised "leasehold serve" process, across its restarts.
+// replica is one supervised "leasehold demo replica" process, across its restarts.
 type replica struct {
 	name string
 	// command: a `leasehold work` process, with no address to ask whether it is
@@ -68,7 +68,7 @@ func (r *replica) lastExit() error {
 	return r.exitErr
 }
 
-// child is r for the supervisor: "leasehold serve" on a free port of 127.0.0.1 (a new one at
+// child is r for the supervisor: "leasehold demo replica" on a free port of 127.0.0.1 (a new one at
 // each start) with the simulated faults on, the soak's TTL and the database by environment.
 func (s *soak) child(r *replica, b *frontdoor.Backend) supervise.Child {
 	var addr string // of the start under way; Command, Started and Exited run one at a time

@@ -1,4 +1,4 @@
-// Package checker verifies the guarantees of contract §5 after the fact, from what the
+// Package checker verifies leasehold's guarantees (docs/promises.md) after the fact, from what the
 // database recorded: the lease history (lease_events) and the tasks, whose rows carry their
 // own leases, and the locks and schedule ticks of the tasks.
 //
@@ -28,11 +28,11 @@
 //
 //   - RuleOverlap: per resource, no two holding intervals [acquired, end)
 //     overlap, where end = min(released, expires_at) and a lease's
-//     expires_at is the latest of its acquired and renewed events (§5.1).
+//     expires_at is the latest of its acquired and renewed events.
 //     The history alone gives every interval, announced or not.
 //   - RuleFenceOrder, RuleFenceReused: per resource, fences strictly increase
 //     in the order the acquisitions were recorded; across resources no fence
-//     is handed out twice (§5.2).
+//     is handed out twice.
 //   - RuleOrphanEvent: a renewed, released or expired event that does not
 //     belong to the interval it follows (another holder or fence, after the
 //     release, a renewal after the expiry was announced), or a task attempt
@@ -40,23 +40,23 @@
 //   - RuleTaskUnfinished, RuleTaskLost, RuleTaskCompletion,
 //     RuleTaskReclaimed: every task ends done, dead or cancelled (by
 //     someone who asked), none is lost, a completion ends the task's live
-//     lease, and a finished task is never leased again (§5.3).
+//     lease, and a finished task is never leased again.
 //   - RuleGeneratorFence: every generated task was inserted inside the
-//     generator interval of its fence (§5.4).
+//     generator interval of its fence.
 //   - RuleExpiryLate, RuleExpiryEarly: while a reaper ran, an expiry is
 //     announced within Options.ExpiryBound of its expires_at, and never
-//     before it (§5.5); a task lease's lapse is announced when a reaper
+//     before it; a task lease's lapse is announced when a reaper
 //     puts the task back, or a claim takes it.
 //   - RuleLockHeld: every attempt of a lease-gated task held its lock's
 //     lease, acquired by its claim with its fence, throughout, and no
 //     other holder of the lock (a lease's or another gated task's) held
-//     it meanwhile (§9). The lock's holdings are in the lease history
+//     it meanwhile. The lock's holdings are in the lease history
 //     like any lease's, so RuleOverlap judges them against each other.
 //   - RuleScheduleDuplicate, RuleScheduleTick, RuleScheduleCount,
 //     RuleScheduleBehind: a schedule made at most one task per tick, each
 //     for one of its ticks and not before it fell due; every tick it
 //     passed was made, missed or skipped, and it passed every tick due by
-//     its end but the last (§9).
+//     its end but the last.
 //
 // Each rule's doc comment gives the exact comparison it makes.
 package checker
@@ -102,7 +102,8 @@ type Options struct {
 	Schedules []Schedule
 }
 
-// DefaultExpiryBound is the ExpiryBound of contract §5.5.
+// DefaultExpiryBound is the ExpiryBound leasehold promises: an expiry is
+// announced within a second of its expires_at.
 const DefaultExpiryBound = time.Second
 
 func (o Options) expiryBound() time.Duration {

@@ -4,7 +4,7 @@
 -- `leasehold migrate`), in leasehold's database, after the migrations and
 -- again after every upgrade (GRANT is idempotent):
 --
---   psql "$OWNER_DATABASE_URL" -v role=leasehold_app -f docs/least-privilege.sql
+--   psql "$OWNER_DATABASE_URL" -v role=leasehold_app -f docs/operations/least-privilege.sql
 --
 -- :"role" is the runtime role, created beforehand by someone allowed to:
 --   CREATE ROLE leasehold_app LOGIN PASSWORD '...';
@@ -24,9 +24,9 @@ GRANT USAGE ON SCHEMA public TO :"role";
 GRANT SELECT, INSERT, UPDATE ON leases, tasks TO :"role";
 -- The audit history is written by leasehold's trigger alone, which runs as
 -- its owner: the runtime role only reads it, and can neither
--- add, change nor delete an event. (The REVOKE takes away the INSERT an
--- earlier version of this file granted.) Nor can it move a fence but
--- forward, to one lease_fence_seq handed out: triggers refuse it.
+-- add, change nor delete an event (the REVOKE makes sure of it, whatever
+-- the role was granted before). Nor can it move a fence but forward, to
+-- one lease_fence_seq handed out: triggers refuse it.
 GRANT SELECT ON lease_events TO :"role";
 REVOKE INSERT, UPDATE, DELETE ON lease_events FROM :"role";
 -- The generator's switch is one row, updated in place.
