@@ -328,6 +328,8 @@ func TestBadInputIsAnError(t *testing.T) {
 		"a second worker of a kind": leasehold.AddWorker(w, ok, leasehold.KindConfig{}),
 		"nil workers":               leasehold.AddWorker(nil, ok, leasehold.KindConfig{}),
 		"nil worker":                leasehold.AddWorker[emailArgs](w, nil, leasehold.KindConfig{}),
+		"a nil WorkFunc":            leasehold.AddWorker(w, leasehold.WorkFunc[emailArgs](nil), leasehold.KindConfig{}),
+		"a nil func of its own":     leasehold.AddWorker(leasehold.NewWorkers(), nilWorker(nil), leasehold.KindConfig{}),
 		"max attempts over 100":     leasehold.AddWorker(leasehold.NewWorkers(), ok, leasehold.KindConfig{MaxAttempts: 101}),
 		"a kind that panics":        leasehold.AddWorker(leasehold.NewWorkers(), leasehold.WorkFunc[*pointerArgs](func(context.Context, *leasehold.Task[*pointerArgs]) error { return nil }), leasehold.KindConfig{}),
 		"an empty kind":             leasehold.AddWorker(leasehold.NewWorkers(), leasehold.WorkFunc[noKind](func(context.Context, *leasehold.Task[noKind]) error { return nil }), leasehold.KindConfig{}),
@@ -383,6 +385,11 @@ func TestBadInputIsAnError(t *testing.T) {
 		t.Errorf("NewElector with a renew interval over the TTL: %v", err)
 	}
 }
+
+// nilWorker is a user's own func type that is a Worker.
+type nilWorker func(context.Context, *leasehold.Task[emailArgs]) error
+
+func (f nilWorker) Work(ctx context.Context, t *leasehold.Task[emailArgs]) error { return f(ctx, t) }
 
 type (
 	pointerArgs struct{ n int }

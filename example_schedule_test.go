@@ -21,7 +21,7 @@ func ExampleSchedules_Add() {
 	ctx := context.Background()
 	ran := make(chan string, 1)
 	workers := leasehold.NewWorkers()
-	err := leasehold.AddWorker(workers, leasehold.WorkFunc[cleanup](func(ctx context.Context, t *leasehold.Task[cleanup]) error {
+	err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[cleanup]) error {
 		select {
 		case ran <- t.Schedule:
 		default:
@@ -69,7 +69,7 @@ func ExampleInsertOpts_lock() {
 	done := make(chan struct{})
 	var client *leasehold.Client
 	workers := leasehold.NewWorkers()
-	err := leasehold.AddWorker(workers, leasehold.WorkFunc[reindex](func(ctx context.Context, t *leasehold.Task[reindex]) error {
+	err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[reindex]) error {
 		defer close(done)
 		fmt.Println("running with the lock", t.Lock, "under the task's fence:", t.Fence > 0)
 		_, err := client.Leases().Acquire(ctx, lease.AcquireParams{Resource: "db:search-index", Holder: "a-script"})

@@ -50,7 +50,7 @@ func ExampleNewClient() {
 	ctx := context.Background()
 	welcomed := make(chan struct{})
 	workers := leasehold.NewWorkers()
-	err := leasehold.AddWorker(workers, leasehold.WorkFunc[WelcomeEmail](func(ctx context.Context, t *leasehold.Task[WelcomeEmail]) error {
+	err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[WelcomeEmail]) error {
 		fmt.Printf("welcome, user %d (attempt %d)\n", t.Args.UserID, t.Attempts)
 		close(welcomed)
 		return nil
@@ -180,7 +180,7 @@ func ExampleSnooze() {
 	ctx := context.Background()
 	done := make(chan struct{})
 	workers := leasehold.NewWorkers()
-	err := leasehold.AddWorker(workers, leasehold.WorkFunc[exportArgs](func(ctx context.Context, t *leasehold.Task[exportArgs]) error {
+	err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[exportArgs]) error {
 		switch {
 		case t.Args.Format != "csv":
 			defer close(done)
@@ -386,7 +386,7 @@ func ExampleAddWorker() {
 	ctx := context.Background()
 	finished := make(chan struct{})
 	workers := leasehold.NewWorkers()
-	err := leasehold.AddWorker(workers, leasehold.WorkFunc[flakyFetch](func(ctx context.Context, t *leasehold.Task[flakyFetch]) error {
+	err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[flakyFetch]) error {
 		if t.Attempts < 3 {
 			return fmt.Errorf("attempt %d: the upstream answered 503", t.Attempts)
 		}
@@ -434,7 +434,7 @@ func ExampleClient_Stop() {
 	ctx := context.Background()
 	started := make(chan struct{})
 	workers := leasehold.NewWorkers()
-	err := leasehold.AddWorker(workers, leasehold.WorkFunc[longRun](func(ctx context.Context, t *leasehold.Task[longRun]) error {
+	err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[longRun]) error {
 		close(started)
 		<-ctx.Done() // a task that honours its context
 		return ctx.Err()

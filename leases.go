@@ -39,6 +39,56 @@ type Leases struct {
 	// ttl is the TTL of an acquisition that names none (zero: the
 	// service's default, for a remote client).
 	ttl time.Duration
+
+	// holdings are this process's live holdings, one per (resource,
+	// holder): a second is refused or waits (HoldingError, HoldWait).
+	mu       sync.Mutex
+	holdings map[holdingKey]*holdingSlot
+}
+
+type holdingKey struct{ resource, holder string }
+
+// holdingSlot is a (resource, holder) taken by a holding, from before its
+// acquisition until its goroutine exits; h is set once it holds.
+type holdingSlot struct {
+	done chan struct{}
+	h    *Holding
+}
+
+// reserve takes the slot of (resource, holder), or returns the slot that
+// has it.
+func (l *Leases) reserve(k holdingKey) (mine, other *holdingSlot) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := l.holdings[k]; s != nil {
+		return nil, s
+	}
+	if l.holdings == nil {
+		l.holdings = map[holdingKey]*holdingSlot{}
+	}
+	s := &holdingSlot{done: make(chan struct{})}
+	l.holdings[k] = s
+	return s, nil
+}
+
+// free gives the slot of k up, if s still has it.
+func (l *Leases) free(k holdingKey, s *holdingSlot) {
+	l.mu.Lock()
+	if l.holdings[k] == s {
+		delete(l.holdings, k)
+	}
+	l.mu.Unlock()
+	close(s.done)
+}
+
+// holdingOf is the live holding of (resource, holder) in this process.
+func (l *Leases) holdingOf(k holdingKey) *Holding {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := l.holdings[k]; s != nil {
+		return s.h
+	}
+	return nil
 }
 
 // checkName refuses what the REST API refuses in a name (internal/name's
@@ -113,11 +163,20 @@ func (l *Leases) Renew(ctx context.Context, p lease.RenewParams) (lease.Lease, e
 // Release ends the holder's active lease now and returns it released.
 // p.Fence and p.ID, when not zero, must match too. lease.ErrNotHeld when the
 // holder holds no active lease on the resource: a second release included.
+//
+// A Holding of this process that holds the lease learns at once: its
+// Context ends, with lease.ErrNotHeld.
 func (l *Leases) Release(ctx context.Context, p lease.ReleaseParams) (lease.Lease, error) {
 	if err := firstErr(checkResource("resource", p.Resource), checkName("holder", p.Holder)); err != nil {
 		return lease.Lease{}, err
 	}
-	return l.svc.Release(ctx, p)
+	released, err := l.svc.Release(ctx, p)
+	if err == nil {
+		if h := l.holdingOf(holdingKey{p.Resource, p.Holder}); h != nil && (p.Fence == 0 || p.Fence == h.Lease().Fence) {
+			h.releasedUnder()
+		}
+	}
+	return released, err
 }
 
 // Get returns the lease with the given id, lease.ErrNotFound when there is
@@ -171,16 +230,27 @@ func firstErr(errs ...error) error {
 // context given to Hold ends.
 const releaseTimeout = 5 * time.Second
 
-// Hold acquires the lease on resource for holder with cfg.TTL and keeps it
-// alive in the background until Release is called, ctx ends, or the lease
-// is lost. It checks cfg (lease.KeepConfig.Validate) before anything is
-// sent, and does not wait for a resource another holder holds: that is a
-// *lease.HeldError, whose lease says until when it is held.
+// Hold acquires the lease on resource for holder and keeps it alive in
+// the background until Release is called, ctx ends, or the lease is lost.
+// cfg's zero fields take the defaults: the TTL is the client's
+// Config.LeaseTTL (the service's default, for a remote client without
+// one), the intervals follow it (lease.KeepConfig). A cfg under which the
+// lease could not be kept is refused before anything is sent, with an
+// error wrapping ErrInvalidArgument. Hold does not wait for a resource
+// another holder holds: that is a *lease.HeldError, whose lease says until
+// when it is held (HoldWait waits).
+//
+// One holder holds a lease once: a second Hold of the same resource and
+// holder in this process, while the first holds it, is refused with a
+// *lease.HoldingError (errors.Is lease.ErrHeld), since both would believe
+// they alone held it. Give each holding a holder name of its own (say
+// client.ID() and what the holding is for), or wait for the first to end.
 //
 // The holding renews about every cfg.RenewInterval (default TTL/3, with
 // jitter) and retries a failed renewal every cfg.RetryInterval. It counts
 // the lease lost, and cancels its Context, as soon as a renewal is refused
-// (the cause wraps lease.ErrNotHeld) or its deadline passes without a
+// (the cause wraps lease.ErrNotHeld), the program releases the lease itself
+// (Leases.Release: lease.ErrNotHeld too), or its deadline passes without a
 // successful renewal (lease.ErrDeadline): the time the last successful
 // renewal (or the acquisition) was sent + cfg.Window() (TTL − Margin −
 // Grace) on this process's monotonic clock, so the holding gives up before
@@ -198,42 +268,149 @@ const releaseTimeout = 5 * time.Second
 // When ctx ends the holding stops renewing and releases the lease (bounded
 // by a few seconds); Release then reports how that went.
 //
-// When holder already holds the lease (a retry after an answer that got
-// lost), Hold takes it over, fence unchanged, and renews it at once so that
-// its deadline counts from a request it sent.
+// When holder already holds the lease and no holding of this process does
+// (a retry after an answer that got lost, a restarted process), Hold takes
+// it over, fence unchanged, and renews it at once so that its deadline
+// counts from a request it sent.
 func (l *Leases) Hold(ctx context.Context, resource, holder string, cfg lease.KeepConfig) (*Holding, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	return l.HoldWait(ctx, resource, holder, 0, cfg)
+}
+
+// HoldWait is Hold that waits up to wait for the lease while another holder
+// holds it, or another holding of this process with the same holder: the
+// moment it is released or expires, the wait wins it. A wait longer than
+// one request may wait (MaxWait) asks again as each ends. When wait passes
+// it returns the refusal, a *lease.HeldError or a *lease.HoldingError.
+func (l *Leases) HoldWait(ctx context.Context, resource, holder string, wait time.Duration, cfg lease.KeepConfig) (*Holding, error) {
+	if wait < 0 {
+		return nil, fmt.Errorf("%w: wait %s must not be negative", ErrInvalidArgument, wait)
 	}
-	sent := time.Now()
-	acq, err := l.Acquire(ctx, lease.AcquireParams{Resource: resource, Holder: holder, TTL: cfg.TTL})
+	if err := firstErr(checkResource("resource", resource), checkName("holder", holder), checkTTL("KeepConfig.TTL", cfg.TTL)); err != nil {
+		return nil, err
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = l.ttl
+	}
+	if cfg.TTL != 0 {
+		if err := cfg.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+		}
+	}
+	deadline := time.Now().Add(wait)
+	k := holdingKey{resource, holder}
+	slot, err := l.reserveWaiting(ctx, k, deadline)
 	if err != nil {
 		return nil, err
 	}
-	ls := acq.Lease
-	if !acq.New {
-		sent = time.Now()
-		ls, err = l.svc.Renew(ctx, lease.RenewParams{Resource: resource, Holder: holder, Fence: ls.Fence, TTL: cfg.TTL})
-		if err != nil {
-			return nil, fmt.Errorf("renew the lease %s already held by %s: %w", resource, holder, err)
+	h, err := l.acquireAndKeep(ctx, k, slot, deadline, cfg)
+	if err != nil {
+		l.free(k, slot)
+		return nil, err
+	}
+	return h, nil
+}
+
+// reserveWaiting takes the slot of k, waiting until deadline while another
+// holding of this process has it.
+func (l *Leases) reserveWaiting(ctx context.Context, k holdingKey, deadline time.Time) (*holdingSlot, error) {
+	for {
+		mine, other := l.reserve(k)
+		if mine != nil {
+			return mine, nil
+		}
+		refusal := &lease.HoldingError{Lease: lease.Lease{Resource: k.resource, Holder: k.holder}}
+		if other.h != nil {
+			refusal.Lease = other.h.Lease()
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, refusal
+		}
+		timer := time.NewTimer(left)
+		select {
+		case <-other.done:
+			timer.Stop()
+		case <-timer.C:
+			return nil, refusal
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, context.Cause(ctx)
 		}
 	}
-	return l.Keep(ctx, ls, sent, cfg)
+}
+
+// acquireAndKeep acquires the lease for the holding of slot, waiting until
+// deadline while another holder has it, and keeps it.
+func (l *Leases) acquireAndKeep(ctx context.Context, k holdingKey, slot *holdingSlot, deadline time.Time, cfg lease.KeepConfig) (*Holding, error) {
+	for {
+		sent := time.Now()
+		wait := min(max(time.Until(deadline), 0), MaxWait).Truncate(time.Second)
+		acq, err := l.Acquire(ctx, lease.AcquireParams{Resource: k.resource, Holder: k.holder, TTL: cfg.TTL, Wait: wait})
+		var held *lease.HeldError
+		if errors.As(err, &held) && ctx.Err() == nil && time.Until(deadline) >= time.Second {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		ls := acq.Lease
+		if cfg.TTL == 0 { // a remote client without a LeaseTTL: the service's default
+			cfg.TTL = ls.TTL()
+			if verr := cfg.Validate(); verr != nil {
+				_, _ = l.svc.Release(context.WithoutCancel(ctx), lease.ReleaseParams{Resource: ls.Resource, Holder: ls.Holder, Fence: ls.Fence})
+				return nil, fmt.Errorf("%w: with the service's default TTL %s: %w", ErrInvalidArgument, cfg.TTL, verr)
+			}
+		}
+		if !acq.New || wait > 0 {
+			// Held already (taken over), or won after a wait: renewed now, so
+			// that the deadline counts from a request sent now.
+			sent = time.Now()
+			ls, err = l.svc.Renew(ctx, lease.RenewParams{Resource: k.resource, Holder: k.holder, Fence: ls.Fence, TTL: cfg.TTL})
+			if err != nil {
+				return nil, fmt.Errorf("renew the lease %s held by %s: %w", k.resource, k.holder, err)
+			}
+		}
+		return l.keep(ctx, k, slot, ls, sent, cfg), nil
+	}
 }
 
 // Keep is Hold of a lease the caller has just acquired or renewed itself:
 // ls as that answer gave it, and sent when its request was sent, from which
 // the holding's first deadline counts (so an acquisition that waited for
 // the lease should be renewed first: its request was sent before the
-// wait). cfg's TTL must be the lease's.
+// wait). cfg's TTL must be the lease's (zero: it is). As with Hold, a
+// second holding of the lease in this process is refused.
 func (l *Leases) Keep(ctx context.Context, ls lease.Lease, sent time.Time, cfg lease.KeepConfig) (*Holding, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	if cfg.TTL == 0 {
+		cfg.TTL = ls.TTL()
 	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	k := holdingKey{ls.Resource, ls.Holder}
+	slot, other := l.reserve(k)
+	if slot == nil {
+		refusal := &lease.HoldingError{Lease: ls}
+		if other.h != nil {
+			refusal.Lease = other.h.Lease()
+		}
+		return nil, refusal
+	}
+	return l.keep(ctx, k, slot, ls, sent, cfg), nil
+}
+
+// keep starts the holding of ls in slot.
+func (l *Leases) keep(ctx context.Context, k holdingKey, slot *holdingSlot, ls lease.Lease, sent time.Time, cfg lease.KeepConfig) *Holding {
 	hctx, cancel := context.WithCancelCause(ctx)
 	h := &Holding{leases: l, ctx: hctx, cancel: cancel, done: make(chan struct{}), asked: make(chan struct{}), lease: ls}
-	go h.run(ctx, cfg, sent)
-	return h, nil
+	l.mu.Lock()
+	slot.h = h
+	l.mu.Unlock()
+	go func() {
+		defer l.free(k, slot)
+		h.run(ctx, cfg, sent)
+	}()
+	return h
 }
 
 // Holding is a lease kept alive in the background, made by Leases.Hold.
@@ -315,6 +492,15 @@ func (h *Holding) release(ctx context.Context, l lease.Lease) error {
 	h.lease = released
 	h.mu.Unlock()
 	return nil
+}
+
+// releasedUnder is the program's own release of the lease (Leases.Release):
+// the holding stops at once, and releases nothing more.
+func (h *Holding) releasedUnder() {
+	h.mu.Lock()
+	h.stopping = true
+	h.mu.Unlock()
+	h.cancel(fmt.Errorf("%w: the lease was released by Leases.Release", lease.ErrNotHeld))
 }
 
 // run renews the lease until the holding's context ends or the lease is

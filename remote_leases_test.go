@@ -429,7 +429,6 @@ func TestClientHoldConfigValidation(t *testing.T) {
 		cfg  lease.KeepConfig
 		want string
 	}{
-		{"no TTL", lease.KeepConfig{}, "TTL 0s must be a whole number of seconds"},
 		{"fractional TTL", lease.KeepConfig{TTL: 1500 * time.Millisecond}, "whole number of seconds"},
 		{"renew interval equals TTL", lease.KeepConfig{TTL: 2 * time.Second, RenewInterval: 2 * time.Second}, "renew interval 2s must be positive and shorter than the TTL 2s"},
 		{"renew interval over TTL", lease.KeepConfig{TTL: 2 * time.Second, RenewInterval: 3 * time.Second}, "shorter than the TTL"},
@@ -442,8 +441,8 @@ func TestClientHoldConfigValidation(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h, err := c.Hold(t.Context(), "r", "h", tt.cfg)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("Hold(%+v): got %v, want an error containing %q", tt.cfg, err, tt.want)
+			if !errors.Is(err, leasehold.ErrInvalidArgument) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Hold(%+v): got %v, want ErrInvalidArgument saying %q", tt.cfg, err, tt.want)
 			}
 			if h != nil {
 				t.Errorf("Hold(%+v) returned a holding with its error", tt.cfg)

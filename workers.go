@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -58,11 +59,22 @@ type Worker[T TaskArgs] interface {
 	Work(ctx context.Context, t *Task[T]) error
 }
 
-// WorkFunc is a function that is a Worker.
-type WorkFunc[T TaskArgs] func(ctx context.Context, t *Task[T]) error
+// WorkFunc makes a function a Worker. Its type argument follows from the
+// function's:
+//
+//	leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[Hello]) error {
+//		…
+//	}), leasehold.KindConfig{})
+//
+// A nil f makes a worker AddWorker refuses.
+func WorkFunc[T TaskArgs](f func(ctx context.Context, t *Task[T]) error) Worker[T] {
+	return workFunc[T](f)
+}
 
-// Work calls f.
-func (f WorkFunc[T]) Work(ctx context.Context, t *Task[T]) error { return f(ctx, t) }
+// workFunc is a function that is a Worker.
+type workFunc[T TaskArgs] func(ctx context.Context, t *Task[T]) error
+
+func (f workFunc[T]) Work(ctx context.Context, t *Task[T]) error { return f(ctx, t) }
 
 // KindConfig is how the tasks of one kind are run. The zero value is the
 // defaults.
@@ -106,8 +118,8 @@ func AddWorker[T TaskArgs](w *Workers, worker Worker[T], cfg KindConfig) error {
 	if w == nil {
 		return fmt.Errorf("%w: AddWorker needs Workers from NewWorkers, not nil", ErrInvalidConfig)
 	}
-	if worker == nil {
-		return fmt.Errorf("%w: AddWorker needs a worker, not nil", ErrInvalidConfig)
+	if isNil(worker) {
+		return fmt.Errorf("%w: AddWorker needs a worker, not a nil %T", ErrInvalidConfig, worker)
 	}
 	kind, err := kindOf[T]()
 	if err != nil {
@@ -129,6 +141,20 @@ func AddWorker[T TaskArgs](w *Workers, worker Worker[T], cfg KindConfig) error {
 	}
 	w.kinds[kind] = &kindWorker{cfg: cfg, run: handlerOf(kind, worker, cfg)}
 	return nil
+}
+
+// isNil reports whether v is nil, or an interface holding a nil func,
+// pointer, map, channel or slice (a declared but unset WorkFunc), whose
+// method would panic on every task.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Func, reflect.Pointer, reflect.Map, reflect.Chan, reflect.Slice, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
 }
 
 // kindOf is T's Kind, on its zero value, checked as a name.

@@ -90,6 +90,21 @@ func (e *HeldError) Error() string {
 // Is makes errors.Is(err, ErrHeld) true.
 func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
+// HoldingError is the refusal of a second holding of one lease by one
+// holder in one process (Leases.Hold, Leases.Keep): the two would share one
+// lease, and each believe it alone held it. Give each holding a holder name
+// of its own, or wait for the other to end (Leases.HoldWait). errors.Is(err,
+// ErrHeld) is true, as for a lease another holder holds.
+type HoldingError struct{ Lease Lease }
+
+func (e *HoldingError) Error() string {
+	return fmt.Sprintf("%s is held by %s through another holding of this process; give each holding a holder name of its own, or wait for that one to end",
+		e.Lease.Resource, e.Lease.Holder)
+}
+
+// Is makes errors.Is(err, ErrHeld) true.
+func (e *HoldingError) Is(target error) bool { return target == ErrHeld }
+
 // UntilExpiry is the time from dbNow, the database clock when the
 // acquisition was refused, until the holder's lease runs out on its own,
 // and a little more, so that an acquisition sent then finds it expired.

@@ -27,7 +27,7 @@ usage:
   leasehold work     [flags] -- CMD ARGS...   a task worker for any program: leasehold work --kind K -- CMD ARGS... runs CMD for each task of kind K
   leasehold task     CMD [flags]   add, get, list, cancel or retry tasks over a server's REST API (see docs/guide/cli.md)
   leasehold schedule CMD [flags]   add, replace, get, list or remove schedules (a task per cron tick) over a server's REST API
-  leasehold localdb            start or reuse the local development PostgreSQL; print its URL
+  leasehold localdb  [--stop]  start or reuse the local development PostgreSQL and print its URL; --stop stops it
   leasehold version            print the version
 
 Run "leasehold <command> -h" for the flags of a command.
@@ -102,7 +102,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "bench":
 		return runBench(ctx, rest, getenv, stdout, stderr)
 	case "localdb":
-		return runLocalDB(ctx, stdout, stderr)
+		return runLocalDB(ctx, rest, stdout, stderr)
 	case "lease":
 		return runLease(ctx, rest, getenv, stdout, stderr)
 	case "exec":

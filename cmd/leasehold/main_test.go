@@ -697,3 +697,19 @@ func TestShutdownReleasesEveryLease(t *testing.T) {
 		t.Errorf("%d interrupted tasks, want 2", interrupted)
 	}
 }
+
+// TestLocalDBHelp: localdb -h prints its usage, which says how to stop the
+// local PostgreSQL, and starts nothing (no URL on stdout); a flag it does
+// not know is bad usage.
+func TestLocalDBHelp(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	err := run(t.Context(), []string{"localdb", "-h"}, env(), &stdout, &stderr)
+	if !errors.Is(err, errUsage) || stdout.Len() != 0 || !strings.Contains(stderr.String(), "usage: leasehold localdb") ||
+		!strings.Contains(stderr.String(), "-stop") {
+		t.Errorf("localdb -h: %v, stdout %q, stderr %q; want its usage, naming --stop, and nothing started", err, &stdout, &stderr)
+	}
+	if err := run(t.Context(), []string{"localdb", "--bogus"}, env(), io.Discard, io.Discard); !errors.Is(err, errUsage) {
+		t.Errorf("localdb --bogus: %v, want a usage error", err)
+	}
+}

@@ -118,7 +118,34 @@ func migrate(ctx context.Context, cfg *pgxpool.Config) ([]int64, error) {
 	return schema.Migrate(ctx, pool)
 }
 
-func runLocalDB(ctx context.Context, stdout, stderr io.Writer) error {
+const localDBUsage = `usage: leasehold localdb [--stop]
+
+Starts leasehold's local development PostgreSQL, or reuses it when it runs
+already, and prints its URL: a cluster of its own on 127.0.0.1, port
+LEASEHOLD_PG_PORT (default 54329), which keeps running after the command
+(go tool task test and run use it too). --stop stops it; its data stays,
+for the next start.
+
+flags:
+`
+
+func runLocalDB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("leasehold localdb", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), localDBUsage)
+		fs.PrintDefaults()
+	}
+	stop := fs.Bool("stop", false, "stop the local PostgreSQL instead of starting it")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	if *stop {
+		if err := localpg.Stop(ctx, stderr); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, "the local PostgreSQL is stopped")
+		return nil
+	}
 	url, err := localpg.Ensure(ctx, stderr)
 	if err != nil {
 		return err

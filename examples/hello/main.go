@@ -30,7 +30,7 @@ func main() {
 	check(err)
 	done := make(chan struct{})
 	workers := leasehold.NewWorkers()
-	check(leasehold.AddWorker(workers, leasehold.WorkFunc[Hello](func(ctx context.Context, t *leasehold.Task[Hello]) error {
+	check(leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[Hello]) error {
 		fmt.Printf("hello, %s (attempt %d, fence %d)\n", t.Args.Name, t.Attempts, t.Fence)
 		close(done)
 		return nil // completes the task; an error retries it, with backoff

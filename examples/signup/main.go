@@ -103,7 +103,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	}
 
 	workers := leasehold.NewWorkers()
-	if err := leasehold.AddWorker(workers, leasehold.WorkFunc[WelcomeEmail](func(ctx context.Context, t *leasehold.Task[WelcomeEmail]) error {
+	if err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[WelcomeEmail]) error {
 		// The task's fence goes with what it writes; ON CONFLICT keeps a
 		// retried attempt from sending twice.
 		_, err := pool.Exec(ctx, `INSERT INTO sent_emails (user_id, task_id, fence, sent_by) VALUES ($1, $2, $3, $4)

@@ -21,7 +21,7 @@ func (hello) Kind() string { return "hello" }
 func main() {
 	ctx := context.Background()
 	workers := leasehold.NewWorkers()
-	_ = leasehold.AddWorker(workers, leasehold.WorkFunc[hello](func(context.Context, *leasehold.Task[hello]) error { return nil }), leasehold.KindConfig{})
+	_ = leasehold.AddWorker(workers, leasehold.WorkFunc(func(context.Context, *leasehold.Task[hello]) error { return nil }), leasehold.KindConfig{})
 	client, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: "http://localhost:8080"}, leasehold.Config{
 		Workers: workers, Queues: map[string]leasehold.QueueConfig{"default": {MaxWorkers: 2}},
 	})
