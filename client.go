@@ -20,10 +20,12 @@ import (
 
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/reaper"
+	"github.com/leasehold/leasehold/internal/retention"
 	"github.com/leasehold/leasehold/internal/scheduler"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/schema"
 	"github.com/leasehold/leasehold/task"
 )
 
@@ -53,6 +55,15 @@ type Config struct {
 	// ShutdownGrace bounds how long Stop lets running tasks finish when its
 	// context has no deadline; default 10s.
 	ShutdownGrace time.Duration
+	// TaskRetention is how long a finished (done, dead or cancelled) task
+	// is kept, and LeaseHistoryRetention how long lease events and the
+	// rows of ended leases are, when this client is the elected reaper: it
+	// prunes what is older, as a service replica's reaper does with its
+	// --task-retention and --lease-history-retention. Zero: a week (168h),
+	// the service's default; negative: kept forever. At least a minute
+	// otherwise. Give every process on the database the same values.
+	TaskRetention         time.Duration
+	LeaseHistoryRetention time.Duration
 	// AllowUnknownKinds lets a client with Workers insert tasks of kinds it
 	// does not register (for other programs to run). Without it such an
 	// insert fails with ErrUnknownKind: most often a typo.
@@ -120,6 +131,10 @@ type Client struct {
 	abort     chan struct{}      // closed when Stop's context ended: running tasks are cancelled
 	running   sync.WaitGroup     // the workers' pools
 
+	// warnedQueues are the queues an insert went to that this client's
+	// workers do not take: each is said once.
+	warnedQueues sync.Map
+
 	mu       sync.Mutex       // guards the listener
 	listener *notify.Listener // started with the first user, nil before
 	listenWG sync.WaitGroup
@@ -143,7 +158,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	c.store = taskstore.NewStore(pool)
 	c.leaseStore = leasestore.NewStore(pool)
 	c.leases = &Leases{svc: storeLeases{store: c.leaseStore, c: c}, ttl: c.cfg.LeaseTTL}
-	c.schedules = &Schedules{store: schedulestore.NewStore(pool)}
+	c.schedules = &Schedules{store: schedulestore.NewStore(pool), kind: c.knownKind}
 	return c, nil
 }
 
@@ -164,7 +179,7 @@ func NewRemoteClient(remote RemoteConfig, cfg Config) (*Client, error) {
 	}
 	c.rest = r
 	c.leases = &Leases{svc: restclient.Leases{C: r}}
-	c.schedules = &Schedules{rest: r}
+	c.schedules = &Schedules{rest: r, kind: c.knownKind}
 	return c, nil
 }
 
@@ -178,7 +193,7 @@ func newClient(cfg Config) (*Client, error) {
 		cfg.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	if err := checkName("Config.ID", cfg.ID); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, asConfig(err)
 	}
 	for field, d := range map[string]*time.Duration{"TaskTTL": &cfg.TaskTTL, "LeaseTTL": &cfg.LeaseTTL} {
 		if *d == 0 {
@@ -194,6 +209,11 @@ func newClient(cfg Config) (*Client, error) {
 	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = DefaultShutdownGrace
 	}
+	for field, d := range map[string]time.Duration{"TaskRetention": cfg.TaskRetention, "LeaseHistoryRetention": cfg.LeaseHistoryRetention} {
+		if err := retention.ValidateAge(retentionAge(d)); err != nil {
+			return nil, fmt.Errorf("%w: Config.%s: %w (zero: a week; negative: keep forever)", ErrInvalidConfig, field, err)
+		}
+	}
 	kinds, funcs := cfg.Workers.list()
 	if cfg.Workers != nil && len(kinds) == 0 {
 		return nil, fmt.Errorf("%w: Config.Workers has no kind; add one with AddWorker, or leave Workers nil", ErrInvalidConfig)
@@ -206,8 +226,8 @@ func newClient(cfg Config) (*Client, error) {
 	}
 	queues := make(map[string]QueueConfig, len(cfg.Queues))
 	for name, q := range cfg.Queues {
-		if err := checkName("queue name", name); err != nil {
-			return nil, fmt.Errorf("%w: Config.Queues: %w", ErrInvalidConfig, err)
+		if err := checkName("Config.Queues: queue name", name); err != nil {
+			return nil, asConfig(err)
 		}
 		if q.MaxWorkers < 1 || q.MaxWorkers > 10000 {
 			return nil, fmt.Errorf("%w: queue %q: MaxWorkers %d must be 1 to 10000", ErrInvalidConfig, name, q.MaxWorkers)
@@ -267,8 +287,11 @@ func (c *Client) listen() (*notify.Listener, func()) {
 // "leasehold:reaper", shared with every leasehold process on the
 // database): the one elected puts a task whose worker died back in the
 // queue, and announces an expired lease, within a second of its expiry.
-// (Retention, the pruning of old tasks, stays the service's.) With
-// Config.Scheduler it also campaigns for the scheduler lease.
+// While it is, it also prunes finished tasks and lease history older than
+// Config.TaskRetention and Config.LeaseHistoryRetention. With
+// Config.Scheduler it also campaigns for the scheduler lease. On a
+// database whose schema is older than this leasehold's, Start starts
+// nothing and returns an error wrapping ErrNotMigrated, saying what to run.
 func (c *Client) Start(ctx context.Context) error {
 	c.lifecycle.Lock()
 	defer c.lifecycle.Unlock()
@@ -277,6 +300,11 @@ func (c *Client) Start(ctx context.Context) error {
 		return ErrStopped
 	case c.started:
 		return ErrStarted
+	}
+	if c.pool != nil && (len(c.kinds) > 0 || c.cfg.Scheduler) {
+		if err := checkMigrated(ctx, c.pool); err != nil {
+			return err
+		}
 	}
 	c.started = true
 	if len(c.kinds) == 0 && !c.cfg.Scheduler {
@@ -317,6 +345,11 @@ func (c *Client) Start(ctx context.Context) error {
 		r := &reaper.Reaper{
 			Store: c.leaseStore, Tasks: c.store, Listener: l, Instance: c.cfg.ID,
 			Keep: lease.KeepConfig{TTL: reaperTTL}, Log: c.log,
+			// While it is the reaper, it prunes as a replica's would: a
+			// reaper that does not leaves the history to grow.
+			Retention: &retention.Pruner{Store: retention.NewStore(c.pool), Log: c.log, Config: retention.Config{
+				TaskAge: retentionAge(c.cfg.TaskRetention), LeaseHistoryAge: retentionAge(c.cfg.LeaseHistoryRetention),
+			}},
 		}
 		c.running.Go(func() {
 			defer done()
@@ -350,6 +383,40 @@ func (c *Client) Start(ctx context.Context) error {
 				c.log.Error().Err(err).Str("queue", name).Msg("workers stopped")
 			}
 		})
+	}
+	return nil
+}
+
+// defaultRetention is how long finished tasks and lease history are kept
+// when Config says nothing: the service's default.
+const defaultRetention = 7 * 24 * time.Hour
+
+// retentionAge is a Config retention as the pruner takes it: zero is the
+// default, negative is 0 (keep forever).
+func retentionAge(d time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return defaultRetention
+	case d < 0:
+		return 0
+	}
+	return d
+}
+
+// checkMigrated refuses a database whose schema is older than this
+// leasehold's: its workers would fail every claim, for ever.
+func checkMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+	latest, err := schema.Latest()
+	if err != nil {
+		return err
+	}
+	v, err := schema.Applied(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("read the database's schema version: %w", err)
+	}
+	if v < latest {
+		return fmt.Errorf("%w: it is at migration %d, this leasehold needs %d; run leasehold.Migrate(ctx, pool) or `leasehold migrate`",
+			ErrNotMigrated, v, latest)
 	}
 	return nil
 }

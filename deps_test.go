@@ -1,6 +1,7 @@
 package leasehold_test
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -100,5 +101,52 @@ func TestScratchProgramLinksNoDemo(t *testing.T) {
 	}
 	if !linked["internal/worker"] {
 		t.Errorf("no symbol of internal/worker in the binary: the listing is wrong (%v)", linked)
+	}
+}
+
+// TestReadmeNamesTheDependencies: the README and the library guide name
+// every module the library links that leasehold requires itself (not only
+// through another), so that a user reads what `go get` brings.
+func TestReadmeNamesTheDependencies(t *testing.T) {
+	t.Parallel()
+	linked, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{with .Module}}{{.Path}}{{end}}{{end}}", ".", "./lease", "./task", "./schedule").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	direct, err := exec.Command("go", "list", "-m", "-f", "{{if not .Indirect}}{{.Path}}{{end}}", "all").Output()
+	if err != nil {
+		t.Fatalf("go list -m: %v", err)
+	}
+	requires := map[string]bool{}
+	for _, m := range strings.Fields(string(direct)) {
+		requires[m] = true
+	}
+	names := map[string]string{ // as the docs write them
+		"github.com/jackc/pgx/v5": "pgx", "github.com/jackc/pgxlisten": "pgxlisten", "github.com/rs/zerolog": "zerolog",
+		"github.com/robfig/cron/v3": "robfig/cron", "golang.org/x/text": "golang.org/x/text",
+	}
+	seen := map[string]bool{}
+	for _, m := range strings.Fields(string(linked)) {
+		if m == "github.com/leasehold/leasehold" || !requires[m] || seen[m] {
+			continue
+		}
+		seen[m] = true
+		name, ok := names[m]
+		if !ok {
+			t.Errorf("the library links %s, which the docs do not name: add it to the README's and the library guide's sentence, and here", m)
+			continue
+		}
+		for _, doc := range []string{"README.md", "docs/guide/library.md"} {
+			b, err := os.ReadFile(doc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(strings.Join(strings.Fields(string(b)), " "), name) {
+				t.Errorf("%s does not name %s (%s), which the library links", doc, name, m)
+			}
+		}
+	}
+	if len(seen) < 3 {
+		t.Fatalf("found %d modules the library links directly: is the listing right? %v", len(seen), seen)
 	}
 }

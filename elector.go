@@ -74,7 +74,7 @@ func (c *Client) NewElector(cfg ElectorConfig) (*Elector, error) {
 		cfg.Keep.TTL = DefaultElectionTTL
 	}
 	if err := firstErr(checkResource("ElectorConfig.Resource", cfg.Resource), checkName("ElectorConfig.Holder", cfg.Holder)); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, asConfig(err)
 	}
 	if err := cfg.Keep.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: ElectorConfig.Keep: %w", ErrInvalidConfig, err)

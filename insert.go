@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/restclient"
@@ -83,7 +85,7 @@ func (c *Client) InsertMany(ctx context.Context, params []InsertParams) ([]*Inse
 		ins, err = restclient.Tasks{C: c.rest}.Insert(ctx, nts)
 	}
 	if err != nil {
-		return nil, err
+		return nil, schemaHint(err)
 	}
 	return results(ins), nil
 }
@@ -117,7 +119,7 @@ func (c *Client) InsertManyTx(ctx context.Context, tx pgx.Tx, params []InsertPar
 	}
 	ins, err := c.store.InsertTx(ctx, tx, nts)
 	if err != nil {
-		return nil, err
+		return nil, schemaHint(err)
 	}
 	return results(ins), nil
 }
@@ -161,13 +163,17 @@ func (c *Client) newTask(p InsertParams) (taskstore.NewTask, error) {
 	if err != nil {
 		return taskstore.NewTask{}, err
 	}
-	kw := c.funcs[kind]
-	if kw == nil && len(c.kinds) > 0 && !c.cfg.AllowUnknownKinds {
-		return taskstore.NewTask{}, fmt.Errorf("%w: %q (this client runs %v; set Config.AllowUnknownKinds to insert tasks for other programs)", ErrUnknownKind, kind, c.kinds)
+	if err := c.knownKind(kind); err != nil {
+		return taskstore.NewTask{}, err
 	}
+	kw := c.funcs[kind]
 	data, err := json.Marshal(p.Args)
 	if err != nil {
 		return taskstore.NewTask{}, fmt.Errorf("%w: encode the args of kind %q: %w", ErrInvalidArgument, kind, err)
+	}
+	if len(data) > task.MaxPayloadBytes {
+		return taskstore.NewTask{}, fmt.Errorf("%w: the args of kind %q encode as %d bytes of JSON; task_data holds at most %d (task.MaxPayloadBytes): store large data elsewhere and pass its key",
+			ErrInvalidArgument, kind, len(data), task.MaxPayloadBytes)
 	}
 	if d := bytes.TrimSpace(data); len(d) == 0 || d[0] != '{' {
 		return taskstore.NewTask{}, fmt.Errorf("%w: the args of kind %q encode as %.40s, not a JSON object; use a struct (or a map)", ErrInvalidArgument, kind, data)
@@ -187,6 +193,7 @@ func (c *Client) newTask(p InsertParams) (taskstore.NewTask, error) {
 			return taskstore.NewTask{}, err
 		}
 	}
+	c.warnQueue(kind, o.Queue)
 	if o.UniqueKey != "" {
 		if err := checkName("unique key", o.UniqueKey); err != nil {
 			return taskstore.NewTask{}, err
@@ -210,6 +217,42 @@ func (c *Client) newTask(p InsertParams) (taskstore.NewTask, error) {
 		TaskData: data, Kind: kind, Queue: o.Queue, Priority: o.Priority, UniqueKey: o.UniqueKey,
 		TTL: o.TTL, ScheduledAt: o.ScheduledAt, MaxAttempts: int32(o.MaxAttempts), Lock: o.Lock,
 	}, nil
+}
+
+// warnQueue says, once per queue, that a task of the client's own kinds
+// went to a queue its workers do not take: it waits for another process's
+// workers, and if there is none, for ever (the service's metrics
+// leasehold_tasks_pending_by_kind and leasehold_task_oldest_wait_seconds
+// show it, by queue and kind). It cannot be an error: another process may
+// serve the queue.
+func (c *Client) warnQueue(kind, queue string) {
+	if queue == "" {
+		queue = task.DefaultQueue
+	}
+	if c.funcs[kind] == nil || len(c.cfg.Queues) == 0 {
+		return
+	}
+	if _, ok := c.cfg.Queues[queue]; ok {
+		return
+	}
+	if _, said := c.warnedQueues.LoadOrStore(queue, true); !said {
+		queues := make([]string, 0, len(c.cfg.Queues))
+		for q := range c.cfg.Queues {
+			queues = append(queues, q)
+		}
+		slices.Sort(queues)
+		c.log.Warn().Str("queue", queue).Str("kind", kind).Strs("client_queues", queues).
+			Msg("a task went to a queue this client's workers do not take: it waits for another process's workers (said once per queue)")
+	}
+}
+
+// knownKind refuses a kind the client's Workers do not run, unless
+// Config.AllowUnknownKinds: most often a typo.
+func (c *Client) knownKind(kind string) error {
+	if c.funcs[kind] == nil && len(c.kinds) > 0 && !c.cfg.AllowUnknownKinds {
+		return fmt.Errorf("%w: %q (this client runs %v; set Config.AllowUnknownKinds to insert tasks for other programs)", ErrUnknownKind, kind, c.kinds)
+	}
+	return nil
 }
 
 // merged is base with the non-zero fields of over.
@@ -301,7 +344,31 @@ func (c *Client) onTask(id int64, onStore func(*taskstore.Store) (task.Task, err
 		t, err = onREST(restclient.Tasks{C: c.rest})
 	}
 	if err != nil {
-		return nil, err
+		return nil, c.aboutTask(id, err)
 	}
 	return &t, nil
+}
+
+// aboutTask words a refusal about task id with the task: its id, and, for
+// a refusal because of its state, that state.
+func (c *Client) aboutTask(id int64, err error) error {
+	switch {
+	case errors.Is(err, task.ErrNotFound):
+		return fmt.Errorf("task %d: %w", id, err)
+	case errors.Is(err, task.ErrNotCancellable), errors.Is(err, task.ErrNotRetryable), errors.Is(err, task.ErrUniqueKeyTaken):
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var cur task.Task
+		var gerr error
+		if c.store != nil {
+			cur, gerr = c.store.Get(ctx, id)
+		} else {
+			cur, gerr = restclient.Tasks{C: c.rest}.Get(ctx, id)
+		}
+		if gerr == nil {
+			return fmt.Errorf("task %d is %s: %w", id, cur.State, err)
+		}
+		return fmt.Errorf("task %d: %w", id, err)
+	}
+	return schemaHint(err)
 }

@@ -402,13 +402,21 @@ func (l *Leases) Keep(ctx context.Context, ls lease.Lease, sent time.Time, cfg l
 // keep starts the holding of ls in slot.
 func (l *Leases) keep(ctx context.Context, k holdingKey, slot *holdingSlot, ls lease.Lease, sent time.Time, cfg lease.KeepConfig) *Holding {
 	hctx, cancel := context.WithCancelCause(ctx)
-	h := &Holding{leases: l, ctx: hctx, cancel: cancel, done: make(chan struct{}), asked: make(chan struct{}), lease: ls}
+	h := &Holding{leases: l, ctx: hctx, cancel: cancel, done: make(chan struct{}), asked: make(chan struct{}), lease: ls,
+		free: sync.OnceFunc(func() { l.free(k, slot) })}
 	l.mu.Lock()
 	slot.h = h
 	l.mu.Unlock()
 	go func() {
-		defer l.free(k, slot)
 		h.run(ctx, cfg, sent)
+		// The slot is free once the lease is no longer held: now, unless
+		// Release is to release it (it frees the slot once it has).
+		h.mu.Lock()
+		owned := h.releaseOwned
+		h.mu.Unlock()
+		if !owned {
+			h.free()
+		}
 	}()
 	return h
 }
@@ -428,11 +436,16 @@ type Holding struct {
 	asked  chan struct{} // closed by the first Release
 	ask    sync.Once
 
-	mu       sync.Mutex
-	lease    lease.Lease
-	stopping bool  // Release was called, or the goroutine releases on its own
-	autoDone bool  // the goroutine released and Release has not reported it yet
-	autoErr  error // how the goroutine's release went
+	// free gives the holding's (resource, holder) up, for another holding
+	// of this process.
+	free func()
+
+	mu           sync.Mutex
+	lease        lease.Lease
+	releaseOwned bool  // Release releases the lease, and frees the slot after
+	stopping     bool  // Release was called, or the goroutine releases on its own
+	autoDone     bool  // the goroutine released and Release has not reported it yet
+	autoErr      error // how the goroutine's release went
 }
 
 // Lease returns the lease as last acquired, renewed or released.
@@ -462,6 +475,10 @@ func (h *Holding) Err() error { return context.Cause(h.ctx) }
 // the lease up at its deadline), the first Release returns how that went.
 func (h *Holding) Release(ctx context.Context) error {
 	h.mu.Lock()
+	owner := !h.stopping // nobody else releases the lease
+	if owner {
+		h.releaseOwned = true
+	}
 	h.stopping = true
 	h.mu.Unlock()
 	h.ask.Do(func() { close(h.asked) })
@@ -479,8 +496,13 @@ func (h *Holding) Release(ctx context.Context) error {
 		return err
 	}
 	l := h.lease
+	owned := h.releaseOwned
 	h.mu.Unlock()
-	return h.release(ctx, l)
+	err := h.release(ctx, l)
+	if owned {
+		h.free()
+	}
+	return err
 }
 
 func (h *Holding) release(ctx context.Context, l lease.Lease) error {

@@ -2,9 +2,11 @@ package leasehold
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/leasehold/leasehold/internal/restclient"
 	"github.com/leasehold/leasehold/internal/schedulestore"
@@ -20,6 +22,9 @@ import (
 type Schedules struct {
 	store *schedulestore.Store // on a pool
 	rest  *restclient.Client   // remote
+	// kind refuses a schedule's kind as an insert's would: a client with
+	// Workers knows the kinds it runs (ErrUnknownKind).
+	kind func(kind string) error
 }
 
 // Schedules returns the client's schedules.
@@ -30,7 +35,10 @@ func (c *Client) Schedules() *Schedules { return c.schedules }
 // it (a retry is safe). Errors: an *schedule.ExistsError (errors.Is
 // schedule.ErrExists) when the name is taken with another definition; an
 // error wrapping ErrInvalidArgument and a *schedule.InvalidError when p is
-// wrong (a bad cron expression, an unknown zone…), which changes nothing.
+// wrong (a bad cron expression, an unknown zone…), which changes nothing;
+// ErrUnknownKind, on a client with Workers, for a kind they do not run
+// (unless Config.AllowUnknownKinds), as for an insert. NewSchedule makes p
+// from typed task args.
 func (s *Schedules) Add(ctx context.Context, p schedule.Params) (*schedule.Schedule, error) {
 	return s.write(ctx, http.MethodPost, p)
 }
@@ -45,6 +53,11 @@ func (s *Schedules) Replace(ctx context.Context, p schedule.Params) (*schedule.S
 func (s *Schedules) write(ctx context.Context, method string, p schedule.Params) (*schedule.Schedule, error) {
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	if s.kind != nil {
+		if err := s.kind(p.Kind); err != nil {
+			return nil, fmt.Errorf("schedule %q: %w", p.Name, err)
+		}
 	}
 	if s.store != nil {
 		var (
@@ -78,6 +91,76 @@ func (s *Schedules) write(ctx context.Context, method string, p schedule.Params)
 		return nil, err
 	}
 	return &sc, nil
+}
+
+// ScheduleOpts are the options of a schedule made from task args
+// (NewSchedule): its zone, Unique, and those of each task it makes.
+type ScheduleOpts struct {
+	// Zone is the IANA time zone the cron fields are read in ("": UTC).
+	Zone string
+	// Unique makes no task for a tick while the previous one is pending or
+	// running (schedule.Params.Unique).
+	Unique bool
+	// Queue, Priority, Lock, MaxAttempts and TTL are each task's, as
+	// InsertOpts's; zero values take the args' InsertOpts (when they
+	// provide them), then the defaults.
+	Queue       string
+	Priority    int16
+	Lock        string
+	MaxAttempts int
+	TTL         time.Duration
+}
+
+// NewSchedule is the definition of a schedule named name whose every tick
+// of cron makes a task of args: its kind args' Kind, its task_data args'
+// JSON, typed as an insert's are. Add it with Schedules.Add. Its error
+// wraps ErrInvalidArgument when args do not encode as a JSON object or the
+// definition is wrong (a bad cron expression, an unknown zone…).
+func NewSchedule(name, cron string, args TaskArgs, opts *ScheduleOpts) (schedule.Params, error) {
+	if args == nil {
+		return schedule.Params{}, fmt.Errorf("%w: schedule %q: no task args (nil)", ErrInvalidArgument, name)
+	}
+	kind, err := safeKind(args)
+	if err != nil {
+		return schedule.Params{}, err
+	}
+	data, err := json.Marshal(args)
+	if err != nil {
+		return schedule.Params{}, fmt.Errorf("%w: schedule %q: encode the args of kind %q: %w", ErrInvalidArgument, name, kind, err)
+	}
+	var o ScheduleOpts
+	if opts != nil {
+		o = *opts
+	}
+	if dp, ok := args.(InsertOptsProvider); ok {
+		d := dp.InsertOpts()
+		o.Queue, o.Priority, o.Lock = or(o.Queue, d.Queue), orInt(o.Priority, d.Priority), or(o.Lock, d.Lock)
+		o.MaxAttempts, o.TTL = orInt(o.MaxAttempts, d.MaxAttempts), orInt(o.TTL, d.TTL)
+	}
+	p := schedule.Params{
+		Name: name, Cron: cron, Zone: o.Zone, Kind: kind, TaskData: data, Queue: o.Queue, Priority: o.Priority,
+		Lock: o.Lock, MaxAttempts: o.MaxAttempts, TTL: o.TTL, Unique: o.Unique,
+	}
+	if err := p.Validate(); err != nil {
+		return schedule.Params{}, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	return p, nil
+}
+
+// or is v, or def when v is empty.
+func or(v, def string) string {
+	if v != "" {
+		return v
+	}
+	return def
+}
+
+// orInt is v, or def when v is zero.
+func orInt[T int | int16 | time.Duration](v, def T) T {
+	if v != 0 {
+		return v
+	}
+	return def
 }
 
 // Get returns the schedule of that name, with its next tick and its last

@@ -178,12 +178,15 @@ RETURNING t.*;
 
 -- name: TaskComplete :one
 -- TaskComplete finishes the task with its output, which ends its lease,
--- under the same compare-and-set as TaskHeartbeat: at most once.
+-- under the same compare-and-set as TaskHeartbeat: at most once. The
+-- error of an earlier attempt goes from last_error (its history keeps it):
+-- a done task's own fields describe its outcome.
 -- must_heartbeat_before keeps the expiry the lease had when it ended.
 UPDATE tasks AS t
 SET state = 'done',
     processed_at = now(),
-    task_output = @task_output::jsonb
+    task_output = @task_output::jsonb,
+    last_error = NULL
 WHERE t.id = @id::bigint
   AND t.state = 'running'
   AND t.processor = @processor::text
@@ -201,7 +204,8 @@ RETURNING t.*;
 UPDATE tasks AS t
 SET state = 'done',
     processed_at = now(),
-    task_output = input.output
+    task_output = input.output,
+    last_error = NULL
 FROM (
     -- Set-returning functions side by side in a select list advance together.
     SELECT unnest(@ids::bigint[]) AS id, unnest(@processors::text[]) AS processor,
@@ -400,7 +404,8 @@ completed AS (
     UPDATE tasks AS c
     SET state = 'done',
         processed_at = now(),
-        task_output = input.output
+        task_output = input.output,
+        last_error = NULL
     FROM input
     WHERE c.id = input.id
       AND c.state = 'running'

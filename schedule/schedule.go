@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/name"
+	"github.com/leasehold/leasehold/task"
 
 	"github.com/robfig/cron/v3"
 
@@ -263,6 +264,9 @@ func (p Params) Validate() error {
 	}
 	if _, err := Parse(p.Cron, p.Zone); err != nil {
 		return err
+	}
+	if len(p.TaskData) > task.MaxPayloadBytes {
+		return invalid("task_data", `"task_data" is %d bytes of JSON; it holds at most %d (task.MaxPayloadBytes)`, len(p.TaskData), task.MaxPayloadBytes)
 	}
 	if len(p.TaskData) > 0 {
 		var obj map[string]json.RawMessage

@@ -94,6 +94,13 @@ func (e *LeaseLostError) Is(target error) bool {
 	return target == ErrLeaseLost || (target == ErrCancelled && e.State == StateCancelled)
 }
 
+// MaxPayloadBytes bounds a task's task_data and task_output, as JSON: 1000
+// KiB, what one request of the REST API (at most 1 MiB) carries with the
+// rest of its body. The bound is the same embedded and remote: an insert
+// of more is refused before anything is written, and a handler's output of
+// more fails its attempt, saying so.
+const MaxPayloadBytes = 1000 << 10
+
 // Defaults of a task that names none.
 const (
 	DefaultQueue       = "default" // the queue of a task that names none

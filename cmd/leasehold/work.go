@@ -57,7 +57,7 @@ flags:
 const (
 	// maxOutputBytes bounds the task_output of a completion: with the rest
 	// of its body it must fit in the API's 1 MiB per request.
-	maxOutputBytes = 1<<20 - 4<<10
+	maxOutputBytes = task.MaxPayloadBytes
 	// maxLogLine bounds one log record of CMD's stderr; a longer line is
 	// logged in pieces.
 	maxLogLine = 16 << 10
@@ -352,16 +352,16 @@ run:
 			res.stopped = "lost"
 			if cause := context.Cause(ctx); errors.Is(cause, worker.ErrShutdown) {
 				res.stopped = "shutdown"
-				log.Info().Dur("kill_grace", grace).Msg("the shutdown grace is over: stopping CMD (SIGTERM, then SIGKILL after the kill grace) to hand its task back")
+				log.Info().Stringer("kill_grace", grace).Msg("the shutdown grace is over: stopping CMD (SIGTERM, then SIGKILL after the kill grace) to hand its task back")
 			} else {
-				log.Warn().Err(cause).Dur("kill_grace", grace).Msg("stopping CMD: SIGTERM, then SIGKILL after the kill grace")
+				log.Warn().Err(cause).Stringer("kill_grace", grace).Msg("stopping CMD: SIGTERM, then SIGKILL after the kill grace")
 			}
 			_ = syscall.Kill(group, syscall.SIGTERM)
 			killTimer = time.NewTimer(grace)
 			kill = killTimer.C
 		case <-kill:
 			kill = nil
-			log.Warn().Dur("kill_grace", grace).Msg("CMD still runs after SIGTERM and the kill grace; SIGKILL")
+			log.Warn().Stringer("kill_grace", grace).Msg("CMD still runs after SIGTERM and the kill grace; SIGKILL")
 			_ = syscall.Kill(group, syscall.SIGKILL)
 		}
 	}
@@ -383,7 +383,7 @@ run:
 // cannot be recorded: more than the API takes in a request.
 func (r cmdResult) output() (json.RawMessage, error) {
 	out, total := r.stdout.bytes()
-	tooBig := fmt.Errorf("CMD exited 0, but its stdout (%d bytes) does not fit in task_output, which takes at most %d bytes (the API's limit of 1 MiB a request); have CMD write large results elsewhere and print where", total, maxOutputBytes)
+	tooBig := fmt.Errorf("CMD exited 0, but its stdout (%d bytes) does not fit in task_output, which holds at most %d bytes (1000 KiB, what one request of the API's 1 MiB carries); have CMD write large results elsewhere and print where", total, maxOutputBytes)
 	if total > int64(len(out)) {
 		return nil, tooBig
 	}

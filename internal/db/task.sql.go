@@ -292,7 +292,8 @@ const taskComplete = `-- name: TaskComplete :one
 UPDATE tasks AS t
 SET state = 'done',
     processed_at = now(),
-    task_output = $1::jsonb
+    task_output = $1::jsonb,
+    last_error = NULL
 WHERE t.id = $2::bigint
   AND t.state = 'running'
   AND t.processor = $3::text
@@ -309,7 +310,9 @@ type TaskCompleteParams struct {
 }
 
 // TaskComplete finishes the task with its output, which ends its lease,
-// under the same compare-and-set as TaskHeartbeat: at most once.
+// under the same compare-and-set as TaskHeartbeat: at most once. The
+// error of an earlier attempt goes from last_error (its history keeps it):
+// a done task's own fields describe its outcome.
 // must_heartbeat_before keeps the expiry the lease had when it ended.
 func (q *Queries) TaskComplete(ctx context.Context, arg TaskCompleteParams) (Task, error) {
 	row := q.db.QueryRow(ctx, taskComplete,
@@ -358,7 +361,8 @@ completed AS (
     UPDATE tasks AS c
     SET state = 'done',
         processed_at = now(),
-        task_output = input.output
+        task_output = input.output,
+        last_error = NULL
     FROM input
     WHERE c.id = input.id
       AND c.state = 'running'
@@ -534,7 +538,8 @@ const taskCompleteMany = `-- name: TaskCompleteMany :many
 UPDATE tasks AS t
 SET state = 'done',
     processed_at = now(),
-    task_output = input.output
+    task_output = input.output,
+    last_error = NULL
 FROM (
     -- Set-returning functions side by side in a select list advance together.
     SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS processor,

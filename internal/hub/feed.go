@@ -476,7 +476,7 @@ func (f *feed) flushTasks(ctx context.Context) {
 		}
 		f.tasksRetry = min(max(2*f.tasksRetry, tasksEvery), maxTasksRetry)
 		f.tasksSent = time.Now().Add(f.tasksRetry - tasksEvery)
-		ev.Err(err).Dur("retry_in", f.tasksRetry).Msg("reading task state")
+		ev.Err(err).Stringer("retry_in", f.tasksRetry).Msg("reading task state")
 		return
 	}
 	if f.tasksRetry > 0 {

@@ -109,7 +109,7 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l leas
 			if failures == 1 {
 				ev = log.Warn()
 			}
-			ev.Err(err).Int("failures", failures).Dur("retry_in", wait).Msg("campaign failed; retrying with backoff")
+			ev.Err(err).Int("failures", failures).Stringer("retry_in", wait).Msg("campaign failed; retrying with backoff")
 		}
 		turn := waitForTurn(ctx, sub, e.Resource, wait)
 		sub.Close()

@@ -116,7 +116,7 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 					ev = r.Log.Warn()
 				}
 				failing = true
-				ev.Err(err).Dur("retry_in", passRetry).Msg("reaper pass failed; retrying")
+				ev.Err(err).Stringer("retry_in", passRetry).Msg("reaper pass failed; retrying")
 				wakeAt = time.Now().Add(passRetry)
 			}
 			timer.Reset(time.Until(wakeAt))

@@ -83,6 +83,12 @@ const (
 func (c *Client) Do(ctx context.Context, method, path string, query url.Values, in, out any, refused Refusal) (int, error) {
 	u := c.base.JoinPath(path)
 	u.RawQuery = query.Encode()
+	// The path as errors name it: JoinPath on a base without a path leaves
+	// it without its leading slash (the request's URL has it all the same).
+	shown := u.Path
+	if !strings.HasPrefix(shown, "/") {
+		shown = "/" + shown
+	}
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -140,7 +146,7 @@ func (c *Client) Do(ctx context.Context, method, path string, query url.Values, 
 			return resp.StatusCode, err
 		}
 	}
-	return resp.StatusCode, c.statusError(method, u.Path, resp.StatusCode, eb.Error)
+	return resp.StatusCode, c.statusError(method, shown, resp.StatusCode, eb.Error)
 }
 
 // Transient reports whether err is a failure that may pass if the request

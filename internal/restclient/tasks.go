@@ -86,19 +86,48 @@ func (r Tasks) Insert(ctx context.Context, nts []taskstore.NewTask) ([]taskstore
 	if len(plain) == 0 {
 		return out, nil
 	}
-	bodies := make([]newTaskBody, len(plain))
-	for j, i := range plain {
-		bodies[j] = bodyOf(nts[i])
+	// In batches of at most one request's body each: every batch is one
+	// statement on the service, all or nothing; the batches are not.
+	var batch []json.RawMessage
+	var at []int // the index in nts of each of batch
+	size := 2
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		var ts []task.Task
+		if _, err := r.C.Do(ctx, http.MethodPost, "/api/tasks", nil, batch, &ts, nil); err != nil {
+			return err
+		}
+		if len(ts) != len(batch) {
+			return fmt.Errorf("POST /api/tasks: %d tasks sent, %d in the answer", len(batch), len(ts))
+		}
+		for j, i := range at {
+			out[i] = taskstore.Inserted{Task: ts[j]}
+		}
+		batch, at, size = batch[:0], at[:0], 2
+		return nil
 	}
-	var ts []task.Task
-	if _, err := r.C.Do(ctx, http.MethodPost, "/api/tasks", nil, bodies, &ts, nil); err != nil {
+	for _, i := range plain {
+		b, err := json.Marshal(bodyOf(nts[i]))
+		if err != nil {
+			return nil, fmt.Errorf("POST /api/tasks: encode the task: %w", err)
+		}
+		if size+len(b)+1 > MaxBodyBytes {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+		batch, at, size = append(batch, b), append(at, i), size+len(b)+1
+	}
+	if err := flush(); err != nil {
 		return nil, err
-	}
-	for j, i := range plain {
-		out[i] = taskstore.Inserted{Task: ts[j]}
 	}
 	return out, nil
 }
+
+// MaxBodyBytes is the most a request body of the REST API may hold.
+const MaxBodyBytes = 1 << 20
 
 // InsertOne posts one task; Duplicate says that nothing was inserted, as
 // a task of its kind holds its unique key (the task returned).

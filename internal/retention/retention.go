@@ -252,7 +252,7 @@ func (p *Pruner) Run(ctx context.Context) error {
 				ev = p.Log.Info()
 			}
 			ev.Int64("tasks", counts.Tasks).Int64("leases", counts.Leases).Int64("lease_events", counts.LeaseEvents).
-				Int("batches", counts.Batches).Bool("more", counts.More).Dur("took", time.Since(started)).
+				Int("batches", counts.Batches).Bool("more", counts.More).Stringer("took", time.Since(started)).
 				Msg("pruned old tasks and lease history")
 			if p.Pruned != nil {
 				p.Pruned(counts)

@@ -37,6 +37,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		denied *forbidden
 		bad    *badRequest
 		tooBig *http.MaxBytesError
+		large  *payloadTooLarge
 		held   *lease.HeldError
 		exists *schedule.ExistsError
 	)
@@ -45,6 +46,8 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		encode(w, http.StatusBadRequest, errorBody{Error: bad.msg})
 	case errors.As(err, &denied):
 		encode(w, http.StatusForbidden, errorBody{Error: denied.msg})
+	case errors.As(err, &large):
+		encode(w, http.StatusRequestEntityTooLarge, errorBody{Error: large.msg})
 	case errors.As(err, &tooBig):
 		encode(w, http.StatusRequestEntityTooLarge, errorBody{Error: "request body is over 1 MiB; send a smaller body"})
 	case errors.As(err, &held):

@@ -63,6 +63,9 @@ func (q scheduleRequest) validate() error {
 // is a 400 saying what to fix.
 func (q scheduleRequest) params() (schedule.Params, error) {
 	if len(q.TaskData) > 0 {
+		if err := checkPayload(`"task_data"`, q.TaskData); err != nil {
+			return schedule.Params{}, err
+		}
 		if err := checkJSON(`"task_data"`, q.TaskData, true); err != nil {
 			return schedule.Params{}, err
 		}

@@ -89,6 +89,9 @@ func (q newTaskRequest) newTask() (taskstore.NewTask, error) {
 	case data[0] != '{':
 		return taskstore.NewTask{}, badRequestf(`"task_data" must be a JSON object, not %s`, jsonKindOf(data))
 	}
+	if err := checkPayload(`"task_data"`, data); err != nil {
+		return taskstore.NewTask{}, err
+	}
 	if err := checkJSON(`"task_data"`, data, true); err != nil {
 		return taskstore.NewTask{}, err
 	}
@@ -346,6 +349,9 @@ func (q completeRequest) validate() error {
 	if len(q.TaskOutput) == 0 {
 		return badRequestf(`"task_output" is required; send the task's result as any JSON value (null when there is none)`)
 	}
+	if err := checkPayload(`"task_output"`, q.TaskOutput); err != nil {
+		return err
+	}
 	return checkJSON(`"task_output"`, q.TaskOutput, true)
 }
 
@@ -528,7 +534,7 @@ func heartbeatWaiting(w http.ResponseWriter, r *http.Request, d Deps, id int64, 
 	deadline := sent.Add(wait)
 	holdOpen(w, deadline)
 	log := d.Log.With().Int64("task", id).Str("processor", q.Processor).Int64("fence", t.Fence).Logger()
-	log.Debug().Dur("wait", time.Until(deadline)).Msg("heartbeat waits")
+	log.Debug().Stringer("wait", time.Until(deadline)).Msg("heartbeat waits")
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	for {
@@ -915,6 +921,22 @@ const maxNumberGrowth = 32
 // written. Without it they would be a 500 (or, in a Go string, a silent
 // U+FFFD), or an answer thousands of times the request. raw must be valid
 // JSON.
+// payloadTooLarge is a task_data or task_output over task.MaxPayloadBytes:
+// 413, as for a body over 1 MiB.
+type payloadTooLarge struct{ msg string }
+
+func (e *payloadTooLarge) Error() string { return e.msg }
+
+// checkPayload refuses a task_data or task_output over task.MaxPayloadBytes,
+// the bound the library keeps too.
+func checkPayload(what string, raw []byte) error {
+	if len(raw) > task.MaxPayloadBytes {
+		return &payloadTooLarge{fmt.Sprintf("%s is %d bytes of JSON; it holds at most %d: store large data elsewhere and send its key",
+			what, len(raw), task.MaxPayloadBytes)}
+	}
+	return nil
+}
+
 func checkJSON(what string, raw []byte, numbers bool) error {
 	for i := 0; i < len(raw); {
 		switch c := raw[i]; {

@@ -104,7 +104,7 @@ func claimWaiting(w http.ResponseWriter, r *http.Request, d Deps, p taskstore.Cl
 
 	c := d.claimWaiters
 	wc := c.join(d, p)
-	d.Log.Debug().Str("processor", p.Processors[0]).Strs("kinds", p.Kinds).Strs("queues", p.Queues).Dur("wait", wait).
+	d.Log.Debug().Str("processor", p.Processors[0]).Strs("kinds", p.Kinds).Strs("queues", p.Queues).Stringer("wait", wait).
 		Msg("claim waits for a task")
 	timer := time.NewTimer(wait)
 	defer timer.Stop()

@@ -2,10 +2,13 @@ package server_test
 
 import (
 	"encoding/base64"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/server"
+	"github.com/leasehold/leasehold/task"
 )
 
 // TestTokenNeverLogged drives requests that carry the API token, right and
@@ -106,4 +110,39 @@ func TestBodyLimitOnEveryRoute(t *testing.T) {
 			t.Errorf("%s %s with a body of exactly 1 MiB: 413, want it read", r[0], r[1])
 		}
 	}
+}
+
+// TestPayloadBound: a task_data or task_output over task.MaxPayloadBytes,
+// in a body under 1 MiB, is 413 naming the field and the bound (the bound
+// the library keeps too), and changes nothing; one at the bound is taken.
+func TestPayloadBound(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	over := `"` + strings.Repeat("x", task.MaxPayloadBytes) + `"`
+	at := `"` + strings.Repeat("x", task.MaxPayloadBytes-2) + `"`
+	for _, r := range []struct{ what, method, path, body string }{
+		{"task_data", "POST", "/api/tasks", `{"kind": "k", "task_data": {"b": ` + over + `}}`},
+		{"task_data", "POST", "/api/schedules", `{"name": "s", "cron": "@daily", "kind": "k", "task_data": {"b": ` + over + `}}`},
+	} {
+		got := b.do(t, r.method, r.path, r.body)
+		if got.status != http.StatusRequestEntityTooLarge || !strings.Contains(string(got.body), r.what) || !strings.Contains(string(got.body), strconv.Itoa(task.MaxPayloadBytes)) {
+			t.Errorf("%s %s with a %s over the bound: %s; want 413 naming it and the bound", r.method, r.path, r.what, got)
+		}
+	}
+	created := b.do(t, "POST", "/api/tasks", `{"kind": "k", "task_data": {"b": "small"}}`).want(t, "a small task", http.StatusCreated)
+	var tk struct{ ID int64 }
+	if err := json.Unmarshal(created.body, &tk); err != nil {
+		t.Fatal(err)
+	}
+	claimed := b.do(t, "POST", "/api/tasks/next", `{"processor": "p", "kinds": ["k"]}`).want(t, "the claim", http.StatusOK)
+	var c struct{ Fence int64 }
+	if err := json.Unmarshal(claimed.body, &c); err != nil {
+		t.Fatal(err)
+	}
+	path := fmt.Sprintf("/api/tasks/%d/complete", tk.ID)
+	if got := b.do(t, "PUT", path, fmt.Sprintf(`{"processor": "p", "fence": %d, "task_output": %s}`, c.Fence, over)); got.status != http.StatusRequestEntityTooLarge ||
+		!strings.Contains(string(got.body), "task_output") {
+		t.Errorf("a task_output over the bound: %s; want 413 naming it", got)
+	}
+	b.do(t, "PUT", path, fmt.Sprintf(`{"processor": "p", "fence": %d, "task_output": %s}`, c.Fence, at)).want(t, "a task_output at the bound", http.StatusAccepted)
 }

@@ -51,12 +51,16 @@ func TestClaimFailuresBackOff(t *testing.T) {
 		t.Fatalf("task after the failures: %+v, want done", got)
 	}
 
-	var waits []float64 // milliseconds, zerolog's unit for durations
+	var waits []time.Duration
 	var warnings, recovered int
 	for _, l := range logs.lines(t) {
 		switch l.Message {
 		case "claim failed; retrying with backoff":
-			waits = append(waits, l.RetryIn)
+			d, err := time.ParseDuration(l.RetryIn)
+			if err != nil {
+				t.Fatalf("retry_in %q is not a duration with its unit: %v", l.RetryIn, err)
+			}
+			waits = append(waits, d)
 			if l.Level == "warn" {
 				warnings++
 			} else if l.Level != "debug" {
@@ -69,9 +73,9 @@ func TestClaimFailuresBackOff(t *testing.T) {
 	if len(waits) < retries+1 {
 		t.Fatalf("logged %d failed claims, want at least %d", len(waits), retries+1)
 	}
-	for i, want := range []float64{100, 200, 400, 800} {
+	for i, want := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond} {
 		if waits[i] != want {
-			t.Errorf("retry %d waited %vms, want %vms: a doubling backoff from 100ms (got %v)", i+1, waits[i], want, waits)
+			t.Errorf("retry %d waited %v, want %v: a doubling backoff from 100ms (got %v)", i+1, waits[i], want, waits)
 		}
 	}
 	if warnings != 1 || recovered != 1 {
@@ -92,9 +96,9 @@ func (b *lockedBuffer) Write(p []byte) (int, error) {
 }
 
 type logLine struct {
-	Level   string  `json:"level"`
-	Message string  `json:"message"`
-	RetryIn float64 `json:"retry_in"`
+	Level   string `json:"level"`
+	Message string `json:"message"`
+	RetryIn string `json:"retry_in"` // a duration, with its unit
 }
 
 func (b *lockedBuffer) lines(t *testing.T) []logLine {

@@ -252,11 +252,11 @@ func (p *Pool) Run(ctx context.Context) error {
 		})
 	}
 	watcher.Go(func() { p.watch(ctx, watchCtx, taskSub) })
-	p.log.Info().Int("workers", p.Workers).Str("queue", p.Queue).Strs("kinds", p.Kinds).Dur("ttl", p.TTL).Msg("worker pool started")
+	p.log.Info().Int("workers", p.Workers).Str("queue", p.Queue).Strs("kinds", p.Kinds).Stringer("ttl", p.TTL).Msg("worker pool started")
 
 	p.dispatch(ctx) // until ctx ends; then no more claims, and the workers' channels are closed
 
-	p.log.Info().Dur("grace", max(p.ShutdownGrace, 0)).Msg("worker pool stopping: running tasks get the grace period")
+	p.log.Info().Stringer("grace", max(p.ShutdownGrace, 0)).Msg("worker pool stopping: running tasks get the grace period")
 	stopGrace := graceFor(p.ShutdownGrace, p.Abort, func() { stopWork(ErrShutdown) })
 	workers.Wait()
 	stopGrace()
@@ -652,7 +652,7 @@ func (d *dispatcher) backOff(ctx context.Context, failures *int, err error, msg 
 	if *failures == 1 {
 		ev = d.p.log.Warn()
 	}
-	ev.Err(err).Int("failures", *failures).Dur("retry_in", wait).Msg(msg)
+	ev.Err(err).Int("failures", *failures).Stringer("retry_in", wait).Msg(msg)
 	d.timer.Reset(wait)
 	d.timerReason = WakeRetry
 }

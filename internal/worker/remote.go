@@ -184,7 +184,7 @@ func (p *RemotePool) Run(ctx context.Context) error {
 	for _, w := range workers {
 		close(w.tasks)
 	}
-	log.Info().Dur("grace", max(grace, 0)).Msg("remote worker pool stopping: running tasks get the grace period")
+	log.Info().Stringer("grace", max(grace, 0)).Msg("remote worker pool stopping: running tasks get the grace period")
 	stopGrace := graceFor(grace, p.Abort, func() { stopWork(ErrShutdown) })
 	running.Wait()
 	stopGrace()

@@ -184,6 +184,18 @@ func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, 
 		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
 		r.emit(ev)
 		return EventLeaseLost, nil
+	case runErr == nil && len(output) > task.MaxPayloadBytes:
+		// More than task_output holds: no write could record it, embedded
+		// or remote. The attempt fails, saying so, rather than complete
+		// with something else or be retried until the lease lapses.
+		failure := fmt.Errorf("the handler's output is %d bytes of JSON; task_output holds at most %d (task.MaxPayloadBytes): store large results elsewhere and return where",
+			len(output), task.MaxPayloadBytes)
+		log().Warn().Err(failure).Msg("the task's output is too large to record; failing the attempt")
+		ev.Err = failure
+		return r.finishKind(workCtx, log, ev, deadline, ttl, EventFailed, func(ctx context.Context) (string, error) {
+			t, err := r.ops.Fail(ctx, t.ID, w.name, t.Fence, errorText(failure), -1)
+			return t.State, err
+		}), nil
 	case runErr == nil:
 		var next *claim // from the last attempt: a retry's batch claims afresh
 		kind, err := r.finish(workCtx, log, ev, deadline, ttl, EventCompleted, func(ctx context.Context) (string, error) {

@@ -135,10 +135,10 @@ func (s *Supervisor) keep(ctx context.Context, c Child) {
 			delay = first
 		}
 		if started {
-			s.Log.Warn().Str("child", c.Name).Str("status", s.describe(err)).Dur("backoff", delay).
+			s.Log.Warn().Str("child", c.Name).Str("status", s.describe(err)).Stringer("backoff", delay).
 				Msgf("%s exited (%s); restarting in %v", c.Name, s.describe(err), delay)
 		} else {
-			s.Log.Error().Str("child", c.Name).Err(err).Dur("backoff", delay).
+			s.Log.Error().Str("child", c.Name).Err(err).Stringer("backoff", delay).
 				Msgf("%s could not start (%v); trying again in %v", c.Name, err, delay)
 		}
 		select {
