@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -131,6 +132,11 @@ type Client struct {
 	abort     chan struct{}      // closed when Stop's context ended: running tasks are cancelled
 	running   sync.WaitGroup     // the workers' pools
 
+	// waits are the client's WaitTask calls' watcher.
+	waits waits
+	// events are its workers' events, for Subscribe.
+	events events
+
 	// warnedQueues are the queues an insert went to that this client's
 	// workers do not take: each is said once.
 	warnedQueues sync.Map
@@ -240,6 +246,10 @@ func newClient(cfg Config) (*Client, error) {
 
 // ID returns the client's Config.ID.
 func (c *Client) ID() string { return c.cfg.ID }
+
+// Kinds returns the kinds the client's workers run, sorted (none for a
+// client without Workers).
+func (c *Client) Kinds() []string { return slices.Clone(c.kinds) }
 
 // Leases returns the client's leases.
 func (c *Client) Leases() *Leases { return c.leases }
@@ -365,6 +375,7 @@ func (c *Client) Start(ctx context.Context) error {
 			p := &worker.Pool{
 				Tasks: c.store, Listener: l, Instance: c.cfg.ID, Queue: name, Kinds: c.kinds, Handler: handler,
 				Workers: q.MaxWorkers, TTL: c.cfg.TaskTTL, Abort: c.abort, Log: c.log, SafetyPoll: c.safetyPoll,
+				OnEvent: c.events.publish,
 			}
 			c.running.Go(func() {
 				defer done()
@@ -377,6 +388,7 @@ func (c *Client) Start(ctx context.Context) error {
 		p := &worker.RemotePool{
 			Tasks: restclient.Tasks{C: c.rest}, Instance: c.cfg.ID, Queues: []string{name}, Kinds: c.kinds, Handler: handler,
 			Workers: q.MaxWorkers, TTL: c.cfg.TaskTTL, Abort: c.abort, Log: c.log, Transient: restclient.Transient,
+			OnEvent: c.events.publish,
 		}
 		c.running.Go(func() {
 			if err := p.Run(runCtx); err != nil {

@@ -223,23 +223,17 @@ type exportArgs struct {
 
 func (exportArgs) Kind() string { return "export" }
 
-// awaitState is the examples' wait for a task's state (a poll, which a real
-// program has no need of: it learns of its tasks from its workers), for at
-// most testkit.Patience: nil when it ran out.
+// awaitState is the examples' wait for a task to finish in state: WaitTask,
+// for at most testkit.Patience; nil when it ran out or the task finished
+// otherwise.
 func awaitState(ctx context.Context, c *leasehold.Client, id int64, state task.State) *task.Task {
 	ctx, cancel := context.WithTimeout(ctx, testkit.Patience)
 	defer cancel()
-	for {
-		t, err := c.Get(ctx, id)
-		if err == nil && t.State == state {
-			return t
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(10 * time.Millisecond):
-		}
+	t, err := c.WaitTask(ctx, id)
+	if err != nil || t.State != state {
+		return nil
 	}
+	return t
 }
 
 // Run a job only while holding the lease on its resource: the lease is

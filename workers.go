@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/taskoutput"
 	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/task"
 )
@@ -189,16 +190,11 @@ func (w *Workers) list() ([]string, map[string]*kindWorker) {
 	return kinds, m
 }
 
-// outputKey is the context key of a running task's output slot.
-type outputKey struct{}
-
-type outputSlot struct{ out json.RawMessage }
-
 // RecordOutput records v, encoded as JSON, as the output of the task that
 // ctx belongs to: its task_output once Work returns nil. It returns an
 // error when ctx is not a Work's, or v does not encode.
 func RecordOutput(ctx context.Context, v any) error {
-	slot, ok := ctx.Value(outputKey{}).(*outputSlot)
+	slot, ok := taskoutput.From(ctx)
 	if !ok {
 		return errors.New("RecordOutput: ctx is not the context of a task's Work")
 	}
@@ -206,7 +202,7 @@ func RecordOutput(ctx context.Context, v any) error {
 	if err != nil {
 		return fmt.Errorf("RecordOutput: %w", err)
 	}
-	slot.out = b
+	slot.Out = b
 	return nil
 }
 
@@ -234,8 +230,7 @@ func handlerOf[T TaskArgs](kind string, w Worker[T], cfg KindConfig) worker.Hand
 		if err := json.Unmarshal(row.TaskData, &args); err != nil {
 			return nil, fmt.Errorf("task_data of kind %q does not decode into %T: %w", kind, args, err)
 		}
-		slot := &outputSlot{}
-		ctx = context.WithValue(ctx, outputKey{}, slot)
+		ctx, slot := taskoutput.With(ctx)
 		if cfg.Timeout > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
@@ -243,7 +238,7 @@ func handlerOf[T TaskArgs](kind string, w Worker[T], cfg KindConfig) worker.Hand
 		}
 		err := w.Work(ctx, &Task[T]{Task: &row, Args: args})
 		if err == nil {
-			return slot.out, nil
+			return slot.Out, nil
 		}
 		if cfg.Timeout > 0 && errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
 			err = fmt.Errorf("the attempt timed out after %s (the kind's Timeout): %w", cfg.Timeout, err)

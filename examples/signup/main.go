@@ -13,7 +13,7 @@
 //
 //	DATABASE_URL=postgres://... go run . -addr :8081 -id a
 //	DATABASE_URL=postgres://... go run . -addr :8082 -id b
-//	curl -X POST localhost:8081/signup -d '{"email": "ada@example.com"}'
+//	curl --json '{"email": "ada@example.com"}' localhost:8081/signup
 package main
 
 import (
@@ -31,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold"
@@ -102,14 +103,8 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		return err
 	}
 
-	workers := leasehold.NewWorkers()
-	if err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[WelcomeEmail]) error {
-		// The task's fence goes with what it writes; ON CONFLICT keeps a
-		// retried attempt from sending twice.
-		_, err := pool.Exec(ctx, `INSERT INTO sent_emails (user_id, task_id, fence, sent_by) VALUES ($1, $2, $3, $4)
-			ON CONFLICT DO NOTHING`, t.Args.UserID, t.ID, t.Fence, t.Processor)
-		return err
-	}), leasehold.KindConfig{MaxAttempts: 10, Timeout: 30 * time.Second}); err != nil {
+	workers, err := newWorkers(pool)
+	if err != nil {
 		return err
 	}
 	client, err := leasehold.NewClient(pool, leasehold.Config{ID: *id, Workers: workers, Logger: log})
@@ -160,6 +155,45 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	return <-electing
 }
 
+// sendWelcome is the worker of WelcomeEmail: the task's fence goes with
+// what it writes, and ON CONFLICT keeps a retried attempt from sending
+// twice.
+func sendWelcome(pool *pgxpool.Pool) leasehold.Worker[WelcomeEmail] {
+	return leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[WelcomeEmail]) error {
+		_, err := pool.Exec(ctx, `INSERT INTO sent_emails (user_id, task_id, fence, sent_by) VALUES ($1, $2, $3, $4)
+			ON CONFLICT DO NOTHING`, t.Args.UserID, t.ID, t.Fence, t.Processor)
+		return err
+	})
+}
+
+// newWorkers are the app's workers.
+func newWorkers(pool *pgxpool.Pool) (*leasehold.Workers, error) {
+	workers := leasehold.NewWorkers()
+	if err := leasehold.AddWorker(workers, sendWelcome(pool), leasehold.KindConfig{MaxAttempts: 10, Timeout: 30 * time.Second}); err != nil {
+		return nil, err
+	}
+	return workers, nil
+}
+
+// errTaken: the email has signed up already.
+var errTaken = errors.New("that email has signed up already")
+
+// signup inserts the user and, in the same transaction, the welcome: the
+// welcome exists if and only if the user does.
+func signup(ctx context.Context, tx pgx.Tx, client *leasehold.Client, email string) (int64, error) {
+	var id int64
+	if err := tx.QueryRow(ctx, `INSERT INTO users (email) VALUES ($1) ON CONFLICT (email) DO NOTHING RETURNING id`, email).Scan(&id); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, errTaken
+		}
+		return 0, err
+	}
+	if _, err := client.InsertTx(ctx, tx, WelcomeEmail{UserID: id, Email: email}, nil); err != nil {
+		return 0, err
+	}
+	return id, nil
+}
+
 // routes serves POST /signup.
 func routes(pool *pgxpool.Pool, client *leasehold.Client) http.Handler {
 	mux := http.NewServeMux()
@@ -178,14 +212,12 @@ func routes(pool *pgxpool.Pool, client *leasehold.Client) http.Handler {
 			return
 		}
 		defer tx.Rollback(ctx) //nolint:errcheck // a no-op once committed
-		var id int64
-		if err := tx.QueryRow(ctx, `INSERT INTO users (email) VALUES ($1) RETURNING id`, req.Email).Scan(&id); err != nil {
+		id, err := signup(ctx, tx, client, req.Email)
+		switch {
+		case errors.Is(err, errTaken):
 			http.Error(w, `{"error": "that email has signed up already"}`, http.StatusConflict)
 			return
-		}
-		// In the same transaction: the welcome exists if and only if the
-		// user does.
-		if _, err := client.InsertTx(ctx, tx, WelcomeEmail{UserID: id, Email: req.Email}, nil); err != nil {
+		case err != nil:
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}

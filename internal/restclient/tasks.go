@@ -372,3 +372,43 @@ func (r Tasks) CancelHeld(ctx context.Context, id int64, processor string, fence
 	_, err := r.C.Do(ctx, http.MethodPost, taskPath(id, "cancel"), nil, body, &t, leaseOpRefusals)
 	return t, err
 }
+
+// waitRequest is how long one GET of Wait is held on the service.
+const waitRequest = 30 * time.Second
+
+// Wait returns the task once it is done, dead or cancelled: it long-polls
+// GET /api/tasks/{id}?wait_seconds=30, held by the service until the task
+// finishes (woken by NOTIFY), again and again until it has, or until ctx
+// ends (ctx's error, with the task as last read).
+func (r Tasks) Wait(ctx context.Context, id int64) (task.Task, error) {
+	q := url.Values{"wait_seconds": {strconv.Itoa(int(waitRequest / time.Second))}}
+	for {
+		var t task.Task
+		sent := time.Now()
+		_, err := r.C.Waiting(waitRequest).Do(ctx, http.MethodGet, taskPath(id, ""), q, nil, &t, func(status int, _ ErrorBody) error {
+			if status == http.StatusNotFound {
+				return task.ErrNotFound
+			}
+			return nil
+		})
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return t, context.Cause(ctx)
+		case err != nil:
+			return t, err
+		case t.State == task.StateDone || t.State == task.StateDead || t.State == task.StateCancelled:
+			return t, nil
+		}
+		// Answered early and unfinished (a replica that shuts down, or one
+		// that does not hold the request): not asked again in a loop.
+		if early := time.Second - time.Since(sent); early > 0 {
+			timer := time.NewTimer(early)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return t, context.Cause(ctx)
+			case <-timer.C:
+			}
+		}
+	}
+}

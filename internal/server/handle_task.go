@@ -16,6 +16,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/notify"
 	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/internal/taskwait"
 	"github.com/leasehold/leasehold/task"
 )
 
@@ -721,9 +722,17 @@ func handleTaskGet(d Deps) http.Handler {
 			writeError(w, r, d.Log, err)
 			return
 		}
+		wait, err := queryInt(r.URL.Query(), "wait_seconds", 0, 0, maxWaitSeconds)
+		if err != nil {
+			writeError(w, r, d.Log, err)
+			return
+		}
 		t, err := d.Tasks.Get(r.Context(), id)
 		if err == nil && !mayRead(r, t.Queue, t.Kind) {
 			err = mayTask(r, t.Queue, t.Kind, "", "")
+		}
+		if err == nil && wait > 0 && !taskwait.Finished(t.State) && d.taskWaits != nil {
+			t, err = waitFinished(w, r, d, id, time.Duration(wait)*time.Second)
 		}
 		if err != nil {
 			writeError(w, r, d.Log, err)
@@ -731,6 +740,50 @@ func handleTaskGet(d Deps) http.Handler {
 		}
 		encode(w, http.StatusOK, t)
 	})
+}
+
+// waitFinished holds GET /api/tasks/{id}?wait_seconds until the task is
+// done, dead or cancelled, woken by NOTIFY (no polling), or the wait ends,
+// or the replica shuts down: the answer is the task as it is then. The
+// wait holds no database connection and is not bounded by the API's
+// database budget; each read of the task is.
+func waitFinished(w http.ResponseWriter, r *http.Request, d Deps, id int64, wait time.Duration) (task.Task, error) {
+	ctx, budget, stop := unbounded(r)
+	defer stop()
+	deadline := time.Now().Add(wait)
+	holdOpen(w, deadline)
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	go func() {
+		select {
+		case <-d.Stopping:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	var last task.Task
+	t, err := d.taskWaits.Wait(wctx, func(context.Context) (task.Task, error) {
+		sctx, scancel := ctx, context.CancelFunc(func() {})
+		if budget > 0 {
+			sctx, scancel = context.WithTimeout(ctx, budget)
+		}
+		defer scancel()
+		cur, err := d.Tasks.Get(sctx, id)
+		if err == nil {
+			last = cur
+		}
+		return cur, err
+	})
+	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
+		// The wait is over (or the replica stops): the task as last read.
+		if last.ID == 0 { // never read: the listener was down throughout
+			sctx, scancel := context.WithTimeout(ctx, max(budget, 5*time.Second))
+			defer scancel()
+			return d.Tasks.Get(sctx, id)
+		}
+		return last, nil
+	}
+	return t, err
 }
 
 // mayTaskID refuses an operation on task id (as processor, when not empty)

@@ -16,6 +16,7 @@ import (
 	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/schedulestore"
 	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/internal/taskwait"
 
 	"github.com/rs/zerolog"
 
@@ -96,6 +97,8 @@ type Deps struct {
 	// claimWaiters is set by NewServer: the registration that makes inserts
 	// notify while claims wait.
 	claimWaiters *claimWaiters
+	// taskWaits holds GET /api/tasks/{id}?wait_seconds until the task finishes.
+	taskWaits *taskwait.Watcher
 	// Ready reports why the replica cannot serve (nil when it can).
 	Ready   func(ctx context.Context) error
 	Log     zerolog.Logger
@@ -108,6 +111,9 @@ func NewServer(d Deps) http.Handler {
 		d.TaskTTL = d.DefaultTTL
 	}
 	d.claimWaiters = newClaimWaiters(d.Listener, d.Instance.ID)
+	if d.Listener != nil {
+		d.taskWaits = &taskwait.Watcher{Listener: d.Listener, Name: d.Instance.ID + "/task-waits", Log: d.Log}
+	}
 	ts := tokens(slices.Clone(d.Tokens))
 	if d.APIToken != "" {
 		ts = append(ts, FullToken(d.APIToken))

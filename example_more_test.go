@@ -1,0 +1,146 @@
+package leasehold_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/leasehold/leasehold"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/task"
+)
+
+// Wait for a task to finish, woken as it does: no polling.
+func ExampleClient_WaitTask() {
+	ctx := context.Background()
+	workers := leasehold.NewWorkers()
+	err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[WelcomeEmail]) error {
+		return leasehold.RecordOutput(ctx, map[string]int64{"sent_to": t.Args.UserID})
+	}), leasehold.KindConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client, err := leasehold.NewClient(examplePool(), leasehold.Config{Workers: workers})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := client.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer client.Stop(ctx) //nolint:errcheck // an example
+	res, err := client.Insert(ctx, WelcomeEmail{UserID: 7}, nil)
+	if err != nil {
+		log.Print(err)
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	done, err := client.WaitTask(wctx, res.Task.ID)
+	if err != nil {
+		log.Print(err)
+		return
+	}
+	fmt.Println(done.State, string(done.TaskOutput))
+	// Output: done {"sent_to": 7}
+}
+
+// List the dead tasks of a kind, a page at a time.
+func ExampleClient_ListTasks() {
+	ctx := context.Background()
+	client, err := leasehold.NewClient(examplePool(), leasehold.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for after := int64(0); ; {
+		page, err := client.ListTasks(ctx, leasehold.ListTasksParams{Kind: "welcome_email", State: task.StateDead, AfterID: after, Limit: 100})
+		if err != nil {
+			log.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, t := range page {
+			fmt.Println(t.ID, t.LastError)
+		}
+		after = page[len(page)-1].ID
+	}
+	fmt.Println("listed")
+	// Output: listed
+}
+
+// Count what becomes of the tasks a client runs, for the program's own
+// metrics.
+func ExampleClient_Subscribe() {
+	ctx := context.Background()
+	workers := leasehold.NewWorkers()
+	err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(context.Context, *leasehold.Task[WelcomeEmail]) error {
+		return errors.New("the mail server is down")
+	}), leasehold.KindConfig{MaxAttempts: 1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client, err := leasehold.NewClient(examplePool(), leasehold.Config{Workers: workers})
+	if err != nil {
+		log.Fatal(err)
+	}
+	deaths, stop := client.Subscribe(leasehold.EventDead)
+	defer stop()
+	if err := client.Start(ctx); err != nil {
+		log.Print(err)
+		return
+	}
+	defer client.Stop(ctx) //nolint:errcheck // an example
+	if _, err := client.Insert(ctx, WelcomeEmail{UserID: 8}, nil); err != nil {
+		log.Print(err)
+		return
+	}
+	ev := <-deaths
+	fmt.Println(ev.Kind, ev.TaskKind, ev.Err)
+	// Output: dead welcome_email the mail server is down
+}
+
+// A schedule of typed task args: the kind and the task_data follow from
+// them.
+func ExampleNewSchedule() {
+	p, err := leasehold.NewSchedule("weekly-digest", "0 9 * * MON", WelcomeEmail{UserID: 1},
+		&leasehold.ScheduleOpts{Zone: "Europe/Berlin", Queue: "mail", Unique: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(p.Kind, string(p.TaskData), p.Zone, p.Queue)
+	// Then: client.Schedules().Add(ctx, p)
+	// Output: welcome_email {"user_id":1} Europe/Berlin mail
+}
+
+// Wait for a lease another holder has, then hold it.
+func ExampleLeases_HoldWait() {
+	ctx := context.Background()
+	client, err := leasehold.NewClient(examplePool(), leasehold.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h, err := client.Leases().HoldWait(ctx, "import:orders", client.ID()+"/importer", 10*time.Minute, lease.KeepConfig{})
+	if errors.Is(err, lease.ErrHeld) {
+		fmt.Println("still held after ten minutes")
+		return
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer h.Release(ctx) //nolint:errcheck // an example
+	fmt.Println("holding, fence", h.Lease().Fence > 0)
+	// Output: holding, fence true
+}
+
+// A function is a worker; its type argument follows from the function's.
+func ExampleWorkFunc() {
+	workers := leasehold.NewWorkers()
+	err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, t *leasehold.Task[WelcomeEmail]) error {
+		fmt.Println("welcome,", t.Args.UserID)
+		return nil
+	}), leasehold.KindConfig{})
+	fmt.Println(err)
+	// Output: <nil>
+}
