@@ -65,6 +65,9 @@ type Config struct {
 	// otherwise. Give every process on the database the same values.
 	TaskRetention         time.Duration
 	LeaseHistoryRetention time.Duration
+	// Middleware wraps the client's inserts and its workers' attempts, the
+	// first outermost (Middleware).
+	Middleware []Middleware
 	// AllowUnknownKinds lets a client with Workers insert tasks of kinds it
 	// does not register (for other programs to run). Without it such an
 	// insert fails with ErrUnknownKind: most often a typo.
@@ -131,6 +134,10 @@ type Client struct {
 	stopRun   context.CancelFunc // ends the workers' claims
 	abort     chan struct{}      // closed when Stop's context ended: running tasks are cancelled
 	running   sync.WaitGroup     // the workers' pools
+
+	// insertMW and workMW are Config.Middleware's, in order.
+	insertMW []func(ctx context.Context, tasks []*InsertingTask, next func(context.Context) error) error
+	workMW   []func(ctx context.Context, t *task.Task, next func(context.Context) error) error
 
 	// waits are the client's WaitTask calls' watcher.
 	waits waits
@@ -241,7 +248,16 @@ func newClient(cfg Config) (*Client, error) {
 		queues[name] = q
 	}
 	cfg.Queues = queues
-	return &Client{cfg: cfg, kinds: kinds, funcs: funcs, log: zerologOf(cfg.Logger).With().Str("instance", cfg.ID).Logger()}, nil
+	c := &Client{cfg: cfg, kinds: kinds, funcs: funcs, log: zerologOf(cfg.Logger).With().Str("instance", cfg.ID).Logger()}
+	for _, mw := range cfg.Middleware {
+		if mw.Insert != nil {
+			c.insertMW = append(c.insertMW, mw.Insert)
+		}
+		if mw.Work != nil {
+			c.workMW = append(c.workMW, mw.Work)
+		}
+	}
+	return c, nil
 }
 
 // ID returns the client's Config.ID.
@@ -343,7 +359,7 @@ func (c *Client) Start(ctx context.Context) error {
 		if kw == nil { // cannot happen: a pool claims the kinds it has
 			return nil, fmt.Errorf("no worker for kind %q", t.Kind)
 		}
-		return kw.run(ctx, t)
+		return c.working(ctx, t, kw.run)
 	}
 	names := make([]string, 0, len(c.cfg.Queues))
 	for name := range c.cfg.Queues {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -44,6 +45,11 @@ type InsertOpts struct {
 	MaxAttempts int
 	// TTL is the TTL of the task's leases: whole seconds, 1s to 1h.
 	TTL time.Duration
+	// Metadata are string pairs that travel with the task to each
+	// attempt's worker (task.Task.Metadata): a trace context, a tenant.
+	// Middleware may add to them. At most task.MaxMetadataPairs pairs and
+	// task.MaxMetadataBytes of JSON.
+	Metadata map[string]string
 }
 
 // InsertParams is one task of InsertMany: its args and, optionally, its
@@ -79,11 +85,15 @@ func (c *Client) InsertMany(ctx context.Context, params []InsertParams) ([]*Inse
 		return nil, err
 	}
 	var ins []taskstore.Inserted
-	if c.store != nil {
-		ins, err = c.store.Insert(ctx, nts)
-	} else {
-		ins, err = restclient.Tasks{C: c.rest}.Insert(ctx, nts)
-	}
+	err = c.inserting(ctx, params, nts, func(ctx context.Context) error {
+		var err error
+		if c.store != nil {
+			ins, err = c.store.Insert(ctx, nts)
+		} else {
+			ins, err = restclient.Tasks{C: c.rest}.Insert(ctx, nts)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, schemaHint(err)
 	}
@@ -117,7 +127,12 @@ func (c *Client) InsertManyTx(ctx context.Context, tx pgx.Tx, params []InsertPar
 	if err != nil {
 		return nil, err
 	}
-	ins, err := c.store.InsertTx(ctx, tx, nts)
+	var ins []taskstore.Inserted
+	err = c.inserting(ctx, params, nts, func(ctx context.Context) error {
+		var err error
+		ins, err = c.store.InsertTx(ctx, tx, nts)
+		return err
+	})
 	if err != nil {
 		return nil, schemaHint(err)
 	}
@@ -213,9 +228,13 @@ func (c *Client) newTask(p InsertParams) (taskstore.NewTask, error) {
 	if !o.ScheduledAt.IsZero() && (o.ScheduledAt.Year() < 1 || o.ScheduledAt.Year() > 9999) {
 		return taskstore.NewTask{}, fmt.Errorf("%w: ScheduledAt %s is outside the years 1 to 9999", ErrInvalidArgument, o.ScheduledAt)
 	}
+	if err := task.CheckMetadata(o.Metadata); err != nil {
+		return taskstore.NewTask{}, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
 	return taskstore.NewTask{
 		TaskData: data, Kind: kind, Queue: o.Queue, Priority: o.Priority, UniqueKey: o.UniqueKey,
 		TTL: o.TTL, ScheduledAt: o.ScheduledAt, MaxAttempts: int32(o.MaxAttempts), Lock: o.Lock,
+		Metadata: maps.Clone(o.Metadata),
 	}, nil
 }
 
@@ -277,6 +296,14 @@ func merged(base, over InsertOpts) InsertOpts {
 	}
 	if over.TTL != 0 {
 		base.TTL = over.TTL
+	}
+	if len(over.Metadata) > 0 {
+		m := maps.Clone(base.Metadata)
+		if m == nil {
+			m = map[string]string{}
+		}
+		maps.Copy(m, over.Metadata)
+		base.Metadata = m
 	}
 	return base
 }
@@ -371,4 +398,77 @@ func (c *Client) aboutTask(id int64, err error) error {
 		return fmt.Errorf("task %d: %w", id, err)
 	}
 	return schemaHint(err)
+}
+
+// InsertManyFast adds tasks with PostgreSQL's COPY: the fastest way in for
+// a large batch (thousands of tasks), all or none. The tasks are checked as
+// InsertMany's are, and may not have a UniqueKey (COPY cannot skip a
+// duplicate): that is an ErrInvalidArgument. It returns how many it
+// inserted, not the tasks. Idle workers are woken once, as for InsertMany.
+// It needs a client on a pool (ErrNoDatabase otherwise); the Insert
+// middleware runs as for any insert.
+func (c *Client) InsertManyFast(ctx context.Context, params []InsertParams) (int, error) {
+	if c.pool == nil {
+		return 0, fmt.Errorf("%w: InsertManyFast needs a client made with NewClient on the database's pool (it uses COPY)", ErrNoDatabase)
+	}
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return 0, schemaHint(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op once committed
+	n, err := c.InsertManyFastTx(ctx, tx, params)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// InsertManyFastTx is InsertManyFast inside the caller's transaction tx.
+func (c *Client) InsertManyFastTx(ctx context.Context, tx pgx.Tx, params []InsertParams) (int, error) {
+	if c.store == nil {
+		return 0, fmt.Errorf("%w: InsertManyFastTx needs a client made with NewClient on the database's pool", ErrNoDatabase)
+	}
+	if tx == nil {
+		return 0, fmt.Errorf("%w: InsertManyFastTx needs a transaction, not nil", ErrInvalidArgument)
+	}
+	nts, err := c.newTasksFast(params)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	err = c.inserting(ctx, params, nts, func(ctx context.Context) error {
+		var err error
+		n, err = taskstore.CopyInsert(ctx, tx, nts)
+		return err
+	})
+	if err != nil {
+		return 0, schemaHint(err)
+	}
+	return int(n), nil
+}
+
+// maxInsertFast bounds one InsertManyFast.
+const maxInsertFast = 1_000_000
+
+// newTasksFast are the tasks of params checked as newTasks does, none with
+// a unique key; any number up to maxInsertFast.
+func (c *Client) newTasksFast(params []InsertParams) ([]taskstore.NewTask, error) {
+	if len(params) == 0 || len(params) > maxInsertFast {
+		return nil, fmt.Errorf("%w: InsertManyFast takes 1 to %d tasks, not %d", ErrInvalidArgument, maxInsertFast, len(params))
+	}
+	nts := make([]taskstore.NewTask, len(params))
+	for i, p := range params {
+		nt, err := c.newTask(p)
+		if err != nil {
+			return nil, fmt.Errorf("task %d: %w", i, err)
+		}
+		if nt.UniqueKey != "" {
+			return nil, fmt.Errorf("%w: task %d has a unique key; InsertManyFast (COPY) cannot skip a duplicate: use InsertMany", ErrInvalidArgument, i)
+		}
+		nts[i] = nt
+	}
+	return nts, nil
 }

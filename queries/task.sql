@@ -1,13 +1,15 @@
 -- name: TaskInsert :many
 -- TaskInsert adds tasks in one statement (one NOTIFY): the i-th task gets
 -- the i-th element of each array (scheduled_at: an RFC 3339 time, or ''
--- for now; unique_key '', ttl_seconds 0 and locks '' for none). A task whose (kind,
+-- for now; unique_key '', ttl_seconds 0, locks '' and metadata null for
+-- none). A task whose (kind,
 -- unique_key) another task not cancelled holds is not inserted (nor the
 -- second of two in the batch with the same key): what comes back is the
 -- tasks inserted, in the order given. TaskGetByUniqueKeys then reads the
 -- holders of the others.
-INSERT INTO tasks (task_data, kind, queue, priority, unique_key, ttl_seconds, scheduled_at, max_attempts, lock_resource)
-SELECT d.v, k.v, q.v, p.v, nullif(u.v, ''), nullif(l.v, 0), coalesce(nullif(s.v, '')::timestamptz, now()), m.v, nullif(g.v, '')
+INSERT INTO tasks (task_data, kind, queue, priority, unique_key, ttl_seconds, scheduled_at, max_attempts, lock_resource, metadata)
+SELECT d.v, k.v, q.v, p.v, nullif(u.v, ''), nullif(l.v, 0), coalesce(nullif(s.v, '')::timestamptz, now()), m.v, nullif(g.v, ''),
+       nullif(md.v, 'null'::jsonb)
 FROM unnest(@task_data::jsonb[]) WITH ORDINALITY AS d (v, i)
 JOIN unnest(@kinds::text[]) WITH ORDINALITY AS k (v, i) ON k.i = d.i
 JOIN unnest(@queues::text[]) WITH ORDINALITY AS q (v, i) ON q.i = d.i
@@ -17,6 +19,7 @@ JOIN unnest(@ttl_seconds::integer[]) WITH ORDINALITY AS l (v, i) ON l.i = d.i
 JOIN unnest(@scheduled_at::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
 JOIN unnest(@max_attempts::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
 JOIN unnest(@locks::text[]) WITH ORDINALITY AS g (v, i) ON g.i = d.i
+JOIN unnest(@metadata::jsonb[]) WITH ORDINALITY AS md (v, i) ON md.i = d.i
 ORDER BY d.i
 ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL AND state <> 'cancelled' DO NOTHING
 RETURNING *;
@@ -447,14 +450,14 @@ ungated AS (
     WHERE t.id = a.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
               t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource,
-              t.schedule, t.schedule_tick
+              t.schedule, t.schedule_tick, t.metadata
 ),
 claimed AS (
     SELECT * FROM ungated
     UNION ALL
     SELECT g.id, g.kind, g.queue, g.priority, g.task_data, g.scheduled_at, g.processor, g.fence, g.ttl_seconds,
            g.attempts, g.max_attempts, g.must_heartbeat_before, g.started_at, g.created_at, g.lock_resource,
-           g.schedule, g.schedule_tick
+           g.schedule, g.schedule_tick, g.metadata
     FROM gated AS g
 )
 -- The ids ride on the first row only: repeated on every row, the replica
@@ -474,6 +477,7 @@ SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM clai
        coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at,
        coalesce(claimed.lock_resource, '')::text AS lock_resource,
        coalesce(claimed.schedule, '')::text AS schedule,
-       coalesce(claimed.schedule_tick, 'epoch')::timestamptz AS schedule_tick
+       coalesce(claimed.schedule_tick, 'epoch')::timestamptz AS schedule_tick,
+       claimed.metadata
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true;

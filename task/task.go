@@ -32,6 +32,7 @@ package task
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/apitime"
@@ -150,34 +151,64 @@ type Task struct {
 	// or the completed one, is not among them: it is the task's own
 	// Processor, Fence and StartedAt.
 	EarlierAttempts []Attempt `json:"earlier_attempts"`
+	// Metadata are string pairs that travel with the task from its insert
+	// to each attempt's worker (a trace context, a tenant); nil for none.
+	Metadata map[string]string `json:"metadata"`
+}
+
+// Bounds of a task's Metadata.
+const (
+	MaxMetadataPairs = 32
+	MaxMetadataBytes = 8 << 10 // of its JSON
+)
+
+// CheckMetadata says what is wrong with m as a task's metadata: more than
+// MaxMetadataPairs pairs, a key that is empty or over 255 bytes, or more
+// than MaxMetadataBytes of JSON.
+func CheckMetadata(m map[string]string) error {
+	if len(m) > MaxMetadataPairs {
+		return fmt.Errorf("metadata has %d pairs; a task carries at most %d", len(m), MaxMetadataPairs)
+	}
+	size := 2
+	for k, v := range m {
+		if k == "" || len(k) > 255 {
+			return fmt.Errorf("metadata key %.40q must be 1 to 255 bytes", k)
+		}
+		size += len(k) + len(v) + 6
+	}
+	if size > MaxMetadataBytes {
+		return fmt.Errorf("metadata is about %d bytes of JSON; a task carries at most %d", size, MaxMetadataBytes)
+	}
+	return nil
 }
 
 // wire is Task as it goes on the wire: null for the zero values.
 type wire struct {
-	ID                  int64           `json:"id"`
-	Kind                string          `json:"kind"`
-	Queue               string          `json:"queue"`
-	Priority            int16           `json:"priority"`
-	TaskData            json.RawMessage `json:"task_data"`
-	State               State           `json:"state"`
-	UniqueKey           *string         `json:"unique_key"`
-	ScheduledAt         string          `json:"scheduled_at"`
-	Processor           *string         `json:"processor"`
-	Fence               *int64          `json:"fence"`
-	TTLSeconds          *int32          `json:"ttl_seconds"`
-	Attempts            int32           `json:"attempts"`
-	MaxAttempts         int32           `json:"max_attempts"`
-	LastHeartbeatAt     *string         `json:"last_heartbeat_at"`
-	MustHeartbeatBefore *string         `json:"must_heartbeat_before"`
-	StartedAt           *string         `json:"started_at"`
-	ProcessedAt         *string         `json:"processed_at"`
-	TaskOutput          json.RawMessage `json:"task_output"`
-	LastError           *string         `json:"last_error"`
-	CreatedAt           string          `json:"created_at"`
-	Lock                *string         `json:"lock"`
-	Schedule            *string         `json:"schedule"`
-	ScheduleTick        *string         `json:"schedule_tick"`
-	EarlierAttempts     []attemptWire   `json:"earlier_attempts"`
+	ID                  int64             `json:"id"`
+	Kind                string            `json:"kind"`
+	Queue               string            `json:"queue"`
+	Priority            int16             `json:"priority"`
+	TaskData            json.RawMessage   `json:"task_data"`
+	State               State             `json:"state"`
+	UniqueKey           *string           `json:"unique_key"`
+	ScheduledAt         string            `json:"scheduled_at"`
+	Processor           *string           `json:"processor"`
+	Fence               *int64            `json:"fence"`
+	TTLSeconds          *int32            `json:"ttl_seconds"`
+	Attempts            int32             `json:"attempts"`
+	MaxAttempts         int32             `json:"max_attempts"`
+	LastHeartbeatAt     *string           `json:"last_heartbeat_at"`
+	MustHeartbeatBefore *string           `json:"must_heartbeat_before"`
+	StartedAt           *string           `json:"started_at"`
+	ProcessedAt         *string           `json:"processed_at"`
+	TaskOutput          json.RawMessage   `json:"task_output"`
+	LastError           *string           `json:"last_error"`
+	CreatedAt           string            `json:"created_at"`
+	Lock                *string           `json:"lock"`
+	Schedule            *string           `json:"schedule"`
+	ScheduleTick        *string           `json:"schedule_tick"`
+	EarlierAttempts     []attemptWire     `json:"earlier_attempts"`
+	Metadata            map[string]string `json:"metadata"`
 }
 
 // attemptWire is Attempt as it goes on the wire: its times as the task's
@@ -221,7 +252,7 @@ func (t Task) MarshalJSON() ([]byte, error) {
 		StartedAt: apitime.FormatPtr(t.StartedAt), ProcessedAt: apitime.FormatPtr(t.ProcessedAt),
 		TaskOutput: out, LastError: nonZero(t.LastError), CreatedAt: apitime.Format(t.CreatedAt),
 		Lock: nonZero(t.Lock), Schedule: nonZero(t.Schedule),
-		ScheduleTick: apitime.FormatPtr(t.ScheduleTick), EarlierAttempts: attempts,
+		ScheduleTick: apitime.FormatPtr(t.ScheduleTick), EarlierAttempts: attempts, Metadata: t.Metadata,
 	})
 }
 
@@ -253,7 +284,7 @@ func (t *Task) UnmarshalJSON(b []byte) error {
 		LastHeartbeatAt: w.LastHeartbeatAt, MustHeartbeatBefore: w.MustHeartbeatBefore, StartedAt: w.StartedAt,
 		ProcessedAt: w.ProcessedAt, TaskOutput: w.TaskOutput, LastError: deref(w.LastError), CreatedAt: w.CreatedAt,
 		Lock: deref(w.Lock), Schedule: deref(w.Schedule),
-		ScheduleTick: w.ScheduleTick,
+		ScheduleTick: w.ScheduleTick, Metadata: w.Metadata,
 	}
 	if string(t.TaskOutput) == "null" {
 		t.TaskOutput = nil

@@ -24,7 +24,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes) and capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle, task and task heartbeat)")
 		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
 		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
-		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts")
+		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts, and bulk-insert inserts each way")
 		replicas  = fs.Int("replicas", 3, "in-process replicas of drain, steady and latency")
 		workers   = fs.Int("workers", 4, "workers per replica")
 		samples   = fs.Int("samples", 1000, "tasks latency inserts one at a time")

@@ -109,6 +109,8 @@ type Task struct {
 	LockResource        *string
 	Schedule            *string
 	ScheduleTick        *time.Time
+	// string pairs that travel with the task to its workers (a trace context, a tenant); NULL for none
+	Metadata []byte
 }
 
 type TaskWaiter struct {

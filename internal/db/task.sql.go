@@ -23,7 +23,7 @@ WHERE t.id = $2::bigint AND t.state IN ('pending', 'running')
        OR (t.state = 'running' AND t.processor = $3::text
            AND ($4::bigint IS NULL OR t.fence = $4::bigint)
            AND t.must_heartbeat_before > now()))
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick, t.metadata
 `
 
 type TaskCancelParams struct {
@@ -76,6 +76,7 @@ func (q *Queries) TaskCancel(ctx context.Context, arg TaskCancelParams) (Task, e
 		&i.LockResource,
 		&i.Schedule,
 		&i.ScheduleTick,
+		&i.Metadata,
 	)
 	return i, err
 }
@@ -100,7 +101,7 @@ WITH buried AS (
     RETURNING b.id
 ),
 gated AS (
-    SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick
+    SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick, g.metadata
     FROM tasks_gated($2::text[], $3::text[], $4::text[], $5::integer) AS g
     WHERE tasks_gated_waiting()
 ),
@@ -155,11 +156,11 @@ SET state = 'running',
     must_heartbeat_before = a.acquired_at + make_interval(secs => coalesce(t.ttl_seconds, $5::integer))
 FROM assigned AS a
 WHERE t.id = a.id
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick, t.metadata
 )
-SELECT c.id, c.task_data, c.state, c.scheduled_at, c.processor, c.fence, c.attempts, c.max_attempts, c.last_heartbeat_at, c.must_heartbeat_before, c.started_at, c.processed_at, c.task_output, c.last_error, c.created_at, c.generator_fence, c.ttl_seconds, c.earlier_attempts, c.kind, c.queue, c.priority, c.unique_key, c.lock_resource, c.schedule, c.schedule_tick FROM claimed AS c
+SELECT c.id, c.task_data, c.state, c.scheduled_at, c.processor, c.fence, c.attempts, c.max_attempts, c.last_heartbeat_at, c.must_heartbeat_before, c.started_at, c.processed_at, c.task_output, c.last_error, c.created_at, c.generator_fence, c.ttl_seconds, c.earlier_attempts, c.kind, c.queue, c.priority, c.unique_key, c.lock_resource, c.schedule, c.schedule_tick, c.metadata FROM claimed AS c
 UNION ALL
-SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick FROM gated AS g
+SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick, g.metadata FROM gated AS g
 `
 
 type TaskClaimParams struct {
@@ -202,6 +203,7 @@ type TaskClaimRow struct {
 	LockResource        *string
 	Schedule            *string
 	ScheduleTick        *time.Time
+	Metadata            []byte
 }
 
 // TaskClaim claims up to one task for each processor named, of the queues
@@ -277,6 +279,7 @@ func (q *Queries) TaskClaim(ctx context.Context, arg TaskClaimParams) ([]TaskCla
 			&i.LockResource,
 			&i.Schedule,
 			&i.ScheduleTick,
+			&i.Metadata,
 		); err != nil {
 			return nil, err
 		}
@@ -299,7 +302,7 @@ WHERE t.id = $2::bigint
   AND t.processor = $3::text
   AND ($4::bigint IS NULL OR t.fence = $4::bigint)
   AND t.must_heartbeat_before > now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick, t.metadata
 `
 
 type TaskCompleteParams struct {
@@ -348,6 +351,7 @@ func (q *Queries) TaskComplete(ctx context.Context, arg TaskCompleteParams) (Tas
 		&i.LockResource,
 		&i.Schedule,
 		&i.ScheduleTick,
+		&i.Metadata,
 	)
 	return i, err
 }
@@ -372,7 +376,7 @@ completed AS (
     RETURNING c.id
 ),
 gated AS (
-    SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick
+    SELECT g.id, g.task_data, g.state, g.scheduled_at, g.processor, g.fence, g.attempts, g.max_attempts, g.last_heartbeat_at, g.must_heartbeat_before, g.started_at, g.processed_at, g.task_output, g.last_error, g.created_at, g.generator_fence, g.ttl_seconds, g.earlier_attempts, g.kind, g.queue, g.priority, g.unique_key, g.lock_resource, g.schedule, g.schedule_tick, g.metadata
     FROM tasks_gated($5::text[], $6::text[], $7::text[], $8::integer) AS g
     WHERE tasks_gated_waiting()
 ),
@@ -403,14 +407,14 @@ ungated AS (
     WHERE t.id = a.id
     RETURNING t.id, t.kind, t.queue, t.priority, t.task_data, t.scheduled_at, t.processor, t.fence, t.ttl_seconds,
               t.attempts, t.max_attempts, t.must_heartbeat_before, t.started_at, t.created_at, t.lock_resource,
-              t.schedule, t.schedule_tick
+              t.schedule, t.schedule_tick, t.metadata
 ),
 claimed AS (
-    SELECT id, kind, queue, priority, task_data, scheduled_at, processor, fence, ttl_seconds, attempts, max_attempts, must_heartbeat_before, started_at, created_at, lock_resource, schedule, schedule_tick FROM ungated
+    SELECT id, kind, queue, priority, task_data, scheduled_at, processor, fence, ttl_seconds, attempts, max_attempts, must_heartbeat_before, started_at, created_at, lock_resource, schedule, schedule_tick, metadata FROM ungated
     UNION ALL
     SELECT g.id, g.kind, g.queue, g.priority, g.task_data, g.scheduled_at, g.processor, g.fence, g.ttl_seconds,
            g.attempts, g.max_attempts, g.must_heartbeat_before, g.started_at, g.created_at, g.lock_resource,
-           g.schedule, g.schedule_tick
+           g.schedule, g.schedule_tick, g.metadata
     FROM gated AS g
 )
 SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM claimed AS f)
@@ -426,7 +430,8 @@ SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM clai
        coalesce(claimed.created_at, 'epoch')::timestamptz AS created_at,
        coalesce(claimed.lock_resource, '')::text AS lock_resource,
        coalesce(claimed.schedule, '')::text AS schedule,
-       coalesce(claimed.schedule_tick, 'epoch')::timestamptz AS schedule_tick
+       coalesce(claimed.schedule_tick, 'epoch')::timestamptz AS schedule_tick,
+       claimed.metadata
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true
 `
@@ -467,6 +472,7 @@ type TaskCompleteAndClaimRow struct {
 	LockResource        string
 	Schedule            string
 	ScheduleTick        time.Time
+	Metadata            []byte
 }
 
 // TaskCompleteAndClaim is TaskCompleteMany and a claim of due pending tasks
@@ -523,6 +529,7 @@ func (q *Queries) TaskCompleteAndClaim(ctx context.Context, arg TaskCompleteAndC
 			&i.LockResource,
 			&i.Schedule,
 			&i.ScheduleTick,
+			&i.Metadata,
 		); err != nil {
 			return nil, err
 		}
@@ -607,7 +614,7 @@ WHERE t.id = $5::bigint
   AND t.processor = $6::text
   AND ($7::bigint IS NULL OR t.fence = $7::bigint)
   AND t.must_heartbeat_before > now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick, t.metadata
 `
 
 type TaskFailParams struct {
@@ -663,12 +670,13 @@ func (q *Queries) TaskFail(ctx context.Context, arg TaskFailParams) (Task, error
 		&i.LockResource,
 		&i.Schedule,
 		&i.ScheduleTick,
+		&i.Metadata,
 	)
 	return i, err
 }
 
 const taskGet = `-- name: TaskGet :one
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick FROM tasks WHERE id = $1
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick, metadata FROM tasks WHERE id = $1
 `
 
 func (q *Queries) TaskGet(ctx context.Context, id int64) (Task, error) {
@@ -700,12 +708,13 @@ func (q *Queries) TaskGet(ctx context.Context, id int64) (Task, error) {
 		&i.LockResource,
 		&i.Schedule,
 		&i.ScheduleTick,
+		&i.Metadata,
 	)
 	return i, err
 }
 
 const taskGetByUniqueKeys = `-- name: TaskGetByUniqueKeys :many
-SELECT t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick FROM tasks AS t
+SELECT t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick, t.metadata FROM tasks AS t
 WHERE t.unique_key IS NOT NULL AND t.state <> 'cancelled'
   AND (t.kind, t.unique_key) IN (SELECT k.v, u.v
                                  FROM unnest($1::text[]) WITH ORDINALITY AS k (v, i)
@@ -756,6 +765,7 @@ func (q *Queries) TaskGetByUniqueKeys(ctx context.Context, arg TaskGetByUniqueKe
 			&i.LockResource,
 			&i.Schedule,
 			&i.ScheduleTick,
+			&i.Metadata,
 		); err != nil {
 			return nil, err
 		}
@@ -776,7 +786,7 @@ WHERE t.id = $1::bigint
   AND t.processor = $2::text
   AND ($3::bigint IS NULL OR t.fence = $3::bigint)
   AND t.must_heartbeat_before > now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick, t.metadata
 `
 
 type TaskHeartbeatParams struct {
@@ -818,13 +828,15 @@ func (q *Queries) TaskHeartbeat(ctx context.Context, arg TaskHeartbeatParams) (T
 		&i.LockResource,
 		&i.Schedule,
 		&i.ScheduleTick,
+		&i.Metadata,
 	)
 	return i, err
 }
 
 const taskInsert = `-- name: TaskInsert :many
-INSERT INTO tasks (task_data, kind, queue, priority, unique_key, ttl_seconds, scheduled_at, max_attempts, lock_resource)
-SELECT d.v, k.v, q.v, p.v, nullif(u.v, ''), nullif(l.v, 0), coalesce(nullif(s.v, '')::timestamptz, now()), m.v, nullif(g.v, '')
+INSERT INTO tasks (task_data, kind, queue, priority, unique_key, ttl_seconds, scheduled_at, max_attempts, lock_resource, metadata)
+SELECT d.v, k.v, q.v, p.v, nullif(u.v, ''), nullif(l.v, 0), coalesce(nullif(s.v, '')::timestamptz, now()), m.v, nullif(g.v, ''),
+       nullif(md.v, 'null'::jsonb)
 FROM unnest($1::jsonb[]) WITH ORDINALITY AS d (v, i)
 JOIN unnest($2::text[]) WITH ORDINALITY AS k (v, i) ON k.i = d.i
 JOIN unnest($3::text[]) WITH ORDINALITY AS q (v, i) ON q.i = d.i
@@ -834,9 +846,10 @@ JOIN unnest($6::integer[]) WITH ORDINALITY AS l (v, i) ON l.i = d.i
 JOIN unnest($7::text[]) WITH ORDINALITY AS s (v, i) ON s.i = d.i
 JOIN unnest($8::integer[]) WITH ORDINALITY AS m (v, i) ON m.i = d.i
 JOIN unnest($9::text[]) WITH ORDINALITY AS g (v, i) ON g.i = d.i
+JOIN unnest($10::jsonb[]) WITH ORDINALITY AS md (v, i) ON md.i = d.i
 ORDER BY d.i
 ON CONFLICT (kind, unique_key) WHERE unique_key IS NOT NULL AND state <> 'cancelled' DO NOTHING
-RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick
+RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick, metadata
 `
 
 type TaskInsertParams struct {
@@ -849,11 +862,13 @@ type TaskInsertParams struct {
 	ScheduledAt []string
 	MaxAttempts []int32
 	Locks       []string
+	Metadata    [][]byte
 }
 
 // TaskInsert adds tasks in one statement (one NOTIFY): the i-th task gets
 // the i-th element of each array (scheduled_at: an RFC 3339 time, or ”
-// for now; unique_key ”, ttl_seconds 0 and locks ” for none). A task whose (kind,
+// for now; unique_key ”, ttl_seconds 0, locks ” and metadata null for
+// none). A task whose (kind,
 // unique_key) another task not cancelled holds is not inserted (nor the
 // second of two in the batch with the same key): what comes back is the
 // tasks inserted, in the order given. TaskGetByUniqueKeys then reads the
@@ -869,6 +884,7 @@ func (q *Queries) TaskInsert(ctx context.Context, arg TaskInsertParams) ([]Task,
 		arg.ScheduledAt,
 		arg.MaxAttempts,
 		arg.Locks,
+		arg.Metadata,
 	)
 	if err != nil {
 		return nil, err
@@ -903,6 +919,7 @@ func (q *Queries) TaskInsert(ctx context.Context, arg TaskInsertParams) ([]Task,
 			&i.LockResource,
 			&i.Schedule,
 			&i.ScheduleTick,
+			&i.Metadata,
 		); err != nil {
 			return nil, err
 		}
@@ -929,7 +946,7 @@ SELECT d.v, live.fence
 FROM unnest($1::jsonb[]) AS d (v)
 CROSS JOIN live
 JOIN generator_state AS g ON g.started
-RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick
+RETURNING id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick, metadata
 `
 
 type TaskInsertGeneratedParams struct {
@@ -978,6 +995,7 @@ func (q *Queries) TaskInsertGenerated(ctx context.Context, arg TaskInsertGenerat
 			&i.LockResource,
 			&i.Schedule,
 			&i.ScheduleTick,
+			&i.Metadata,
 		); err != nil {
 			return nil, err
 		}
@@ -990,7 +1008,7 @@ func (q *Queries) TaskInsertGenerated(ctx context.Context, arg TaskInsertGenerat
 }
 
 const taskList = `-- name: TaskList :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick FROM tasks_filtered($1::text[], $2::text[], $3::text[],
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick, metadata FROM tasks_filtered($1::text[], $2::text[], $3::text[],
                              $4::boolean, $5::bigint, $6::integer)
 `
 
@@ -1048,6 +1066,7 @@ func (q *Queries) TaskList(ctx context.Context, arg TaskListParams) ([]Task, err
 			&i.LockResource,
 			&i.Schedule,
 			&i.ScheduleTick,
+			&i.Metadata,
 		); err != nil {
 			return nil, err
 		}
@@ -1060,7 +1079,7 @@ func (q *Queries) TaskList(ctx context.Context, arg TaskListParams) ([]Task, err
 }
 
 const taskListDead = `-- name: TaskListDead :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick FROM tasks
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick, metadata FROM tasks
 WHERE state = 'dead'
 ORDER BY processed_at DESC, id DESC
 LIMIT $1
@@ -1102,6 +1121,7 @@ func (q *Queries) TaskListDead(ctx context.Context, rowLimit int32) ([]Task, err
 			&i.LockResource,
 			&i.Schedule,
 			&i.ScheduleTick,
+			&i.Metadata,
 		); err != nil {
 			return nil, err
 		}
@@ -1114,7 +1134,7 @@ func (q *Queries) TaskListDead(ctx context.Context, rowLimit int32) ([]Task, err
 }
 
 const taskListRunning = `-- name: TaskListRunning :many
-SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick FROM tasks
+SELECT id, task_data, state, scheduled_at, processor, fence, attempts, max_attempts, last_heartbeat_at, must_heartbeat_before, started_at, processed_at, task_output, last_error, created_at, generator_fence, ttl_seconds, earlier_attempts, kind, queue, priority, unique_key, lock_resource, schedule, schedule_tick, metadata FROM tasks
 WHERE state = 'running'
 ORDER BY id
 LIMIT $1
@@ -1156,6 +1176,7 @@ func (q *Queries) TaskListRunning(ctx context.Context, rowLimit int32) ([]Task, 
 			&i.LockResource,
 			&i.Schedule,
 			&i.ScheduleTick,
+			&i.Metadata,
 		); err != nil {
 			return nil, err
 		}
@@ -1265,7 +1286,7 @@ WHERE t.id = $4::bigint
   AND ($6::bigint IS NULL OR t.fence = $6::bigint)
   AND t.must_heartbeat_before > now()
   AND $2::text IN ('requeued', 'snoozed')
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick, t.metadata
 `
 
 type TaskPutBackParams struct {
@@ -1319,6 +1340,7 @@ func (q *Queries) TaskPutBack(ctx context.Context, arg TaskPutBackParams) (Task,
 		&i.LockResource,
 		&i.Schedule,
 		&i.ScheduleTick,
+		&i.Metadata,
 	)
 	return i, err
 }
@@ -1340,7 +1362,7 @@ WHERE t.id IN (
         FOR UPDATE SKIP LOCKED)
   AND t.state = 'running'
   AND t.must_heartbeat_before <= now()
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick, t.metadata
 `
 
 // TaskRequeueLapsed is the reaper's announcement of lapsed task leases: up
@@ -1385,6 +1407,7 @@ func (q *Queries) TaskRequeueLapsed(ctx context.Context, batchSize int32) ([]Tas
 			&i.LockResource,
 			&i.Schedule,
 			&i.ScheduleTick,
+			&i.Metadata,
 		); err != nil {
 			return nil, err
 		}
@@ -1404,7 +1427,7 @@ SET state = 'pending',
     processed_at = NULL,
     must_heartbeat_before = NULL
 WHERE t.id = $1::bigint AND t.state IN ('dead', 'cancelled')
-RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick
+RETURNING t.id, t.task_data, t.state, t.scheduled_at, t.processor, t.fence, t.attempts, t.max_attempts, t.last_heartbeat_at, t.must_heartbeat_before, t.started_at, t.processed_at, t.task_output, t.last_error, t.created_at, t.generator_fence, t.ttl_seconds, t.earlier_attempts, t.kind, t.queue, t.priority, t.unique_key, t.lock_resource, t.schedule, t.schedule_tick, t.metadata
 `
 
 // TaskRetry puts a dead or cancelled task back to pending, due now, with a
@@ -1442,6 +1465,7 @@ func (q *Queries) TaskRetry(ctx context.Context, id int64) (Task, error) {
 		&i.LockResource,
 		&i.Schedule,
 		&i.ScheduleTick,
+		&i.Metadata,
 	)
 	return i, err
 }

@@ -44,21 +44,22 @@ func leaseOpRefusals(status int, body ErrorBody) error {
 }
 
 type newTaskBody struct {
-	TaskData    json.RawMessage `json:"task_data"`
-	Kind        string          `json:"kind,omitempty"` // empty: the service's default
-	Queue       string          `json:"queue,omitempty"`
-	Priority    int16           `json:"priority,omitempty"`
-	UniqueKey   string          `json:"unique_key,omitempty"`
-	Lock        string          `json:"lock,omitempty"`
-	TTLSeconds  int64           `json:"ttl_seconds,omitempty"`
-	ScheduledAt string          `json:"scheduled_at,omitempty"`
-	MaxAttempts int32           `json:"max_attempts,omitempty"`
+	TaskData    json.RawMessage   `json:"task_data"`
+	Kind        string            `json:"kind,omitempty"` // empty: the service's default
+	Queue       string            `json:"queue,omitempty"`
+	Priority    int16             `json:"priority,omitempty"`
+	UniqueKey   string            `json:"unique_key,omitempty"`
+	Lock        string            `json:"lock,omitempty"`
+	TTLSeconds  int64             `json:"ttl_seconds,omitempty"`
+	ScheduledAt string            `json:"scheduled_at,omitempty"`
+	MaxAttempts int32             `json:"max_attempts,omitempty"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
 }
 
 func bodyOf(nt taskstore.NewTask) newTaskBody {
 	b := newTaskBody{
 		TaskData: nt.TaskData, Kind: nt.Kind, Queue: nt.Queue, Priority: nt.Priority, UniqueKey: nt.UniqueKey,
-		TTLSeconds: int64(nt.TTL / time.Second), MaxAttempts: nt.MaxAttempts, Lock: nt.Lock,
+		TTLSeconds: int64(nt.TTL / time.Second), MaxAttempts: nt.MaxAttempts, Lock: nt.Lock, Metadata: nt.Metadata,
 	}
 	if !nt.ScheduledAt.IsZero() {
 		b.ScheduledAt = apitime.Format(nt.ScheduledAt)

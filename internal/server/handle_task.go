@@ -63,6 +63,8 @@ type newTaskRequest struct {
 	TTLSeconds  opt[int64]      `json:"ttl_seconds,omitzero"`
 	ScheduledAt *string         `json:"scheduled_at,omitempty"`
 	MaxAttempts *int64          `json:"max_attempts,omitempty"`
+	// Metadata travels with the task to its workers (a trace context).
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // scheduleMin and scheduleMax bound scheduled_at to what PostgreSQL stores
@@ -111,9 +113,13 @@ func (q newTaskRequest) newTask() (taskstore.NewTask, error) {
 	); err != nil {
 		return taskstore.NewTask{}, err
 	}
+	if err := task.CheckMetadata(q.Metadata); err != nil {
+		return taskstore.NewTask{}, badRequestf(`"metadata": %s`, err)
+	}
 	nt := taskstore.NewTask{
 		TaskData: data, Kind: q.Kind.v, Queue: q.Queue.v, Priority: int16(q.Priority.v),
 		UniqueKey: q.UniqueKey.v, TTL: time.Duration(q.TTLSeconds.v) * time.Second, Lock: q.Lock.v,
+		Metadata: q.Metadata,
 	}
 	if q.ScheduledAt != nil {
 		at, err := time.Parse(time.RFC3339Nano, *q.ScheduledAt)

@@ -24,30 +24,31 @@ func withTaskTTL(ttl time.Duration) option { return func(d *server.Deps) { d.Tas
 // (created_at and earlier_attempts are the task package's
 // additions).
 type taskJSON struct {
-	ID                  int64           `json:"id"`
-	Kind                string          `json:"kind"`
-	Queue               string          `json:"queue"`
-	Priority            int             `json:"priority"`
-	TaskData            json.RawMessage `json:"task_data"`
-	State               string          `json:"state"`
-	UniqueKey           *string         `json:"unique_key"`
-	ScheduledAt         string          `json:"scheduled_at"`
-	Processor           *string         `json:"processor"`
-	Fence               *int64          `json:"fence"`
-	TTLSeconds          *int            `json:"ttl_seconds"`
-	Attempts            int             `json:"attempts"`
-	MaxAttempts         int             `json:"max_attempts"`
-	LastHeartbeatAt     *string         `json:"last_heartbeat_at"`
-	MustHeartbeatBefore *string         `json:"must_heartbeat_before"`
-	StartedAt           *string         `json:"started_at"`
-	ProcessedAt         *string         `json:"processed_at"`
-	TaskOutput          json.RawMessage `json:"task_output"`
-	LastError           *string         `json:"last_error"`
-	CreatedAt           string          `json:"created_at"`
-	Lock                *string         `json:"lock"`
-	Schedule            *string         `json:"schedule"`
-	ScheduleTick        *string         `json:"schedule_tick"`
-	EarlierAttempts     []attemptJSON   `json:"earlier_attempts"`
+	ID                  int64             `json:"id"`
+	Kind                string            `json:"kind"`
+	Queue               string            `json:"queue"`
+	Priority            int               `json:"priority"`
+	TaskData            json.RawMessage   `json:"task_data"`
+	State               string            `json:"state"`
+	UniqueKey           *string           `json:"unique_key"`
+	ScheduledAt         string            `json:"scheduled_at"`
+	Processor           *string           `json:"processor"`
+	Fence               *int64            `json:"fence"`
+	TTLSeconds          *int              `json:"ttl_seconds"`
+	Attempts            int               `json:"attempts"`
+	MaxAttempts         int               `json:"max_attempts"`
+	LastHeartbeatAt     *string           `json:"last_heartbeat_at"`
+	MustHeartbeatBefore *string           `json:"must_heartbeat_before"`
+	StartedAt           *string           `json:"started_at"`
+	ProcessedAt         *string           `json:"processed_at"`
+	TaskOutput          json.RawMessage   `json:"task_output"`
+	LastError           *string           `json:"last_error"`
+	CreatedAt           string            `json:"created_at"`
+	Lock                *string           `json:"lock"`
+	Schedule            *string           `json:"schedule"`
+	ScheduleTick        *string           `json:"schedule_tick"`
+	EarlierAttempts     []attemptJSON     `json:"earlier_attempts"`
+	Metadata            map[string]string `json:"metadata"`
 }
 
 // attemptJSON is an entry of a task's earlier_attempts, as sent.

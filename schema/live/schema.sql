@@ -114,7 +114,8 @@ CREATE TABLE tasks (
     unique_key text,
     lock_resource text,
     schedule text,
-    schedule_tick timestamp with time zone
+    schedule_tick timestamp with time zone,
+    metadata jsonb
 );
 
 -- Constraints

@@ -30,7 +30,7 @@ import (
 )
 
 // Scenarios are the scenario names in the order Run runs them, by default.
-var Scenarios = []string{"baseline", "leases", "drain", "steady", "latency", "notify-cost", "fanout"}
+var Scenarios = []string{"baseline", "leases", "drain", "steady", "latency", "notify-cost", "fanout", "bulk-insert"}
 
 // Optional are the scenarios that run only when named: long ones.
 var Optional = []string{"backlog", "longpoll", "capacity"}
@@ -239,6 +239,7 @@ var scenarios = map[string]func(ctx context.Context, c Config, earlier []Result)
 	"latency":     runLatency,
 	"notify-cost": runNotifyCost,
 	"fanout":      runFanout,
+	"bulk-insert": runBulkInsert,
 	"backlog":     runBacklog,
 	"longpoll":    runLongpoll,
 	"capacity":    runCapacity,

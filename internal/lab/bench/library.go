@@ -147,3 +147,54 @@ func latencyLibrary(ctx context.Context, c Config) ([]time.Duration, error) {
 	}
 	return lat, nil
 }
+
+// runBulkInsert inserts Tasks tasks through the public API twice, each into a database
+// of its own: with InsertMany in batches of 1000 (one INSERT ... SELECT unnest each), and
+// with InsertManyFast (COPY, in one transaction). Nobody works them: what is measured is
+// the insert alone, in tasks per second, the two in the same run.
+func runBulkInsert(ctx context.Context, c Config, _ []Result) ([]Result, error) {
+	n := c.Tasks
+	measure := func(name string, insert func(ctx context.Context, client *leasehold.Client, params []leasehold.InsertParams) error) (Result, error) {
+		d, err := newDB(ctx, c.DatabaseURL, 8)
+		if err != nil {
+			return Result{}, err
+		}
+		defer d.Close()
+		client, err := leasehold.NewClient(d.Pool, leasehold.Config{ID: "bench-bulk", AllowUnknownKinds: true})
+		if err != nil {
+			return Result{}, err
+		}
+		params := make([]leasehold.InsertParams, n)
+		for i := range params {
+			params[i] = leasehold.InsertParams{Args: noop{}}
+		}
+		start := time.Now()
+		if err := insert(ctx, client, params); err != nil {
+			return Result{}, fmt.Errorf("%s: %w", name, err)
+		}
+		took := time.Since(start)
+		return Result{Scenario: "bulk-insert", Case: name, Value: float64(n) / took.Seconds(), Unit: "tasks/s",
+			Note: fmt.Sprintf("%d tasks in %s", n, took.Round(time.Millisecond))}, nil
+	}
+	many, err := measure("InsertMany, batches of 1000", func(ctx context.Context, client *leasehold.Client, params []leasehold.InsertParams) error {
+		for len(params) > 0 {
+			k := min(len(params), 1000)
+			if _, err := client.InsertMany(ctx, params[:k]); err != nil {
+				return err
+			}
+			params = params[k:]
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	fast, err := measure("InsertManyFast (COPY), one batch", func(ctx context.Context, client *leasehold.Client, params []leasehold.InsertParams) error {
+		_, err := client.InsertManyFast(ctx, params)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return []Result{many, fast}, nil
+}
