@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"sort"
@@ -266,6 +267,10 @@ func (c *Client) ID() string { return c.cfg.ID }
 // Kinds returns the kinds the client's workers run, sorted (none for a
 // client without Workers).
 func (c *Client) Kinds() []string { return slices.Clone(c.kinds) }
+
+// Queues returns the queues the client's workers take tasks from, sorted
+// (none for a client without Workers).
+func (c *Client) Queues() []string { return slices.Sorted(maps.Keys(c.cfg.Queues)) }
 
 // Leases returns the client's leases.
 func (c *Client) Leases() *Leases { return c.leases }

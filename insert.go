@@ -78,7 +78,10 @@ func (c *Client) Insert(ctx context.Context, args TaskArgs, opts *InsertOpts) (*
 	return res[0], nil
 }
 
-// InsertMany adds tasks in one statement (one NOTIFY), all or none.
+// InsertMany adds tasks in one statement (one NOTIFY), all or none, on a
+// client on a pool. A remote client sends the tasks with a unique key one
+// request each, and the others in batches of at most one request's body
+// (1 MiB): each request is all or none, the whole may not be.
 func (c *Client) InsertMany(ctx context.Context, params []InsertParams) ([]*InsertResult, error) {
 	nts, err := c.newTasks(params)
 	if err != nil {
@@ -405,8 +408,8 @@ func (c *Client) aboutTask(id int64, err error) error {
 // InsertMany's are, and may not have a UniqueKey (COPY cannot skip a
 // duplicate): that is an ErrInvalidArgument. It returns how many it
 // inserted, not the tasks. Idle workers are woken once, as for InsertMany.
-// It needs a client on a pool (ErrNoDatabase otherwise); the Insert
-// middleware runs as for any insert.
+// It takes up to 1,000,000 tasks a call, and needs a client on a pool
+// (ErrNoDatabase otherwise); the Insert middleware runs as for any insert.
 func (c *Client) InsertManyFast(ctx context.Context, params []InsertParams) (int, error) {
 	if c.pool == nil {
 		return 0, fmt.Errorf("%w: InsertManyFast needs a client made with NewClient on the database's pool (it uses COPY)", ErrNoDatabase)

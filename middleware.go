@@ -3,6 +3,7 @@ package leasehold
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 
@@ -16,10 +17,12 @@ import (
 // them, the first outermost. Either field may be nil.
 type Middleware struct {
 	// Insert is called around every insert of the client (Insert,
-	// InsertTx, InsertMany, InsertManyTx), with the tasks about to be
+	// InsertTx, InsertMany, InsertManyTx, InsertManyFast and
+	// InsertManyFastTx), with the tasks about to be
 	// inserted, after they were checked: it may add to their Metadata, and
 	// must call next, with the context to insert with, for them to be
-	// inserted; what it returns is the insert's error.
+	// inserted; what it returns is the insert's error (one that returns
+	// nil without calling next fails the insert, as nothing was inserted).
 	Insert func(ctx context.Context, tasks []*InsertingTask, next func(context.Context) error) error
 	// Work is called around every attempt that a worker of the client
 	// runs, with the claimed task (its Metadata as the insert left it): it
@@ -55,7 +58,9 @@ func (c *Client) inserting(ctx context.Context, params []InsertParams, nts []tas
 			tasks[i].Metadata = map[string]string{}
 		}
 	}
+	inserted := false
 	next := func(ctx context.Context) error {
+		inserted = true
 		for i, t := range tasks {
 			if err := task.CheckMetadata(t.Metadata); err != nil {
 				return fmt.Errorf("%w: the metadata a middleware gave task %d of the insert: %w", ErrInvalidArgument, i, err)
@@ -70,7 +75,13 @@ func (c *Client) inserting(ctx context.Context, params []InsertParams, nts []tas
 		mw, inner := c.insertMW[i], next
 		next = func(ctx context.Context) error { return mw(ctx, tasks, inner) }
 	}
-	return next(ctx)
+	if err := next(ctx); err != nil {
+		return err
+	}
+	if !inserted {
+		return errors.New("an insert middleware returned without calling next: nothing was inserted")
+	}
+	return nil
 }
 
 // working runs the client's Work middleware around one attempt.

@@ -13,6 +13,7 @@ package leaseholdotel
 
 import (
 	"context"
+	"errors"
 	"strconv"
 
 	"go.opentelemetry.io/otel"
@@ -22,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold"
+	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/task"
 )
 
@@ -45,6 +47,9 @@ const (
 	AttrTaskAttempt = attribute.Key("leasehold.task.attempt")
 	AttrTaskFence   = attribute.Key("leasehold.task.fence")
 	AttrTaskCount   = attribute.Key("leasehold.tasks")
+	// AttrOutcome is set on an attempt that snoozed or was cancelled by its
+	// worker: neither is a failure.
+	AttrOutcome = attribute.Key("leasehold.task.outcome")
 )
 
 // Middleware returns the middleware that traces a client's inserts and
@@ -70,9 +75,10 @@ func Middleware(opts *Options) leasehold.Middleware {
 				attribute.String("messaging.system", "leasehold"), attribute.String("messaging.operation.type", "send"),
 				AttrTaskCount.Int(len(tasks)),
 			}
-			if len(tasks) > 0 {
-				name += " " + tasks[0].Kind
-				attrs = append(attrs, AttrTaskKind.String(tasks[0].Kind), attribute.String("messaging.destination.name", tasks[0].Queue))
+			// Named after the batch's kind and queue when it has one of each.
+			if kind, queue, one := alike(tasks); one {
+				name += " " + kind
+				attrs = append(attrs, AttrTaskKind.String(kind), attribute.String("messaging.destination.name", queue))
 			}
 			ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 			defer span.End()
@@ -104,11 +110,34 @@ func Middleware(opts *Options) leasehold.Middleware {
 			ctx, span := tracer.Start(ctx, "leasehold.work "+t.Kind, opts...)
 			defer span.End()
 			err := next(ctx)
-			if err != nil {
+			var snooze *worker.SnoozeError
+			var cancel *worker.CancelError
+			switch {
+			case err == nil:
+			case errors.As(err, &snooze):
+				// Asked to run again later: no failure.
+				span.SetAttributes(AttrOutcome.String("snoozed"))
+			case errors.As(err, &cancel):
+				// Given up on by its worker, on purpose: no failure either.
+				span.SetAttributes(AttrOutcome.String("cancelled"))
+			default:
 				span.RecordError(err)
 				span.SetStatus(codes.Error, err.Error())
 			}
 			return err
 		},
 	}
+}
+
+// alike returns the kind and queue of tasks when they all share them.
+func alike(tasks []*leasehold.InsertingTask) (kind, queue string, one bool) {
+	if len(tasks) == 0 {
+		return "", "", false
+	}
+	for _, t := range tasks[1:] {
+		if t.Kind != tasks[0].Kind || t.Queue != tasks[0].Queue {
+			return "", "", false
+		}
+	}
+	return tasks[0].Kind, tasks[0].Queue, true
 }

@@ -1,6 +1,7 @@
 // Package leaseholdtest helps test programs that use leasehold: run a
 // worker's Work on a task without a queue (Work), check that a transaction
-// inserted a task of a kind (RequireInsertedTx), and wait until a client
+// inserted a task of a kind (RequireInsertedTx, RequireNotInsertedTx), and
+// wait until a client
 // has nothing left to do (WaitIdle), all without sleeps.
 package leaseholdtest
 
@@ -9,12 +10,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leasehold/leasehold"
 	"github.com/leasehold/leasehold/internal/taskoutput"
+	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/internal/worker"
 	"github.com/leasehold/leasehold/task"
 )
@@ -81,6 +84,9 @@ func Work[T leasehold.TaskArgs](ctx context.Context, w leasehold.Worker[T], args
 		cancel *worker.CancelError
 	)
 	switch {
+	case err == nil && len(slot.Out) > task.MaxPayloadBytes:
+		return &Result{Outcome: Failed, Err: fmt.Errorf("the output is %d bytes of JSON; task_output holds at most %d (task.MaxPayloadBytes)",
+			len(slot.Out), task.MaxPayloadBytes)}, nil
 	case err == nil:
 		return &Result{Outcome: Completed, Output: slot.Out}, nil
 	case errors.As(err, &snooze):
@@ -94,7 +100,7 @@ func Work[T leasehold.TaskArgs](ctx context.Context, w leasehold.Worker[T], args
 func run[T leasehold.TaskArgs](ctx context.Context, w leasehold.Worker[T], t *leasehold.Task[T]) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("panic: %v", v)
+			err = fmt.Errorf("panic: %v\n\n%s", v, debug.Stack())
 		}
 	}()
 	return w.Work(ctx, t)
@@ -146,39 +152,26 @@ func RequireNotInsertedTx[T leasehold.TaskArgs](ctx context.Context, tb TB, tx p
 	}
 }
 
-// insertedTx reads the newest tasks of kind (in queue) that tx sees.
+// insertedTx reads the newest tasks of kind (in queue) that tx sees, whole.
 func insertedTx(ctx context.Context, tb TB, tx pgx.Tx, kind, queue string, limit int) []task.Task {
 	tb.Helper()
-	rows, err := tx.Query(ctx, `SELECT id, kind, queue, task_data, state, priority, max_attempts, scheduled_at, created_at
-		FROM tasks WHERE kind = $1 AND ($2 = '' OR queue = $2) ORDER BY id DESC LIMIT $3`, kind, queue, limit)
+	ts, err := taskstore.NewestTx(ctx, tx, kind, queue, limit)
 	if err != nil {
 		tb.Fatalf("leaseholdtest: read the tasks: %v", err)
-		return nil
 	}
-	defer rows.Close()
-	var out []task.Task
-	for rows.Next() {
-		var t task.Task
-		if err := rows.Scan(&t.ID, &t.Kind, &t.Queue, &t.TaskData, &t.State, &t.Priority, &t.MaxAttempts, &t.ScheduledAt, &t.CreatedAt); err != nil {
-			tb.Fatalf("leaseholdtest: read the tasks: %v", err)
-		}
-		out = append(out, t)
-	}
-	if err := rows.Err(); err != nil {
-		tb.Fatalf("leaseholdtest: read the tasks: %v", err)
-	}
-	return out
+	return ts
 }
 
 // idleCheck bounds the wait between two looks of WaitIdle at the queue when
 // no event came: for a task scheduled for later, or run by another client.
 const idleCheck = time.Second
 
-// WaitIdle returns once none of the tasks of c's kinds is running or due:
-// what c's started workers would take is all done (or failed for later,
-// or scheduled for later). It looks again as each of c's attempts ends
-// (Subscribe), so a test waits no longer than the work takes; ctx bounds
-// it (give it a deadline).
+// WaitIdle returns once none of the tasks of c's kinds in c's queues is
+// running or due: what c's started workers would take is all done (or
+// failed for later, or scheduled for later; due counts by the test's
+// clock). It looks again as each of c's attempts ends (Subscribe), so a
+// test waits no longer than the work takes; ctx bounds it (give it a
+// deadline).
 func WaitIdle(ctx context.Context, c *leasehold.Client) error {
 	kinds := c.Kinds()
 	if len(kinds) == 0 {
@@ -187,7 +180,7 @@ func WaitIdle(ctx context.Context, c *leasehold.Client) error {
 	events, end := c.Subscribe()
 	defer end()
 	for {
-		busy, err := busy(ctx, c, kinds)
+		busy, err := busy(ctx, c, kinds, c.Queues())
 		if err != nil || !busy {
 			return err
 		}
@@ -203,26 +196,37 @@ func WaitIdle(ctx context.Context, c *leasehold.Client) error {
 	}
 }
 
-// busy reports whether a task of kinds is running, or pending and due.
-func busy(ctx context.Context, c *leasehold.Client, kinds []string) (bool, error) {
+// busy reports whether a task of kinds in queues is running, or pending
+// and due.
+func busy(ctx context.Context, c *leasehold.Client, kinds, queues []string) (bool, error) {
 	now := time.Now()
 	for _, kind := range kinds {
-		for _, state := range []task.State{task.StateRunning, task.StatePending} {
-			for after := int64(0); ; {
-				page, err := c.ListTasks(ctx, leasehold.ListTasksParams{Kind: kind, State: state, AfterID: after, Limit: 1000})
-				if err != nil {
-					return false, err
-				}
-				for _, t := range page {
-					if state == task.StateRunning || !t.ScheduledAt.After(now) {
-						return true, nil
-					}
-				}
-				if len(page) == 0 {
-					break
-				}
-				after = page[len(page)-1].ID
+		for _, queue := range queues {
+			b, err := busyIn(ctx, c, kind, queue, now)
+			if err != nil || b {
+				return b, err
 			}
+		}
+	}
+	return false, nil
+}
+
+func busyIn(ctx context.Context, c *leasehold.Client, kind, queue string, now time.Time) (bool, error) {
+	for _, state := range []task.State{task.StateRunning, task.StatePending} {
+		for after := int64(0); ; {
+			page, err := c.ListTasks(ctx, leasehold.ListTasksParams{Kind: kind, Queue: queue, State: state, AfterID: after, Limit: 1000})
+			if err != nil {
+				return false, err
+			}
+			for _, t := range page {
+				if state == task.StateRunning || !t.ScheduledAt.After(now) {
+					return true, nil
+				}
+			}
+			if len(page) == 0 {
+				break
+			}
+			after = page[len(page)-1].ID
 		}
 	}
 	return false, nil

@@ -269,7 +269,7 @@ func (p *Pruner) Run(ctx context.Context) error {
 			}
 			failing = true
 			ev.Err(err).Int64("tasks", counts.Tasks).Int64("leases", counts.Leases).Int64("lease_events", counts.LeaseEvents).
-				Dur("retry_in", wait).Msg("pruning failed; retrying")
+				Stringer("retry_in", wait).Msg("pruning failed; retrying")
 		}
 		timer.Reset(wait)
 	}

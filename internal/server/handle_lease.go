@@ -130,7 +130,7 @@ func acquireWaiting(w http.ResponseWriter, r *http.Request, d Deps, p lease.Acqu
 		Listener: d.Listener, Stopping: d.Stopping, Statement: budget,
 		Waiting: func(held lease.Lease) {
 			d.Log.Debug().Str("resource", p.Resource).Str("holder", p.Holder).Str("held_by", held.Holder).
-				Dur("wait", wait).Msg("acquisition waits for the lease")
+				Stringer("wait", wait).Msg("acquisition waits for the lease")
 		},
 	})
 }

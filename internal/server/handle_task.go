@@ -973,13 +973,6 @@ const (
 // answer to a small factor of the request.
 const maxNumberGrowth = 32
 
-// checkJSON refuses what PostgreSQL's jsonb and text refuse in valid JSON:
-// the escape \u0000 and unpaired UTF-16 surrogate escapes in strings and,
-// with numbers, numbers outside numeric's range or that PostgreSQL would
-// print more than maxNumberGrowth characters longer than they were
-// written. Without it they would be a 500 (or, in a Go string, a silent
-// U+FFFD), or an answer thousands of times the request. raw must be valid
-// JSON.
 // payloadTooLarge is a task_data or task_output over task.MaxPayloadBytes:
 // 413, as for a body over 1 MiB.
 type payloadTooLarge struct{ msg string }
@@ -996,6 +989,13 @@ func checkPayload(what string, raw []byte) error {
 	return nil
 }
 
+// checkJSON refuses what PostgreSQL's jsonb and text refuse in valid JSON:
+// the escape \u0000 and unpaired UTF-16 surrogate escapes in strings and,
+// with numbers, numbers outside numeric's range or that PostgreSQL would
+// print more than maxNumberGrowth characters longer than they were
+// written. Without it they would be a 500 (or, in a Go string, a silent
+// U+FFFD), or an answer thousands of times the request. raw must be valid
+// JSON.
 func checkJSON(what string, raw []byte, numbers bool) error {
 	for i := 0; i < len(raw); {
 		switch c := raw[i]; {

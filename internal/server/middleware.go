@@ -81,7 +81,7 @@ func logRequests(next http.Handler, log zerolog.Logger, m *Metrics, mux *http.Se
 			Str("path", r.URL.Path).
 			Str("route", route).
 			Int("status", rec.status).
-			Dur("duration", elapsed).
+			Float64("duration_ms", float64(elapsed.Microseconds())/1000).
 			Msg("request")
 	})
 }

@@ -251,8 +251,8 @@ func TestRequestLog(t *testing.T) {
 				t.Errorf("%s %s: log %q = %v, want %v (line %v)", tc.method, tc.path, key, line[key], want, line)
 			}
 		}
-		if d, ok := line["duration"].(float64); !ok || d < 0 {
-			t.Errorf("%s %s: log duration = %v, want a non-negative number", tc.method, tc.path, line["duration"])
+		if d, ok := line["duration_ms"].(float64); !ok || d < 0 {
+			t.Errorf("%s %s: log duration_ms = %v, want a non-negative number", tc.method, tc.path, line["duration_ms"])
 		}
 		if r, ok := line["route"].(string); !ok || r == "" {
 			t.Errorf("%s %s: log route = %v, want the route", tc.method, tc.path, line["route"])

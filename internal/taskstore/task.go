@@ -780,3 +780,27 @@ func CopyInsert(ctx context.Context, conn interface {
 	}
 	return n, nil
 }
+
+// NewestTx returns the newest tasks of kind (in queue, when set) that tx
+// sees, newest first, at most limit: for tests that look into a
+// transaction (leaseholdtest).
+func NewestTx(ctx context.Context, tx pgx.Tx, kind, queue string, limit int) ([]task.Task, error) {
+	rows, err := tx.Query(ctx, `SELECT id FROM tasks WHERE kind = $1 AND ($2 = '' OR queue = $2) ORDER BY id DESC LIMIT $3`, kind, queue, limit)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, err
+	}
+	q := db.New(tx)
+	out := make([]task.Task, 0, len(ids))
+	for _, id := range ids {
+		r, err := q.TaskGet(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fromRow(r))
+	}
+	return out, nil
+}
