@@ -144,3 +144,45 @@ func ExampleWorkFunc() {
 	fmt.Println(err)
 	// Output: <nil>
 }
+
+// Middleware that carries the tenant of each insert to the workers of its
+// tasks, through the tasks' metadata.
+func ExampleMiddleware() {
+	type tenantKey struct{}
+	tenant := leasehold.Middleware{
+		Insert: func(ctx context.Context, tasks []*leasehold.InsertingTask, next func(context.Context) error) error {
+			if id, ok := ctx.Value(tenantKey{}).(string); ok {
+				for _, t := range tasks {
+					t.Metadata["tenant"] = id
+				}
+			}
+			return next(ctx)
+		},
+		Work: func(ctx context.Context, t *task.Task, next func(context.Context) error) error {
+			return next(context.WithValue(ctx, tenantKey{}, t.Metadata["tenant"]))
+		},
+	}
+	workers := leasehold.NewWorkers()
+	done := make(chan string, 1)
+	err := leasehold.AddWorker(workers, leasehold.WorkFunc(func(ctx context.Context, _ *leasehold.Task[WelcomeEmail]) error {
+		done <- ctx.Value(tenantKey{}).(string)
+		return nil
+	}), leasehold.KindConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client, err := leasehold.NewClient(examplePool(), leasehold.Config{Workers: workers, Middleware: []leasehold.Middleware{tenant}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := client.Start(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+	defer client.Stop(context.Background()) //nolint:errcheck // an example
+	if _, err := client.Insert(context.WithValue(context.Background(), tenantKey{}, "acme"), WelcomeEmail{UserID: 9}, nil); err != nil {
+		log.Print(err)
+		return
+	}
+	fmt.Println("worked for", <-done)
+	// Output: worked for acme
+}
