@@ -88,7 +88,9 @@ const (
 	// E+bound] and no outage window meets that span; a reaper runs from its
 	// acquisition to its last sign of life, its latest acquired, renewed or
 	// released event, since a holder that stopped renewing may have been
-	// killed. Judged, it is late when it was announced after E+bound, or it
+	// killed; a release counts as a sign of life only when it came within
+	// half a TTL of the sign before it (a later one is a holder giving up
+	// at its deadline after its renewals failed). Judged, it is late when it was announced after E+bound, or it
 	// was not announced and the resource was acquired again after E+bound,
 	// or neither happened and ReadAt > E+bound. Acquired again by E+bound
 	// and not announced is fine: the lease was no longer expired when the
@@ -420,7 +422,15 @@ func (v *verifier) intervals(events []lease.Event) []interval {
 		case kindRenewed:
 			cur.expires, cur.lastSign = e.ExpiresAt, e.At
 		case kindReleased:
-			cur.releasedID, cur.released, cur.lastSign = e.ID, e.At, e.At
+			cur.releasedID, cur.released = e.ID, e.At
+			// A holder renews every third of its TTL. One that let half its
+			// TTL pass without a renewal was not reaching the database: its
+			// release is the holder giving the lease up at its deadline
+			// (the last renewal may have landed unanswered), which shows
+			// the process alive then, not that it worked in between.
+			if ttl := cur.expires.Sub(cur.lastSign); e.At.Sub(cur.lastSign) < ttl/2 {
+				cur.lastSign = e.At
+			}
 		case kindExpired:
 			cur.expiredID, cur.announced = e.ID, e.At
 		}

@@ -433,6 +433,35 @@ func TestVerifyViolations(t *testing.T) {
 			}
 		},
 	}, {
+		// The reaper's renewals failed from 0 on (a failover, say) and it
+		// gave the lease up at its deadline, releasing it: the release shows
+		// the process alive at 4600, not that it reaped since 0.
+		name: "the same late expiry while the reaper's renewals failed until it gave up",
+		mutate: func(t *testing.T, h *history, _ *checker.Options) {
+			late(t, h)
+			h.events = slices.DeleteFunc(h.events, func(e lease.Event) bool {
+				return e.Resource == reaper.Resource && e.Kind == "renewed"
+			})
+			h.event(t, reaper.Resource, "r1", "released").At = ms(4600)
+		},
+		check: func(t *testing.T, rep *checker.Report) {
+			if rep.ExpiriesJudged != 0 {
+				t.Errorf("judged %d expiries, want 0", rep.ExpiriesJudged)
+			}
+		},
+	}, {
+		// Released a second after its last renewal, on schedule: it ran
+		// until then.
+		name: "the same late expiry before the reaper released on schedule",
+		mutate: func(t *testing.T, h *history, _ *checker.Options) {
+			late(t, h)
+			h.events = slices.DeleteFunc(h.events, func(e lease.Event) bool {
+				return e.Resource == reaper.Resource && e.Kind == "renewed" && e.At.After(ms(3000))
+			})
+			h.event(t, reaper.Resource, "r1", "released").At = ms(4000)
+		},
+		want: []string{checker.RuleExpiryLate},
+	}, {
 		name: "an expiry never announced, taken over late",
 		mutate: func(t *testing.T, h *history, _ *checker.Options) {
 			// c expires at 3500; d takes over at 4600.
