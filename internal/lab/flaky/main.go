@@ -6,7 +6,7 @@
 //	go run ./internal/lab/flaky [-runs 10] [-load=true] [-timeout 30m] [packages]
 //
 // (go tool task flaky, with PKGS and RUNS.) The packages default to the
-// soak, the command and the library: ./internal/chaos ./cmd/leasehold .
+// soak, the command and the library: ./internal/lab/chaos ./cmd/leasehold .
 // Each run is `go test -race -count=1 -json` of one package, the packages
 // taking turns. The load is `go test -race -count=1 ./...` of the module,
 // again and again until the last run ends; its own failures are reported
@@ -41,7 +41,7 @@ func main() {
 	flag.Parse()
 	pkgs := flag.Args()
 	if len(pkgs) == 0 {
-		pkgs = []string{"./internal/chaos", "./cmd/leasehold", "."}
+		pkgs = []string{"./internal/lab/chaos", "./cmd/leasehold", "."}
 	}
 	if *runs < 1 {
 		fmt.Fprintln(os.Stderr, "flaky: -runs must be at least 1")
