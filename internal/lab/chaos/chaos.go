@@ -510,6 +510,9 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 		ExpectedTasks:   slices.Clone(s.created),
 		AllowUnfinished: interrupted,
 	}
+	for _, r := range s.members() {
+		opts.Exits = append(opts.Exits, r.exitsAs()...)
+	}
 	for _, sc := range s.schedules {
 		// A schedule whose removal failed is still ticking: only its duplicates are judged.
 		if !sc.End.IsZero() && !sc.Next.IsZero() {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/demo/frontdoor"
 	"github.com/leasehold/leasehold/internal/demo/supervise"
+	"github.com/leasehold/leasehold/internal/lab/checker"
 )
 
 // requestTimeout bounds one request to a replica: a paused one answers nothing.
@@ -37,6 +38,7 @@ type replica struct {
 	started time.Time     // when the current (or last) process started
 	exited  chan struct{} // closed when the current process exits
 	exitErr error         // what Wait returned for the last process
+	exits   []time.Time   // when each process that ended was seen to end
 }
 
 // running returns the replica's address, or "" while no process of it runs.
@@ -123,7 +125,20 @@ func (r *replica) exit(err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.addr, r.exitErr = "", err
+	r.exits = append(r.exits, time.Now())
 	close(r.exited)
+}
+
+// exitsAs returns the exits of r's processes, for the checker: each held
+// its leases as r's name.
+func (r *replica) exitsAs() []checker.Exit {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]checker.Exit, len(r.exits))
+	for i, at := range r.exits {
+		out[i] = checker.Exit{Holder: r.name, At: at}
+	}
+	return out
 }
 
 // appChild is an application of the soak (app.go) for the supervisor: "soak app", on the

@@ -78,6 +78,12 @@ type Window struct {
 	From, To time.Time
 }
 
+// Exit is the end of a process that held leases as Holder.
+type Exit struct {
+	Holder string
+	At     time.Time
+}
+
 // Options say what the checker may expect of the history.
 type Options struct {
 	// Outages are the spans in which no expiry could be announced although a
@@ -87,6 +93,13 @@ type Options struct {
 	// meets one. A reaper killed outright needs no window: the checker counts
 	// a reaper as running only up to its last renewal (see RuleExpiryLate).
 	Outages []Window
+	// Exits are the moments at which a process holding leases under a
+	// holder name ended (killed, crashed or stopped). A supervisor that
+	// restarts it under the same name lets the new process renew the old
+	// one's lease under the same fence; the expiry-lateness rule counts the
+	// reaper as running up to the old process's last sign of life before its
+	// exit, and again from the new one's first after it, not across.
+	Exits []Exit
 	// ExpiryBound is how late an expiry may be announced while a reaper ran;
 	// 0 (or less) means 1s.
 	ExpiryBound time.Duration

@@ -90,7 +90,10 @@ const (
 	// released event, since a holder that stopped renewing may have been
 	// killed; a release counts as a sign of life only when it came within
 	// half a TTL of the sign before it (a later one is a holder giving up
-	// at its deadline after its renewals failed). Judged, it is late when it was announced after E+bound, or it
+	// at its deadline after its renewals failed), and not across an exit of
+	// its holder's process (Options.Exits): a process restarted under the
+	// same name may renew the lease under the same fence. Judged, it is late
+	// when it was announced after E+bound, or it
 	// was not announced and the resource was acquired again after E+bound,
 	// or neither happened and ReadAt > E+bound. Acquired again by E+bound
 	// and not announced is fine: the lease was no longer expired when the
@@ -282,16 +285,17 @@ type interval struct {
 	resource   string
 	holder     string
 	fence      int64
-	acquiredID int64     // the acquired event; 0 for a task attempt
-	attempt    int       // the task attempt's number, from 1; 0 for a lease
-	start      time.Time // the acquired event's at, or the attempt's started_at
-	expires    time.Time // expires_at of the latest acquired or renewed event, or the attempt's
-	lastSign   time.Time // at of the latest acquired, renewed or released event; zero for a task attempt
-	releasedID int64     // the released event; 0 when none, or for a task attempt
-	released   time.Time // zero when not released
-	expiredID  int64     // the expired event; 0 when none, or for a task attempt
-	announced  time.Time // when the expiry was announced; zero when it was not
-	next       time.Time // start of the resource's next acquisition; zero when none
+	acquiredID int64       // the acquired event; 0 for a task attempt
+	attempt    int         // the task attempt's number, from 1; 0 for a lease
+	start      time.Time   // the acquired event's at, or the attempt's started_at
+	expires    time.Time   // expires_at of the latest acquired or renewed event, or the attempt's
+	lastSign   time.Time   // at of the latest acquired, renewed or released event; zero for a task attempt
+	signs      []time.Time // every sign of life, in order: the acquisition, then each renewal (and release) lastSign took
+	releasedID int64       // the released event; 0 when none, or for a task attempt
+	released   time.Time   // zero when not released
+	expiredID  int64       // the expired event; 0 when none, or for a task attempt
+	announced  time.Time   // when the expiry was announced; zero when it was not
+	next       time.Time   // start of the resource's next acquisition; zero when none
 }
 
 // end is where the interval stops holding: min(released, expires).
@@ -365,7 +369,7 @@ func (v *verifier) resource(events []lease.Event) {
 
 	switch events[0].Resource {
 	case reaper.Resource:
-		v.reaper = ivs
+		v.reaper = v.runs(ivs)
 	case demo.Resource:
 		for _, iv := range ivs {
 			v.generator[iv.fence] = iv
@@ -405,7 +409,7 @@ func (v *verifier) intervals(events []lease.Event) []interval {
 			}
 			ivs = append(ivs, interval{
 				resource: e.Resource, holder: e.Holder, fence: e.Fence, acquiredID: e.ID,
-				start: e.At, expires: e.ExpiresAt, lastSign: e.At,
+				start: e.At, expires: e.ExpiresAt, lastSign: e.At, signs: []time.Time{e.At},
 			})
 			continue
 		}
@@ -421,6 +425,7 @@ func (v *verifier) intervals(events []lease.Event) []interval {
 		switch e.Kind {
 		case kindRenewed:
 			cur.expires, cur.lastSign = e.ExpiresAt, e.At
+			cur.signs = append(cur.signs, e.At)
 		case kindReleased:
 			cur.releasedID, cur.released = e.ID, e.At
 			// A holder renews every third of its TTL. One that let half its
@@ -430,6 +435,7 @@ func (v *verifier) intervals(events []lease.Event) []interval {
 			// the process alive then, not that it worked in between.
 			if ttl := cur.expires.Sub(cur.lastSign); e.At.Sub(cur.lastSign) < ttl/2 {
 				cur.lastSign = e.At
+				cur.signs = append(cur.signs, e.At)
 			}
 		case kindExpired:
 			cur.expiredID, cur.announced = e.ID, e.At
@@ -751,6 +757,51 @@ func (v *verifier) reaperThrough(from, to time.Time) *interval {
 		return nil
 	}
 	return &v.reaper[i-1]
+}
+
+// runs splits the reaper's intervals, sorted by start, at the exits of
+// their holders' processes (Options.Exits): a supervisor that restarts a
+// process under the same name lets the new one renew its predecessor's
+// lease under the same fence, and the reaper did not run between the old
+// process's last sign of life and the new one's first. Each run is a copy
+// of its interval whose start and lastSign are the run's first and last
+// signs of life.
+func (v *verifier) runs(ivs []interval) []interval {
+	if len(v.opts.Exits) == 0 {
+		return ivs
+	}
+	var out []interval
+	for _, iv := range ivs {
+		var exits []time.Time
+		for _, x := range v.opts.Exits {
+			if x.Holder == iv.holder && x.At.After(iv.start) && x.At.Before(iv.lastSign) {
+				exits = append(exits, x.At)
+			}
+		}
+		if len(exits) == 0 {
+			out = append(out, iv)
+			continue
+		}
+		slices.SortFunc(exits, time.Time.Compare)
+		run := iv
+		run.lastSign = time.Time{}
+		for _, sign := range iv.signs {
+			if len(exits) > 0 && sign.After(exits[0]) {
+				// The process that gave the run's signs exited before this
+				// one: the run ends at its last sign, the next begins here.
+				if !run.lastSign.IsZero() {
+					out = append(out, run)
+				}
+				for len(exits) > 0 && sign.After(exits[0]) {
+					exits = exits[1:]
+				}
+				run.start = sign
+			}
+			run.lastSign = sign
+		}
+		out = append(out, run)
+	}
+	return out
 }
 
 // inOutage reports whether [from, to] meets an outage window.

@@ -462,6 +462,39 @@ func TestVerifyViolations(t *testing.T) {
 		},
 		want: []string{checker.RuleExpiryLate},
 	}, {
+		// The reaper's process was killed at 1000 and restarted under the
+		// same name, which renewed the lease under the same fence at 3000:
+		// no reaper ran from 0 to 3000.
+		name: "the same late expiry while the reaper's process was restarting",
+		mutate: func(t *testing.T, h *history, opts *checker.Options) {
+			late(t, h)
+			opts.Exits = []checker.Exit{{Holder: "r1", At: ms(1000)}}
+		},
+		check: func(t *testing.T, rep *checker.Report) {
+			// Not judged: b's expiry at 1700 and task 2's lapse at 1400;
+			// judged: c's at 3500, in the new process's run.
+			if rep.ExpiriesJudged != 1 || rep.ExpiriesNotJudged != 2 {
+				t.Errorf("judged %d, not judged %d; want 1 and 2", rep.ExpiriesJudged, rep.ExpiriesNotJudged)
+			}
+		},
+	}, {
+		// Another process exited: the reaper's ran on.
+		name: "the same late expiry when another holder's process exited",
+		mutate: func(t *testing.T, h *history, opts *checker.Options) {
+			late(t, h)
+			opts.Exits = []checker.Exit{{Holder: "r2", At: ms(1000)}}
+		},
+		want: []string{checker.RuleExpiryLate},
+	}, {
+		// The reaper's process exited after the expiry was due: it ran
+		// through the expiry's span.
+		name: "the same late expiry when the reaper's process exited later",
+		mutate: func(t *testing.T, h *history, opts *checker.Options) {
+			late(t, h)
+			opts.Exits = []checker.Exit{{Holder: "r1", At: ms(4000)}}
+		},
+		want: []string{checker.RuleExpiryLate},
+	}, {
 		name: "an expiry never announced, taken over late",
 		mutate: func(t *testing.T, h *history, _ *checker.Options) {
 			// c expires at 3500; d takes over at 4600.
