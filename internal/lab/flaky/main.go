@@ -151,12 +151,21 @@ type event struct {
 // testOnce runs the package's tests once and adds each test's outcome to
 // results; ok is whether the run passed.
 func testOnce(ctx context.Context, pkg string, timeout time.Duration, results map[string]*result) (bool, error) {
-	return goTest(ctx, results, os.Stderr, "-timeout", timeout.String(), pkg)
+	// Each failure is printed as it comes (its output's tail), so that a
+	// long session of runs shows what failed without waiting for its end.
+	failed := func(pkg, test, output string) {
+		fmt.Printf("flaky: FAIL %s %s:\n", pkg, test)
+		for line := range strings.Lines(tail(output, 60)) {
+			fmt.Print("    " + line)
+		}
+	}
+	return goTest(ctx, results, os.Stderr, failed, "-timeout", timeout.String(), pkg)
 }
 
 // goTest runs go test -race -count=1 -json with args and adds each test's
-// outcome to results; ok is whether the run passed.
-func goTest(ctx context.Context, results map[string]*result, stderr io.Writer, args ...string) (bool, error) {
+// outcome to results; ok is whether the run passed. failed, when not nil,
+// is called with the output of each test (or package) that failed.
+func goTest(ctx context.Context, results map[string]*result, stderr io.Writer, failed func(pkg, test, output string), args ...string) (bool, error) {
 	cmd := exec.CommandContext(ctx, "go", append([]string{"test", "-race", "-count=1", "-json"}, args...)...)
 	cmd.Stderr = stderr
 	cmd.WaitDelay = 10 * time.Second
@@ -196,6 +205,9 @@ func goTest(ctx context.Context, results map[string]*result, stderr io.Writer, a
 					if r.first == "" && outputs[key] != nil {
 						r.first = outputs[key].String()
 					}
+					if failed != nil && outputs[key] != nil {
+						failed(e.Package, "(package)", outputs[key].String())
+					}
 				}
 				continue
 			}
@@ -206,6 +218,9 @@ func goTest(ctx context.Context, results map[string]*result, stderr io.Writer, a
 				r.failed++
 				if r.first == "" && outputs[key] != nil {
 					r.first = outputs[key].String()
+				}
+				if failed != nil && outputs[key] != nil {
+					failed(e.Package, e.Test, outputs[key].String())
 				}
 			}
 		}
@@ -254,7 +269,7 @@ func (l *loadStats) loop(ctx context.Context) {
 		l.running = true
 		l.mu.Unlock()
 		results := map[string]*result{}
-		ok, _ := goTest(ctx, results, io.Discard, "./...")
+		ok, _ := goTest(ctx, results, io.Discard, nil, "./...")
 		if ctx.Err() != nil {
 			return
 		}
