@@ -140,6 +140,24 @@ func run(ctx context.Context, pkgs []string, runs int, load bool, timeout time.D
 	return 1
 }
 
+// telling returns the lines of a test's output that say why it failed (a
+// failed check, a checker's finding, a subtest's failure), then its last n
+// lines.
+func telling(output string, n int) string {
+	var b strings.Builder
+	for line := range strings.Lines(output) {
+		if strings.Contains(line, "VIOLATION") || strings.Contains(line, "PROBLEM") ||
+			strings.Contains(line, "--- FAIL") || strings.Contains(line, "_test.go:") {
+			b.WriteString(line)
+		}
+	}
+	if b.Len() > 0 {
+		b.WriteString("... the output's last lines:\n")
+	}
+	b.WriteString(tail(output, n))
+	return b.String()
+}
+
 // event is a line of go test -json.
 type event struct {
 	Action  string
@@ -155,7 +173,7 @@ func testOnce(ctx context.Context, pkg string, timeout time.Duration, results ma
 	// long session of runs shows what failed without waiting for its end.
 	failed := func(pkg, test, output string) {
 		fmt.Printf("flaky: FAIL %s %s:\n", pkg, test)
-		for line := range strings.Lines(tail(output, 60)) {
+		for line := range strings.Lines(telling(output, 60)) {
 			fmt.Print("    " + line)
 		}
 	}
