@@ -84,8 +84,8 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var (
-		wakeAt  time.Time // on this process's clock
-		failing bool      // the last pass failed: say so once, not at every retry
+		wakeAt   time.Time // on this process's clock
+		failures int       // passes failed in a row: say so once, not at every retry
 	)
 	sooner := func(expires time.Time) {
 		// The payloads carry expiries by the database clock; the last pass
@@ -103,21 +103,22 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 			next, err := r.pass(ctx)
 			switch {
 			case err == nil:
-				if failing {
+				if failures > 0 {
 					r.Log.Info().Msg("reaping again")
 				}
-				failing = false
+				failures = 0
 				wakeAt = next
 			case ctx.Err() != nil:
 				return
 			default:
 				ev := r.Log.Debug()
-				if !failing {
+				if failures == 0 {
 					ev = r.Log.Warn()
 				}
-				failing = true
-				ev.Err(err).Stringer("retry_in", passRetry).Msg("reaper pass failed; retrying")
-				wakeAt = time.Now().Add(passRetry)
+				failures++
+				wait := passRetry(failures)
+				ev.Err(err).Stringer("retry_in", wait).Msg("reaper pass failed; retrying")
+				wakeAt = time.Now().Add(wait)
 			}
 			timer.Reset(time.Until(wakeAt))
 		case <-sub.Resync():
@@ -140,8 +141,21 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 	}
 }
 
-// passRetry is the wait before another pass after one failed.
-const passRetry = time.Second
+// passRetry is the wait before another pass after the given number of
+// passes failed in a row: 50 ms after one (a terminated connection, which
+// the pool replaces at once), doubling up to 250 ms while the database is
+// away, so that the first pass after it returns comes well within the
+// second in which an expiry is promised to be announced.
+func passRetry(failures int) time.Duration {
+	wait := 50 * time.Millisecond
+	for i := 1; i < failures && wait < maxPassRetry; i++ {
+		wait *= 2
+	}
+	return min(wait, maxPassRetry)
+}
+
+// maxPassRetry bounds passRetry.
+const maxPassRetry = 250 * time.Millisecond
 
 // pass marks every due expiry and returns when the next one is due, on this
 // process's clock.
