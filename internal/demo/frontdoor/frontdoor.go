@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -110,9 +111,49 @@ func New(backends []*Backend, log zerolog.Logger) *Proxy {
 // the answer's header closes the inbound body, that last read fails, and
 // the transport cuts the connection to the replica in the middle of the
 // answer (golang/go#40747); the client then gets a truncated body.
+//
+// The transport's last read may come after the answer has been copied,
+// as the handler returns. The server, seeing the inbound body end, starts
+// reading the connection for the next request; were that read to begin
+// after the handler returned, it would meet the server's own and panic
+// ("invalid concurrent Body.Read call"), losing the kept-alive connection.
+// So the handler waits for a read under way to end and refuses later ones
+// before it returns.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).EnableFullDuplex() // an HTTP/2 writer has it already, and says so
+	if r.Body != nil && r.Body != http.NoBody {
+		body := &inbound{rc: r.Body}
+		defer body.stop()
+		r.Body = body
+	}
 	p.proxy.ServeHTTP(w, r)
+}
+
+// inbound is a request's body while its handler runs: stop waits for a
+// read under way and makes every later read fail, so that nothing reads
+// the server's body once the handler has returned. Close does nothing:
+// the server closes the body after the handler (see ServeHTTP).
+type inbound struct {
+	mu      sync.Mutex
+	rc      io.ReadCloser
+	stopped bool
+}
+
+func (b *inbound) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	return b.rc.Read(p)
+}
+
+func (b *inbound) Close() error { return nil }
+
+func (b *inbound) stop() {
+	b.mu.Lock()
+	b.stopped = true
+	b.mu.Unlock()
 }
 
 // CloseIdleConnections closes the kept-alive connections to the replicas.
