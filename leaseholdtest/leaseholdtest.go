@@ -180,9 +180,19 @@ func WaitIdle(ctx context.Context, c *leasehold.Client) error {
 	events, end := c.Subscribe()
 	defer end()
 	for {
+		// A look spans several queries; an attempt that ended during it
+		// may have put its task back (a retry, a lost lease), so a quiet
+		// look counts only if no attempt ended while it was taken.
+		drain(events)
 		busy, err := busy(ctx, c, kinds, c.Queues())
-		if err != nil || !busy {
+		if err != nil {
 			return err
+		}
+		if !busy {
+			if !drain(events) {
+				return nil
+			}
+			continue
 		}
 		timer := time.NewTimer(idleCheck)
 		select {
@@ -196,8 +206,24 @@ func WaitIdle(ctx context.Context, c *leasehold.Client) error {
 	}
 }
 
-// busy reports whether a task of kinds in queues is running, or pending
-// and due.
+// drain empties events and reports whether any were waiting.
+func drain(events <-chan *leasehold.Event) bool {
+	got := false
+	for {
+		select {
+		case <-events:
+			got = true
+		default:
+			return got
+		}
+	}
+}
+
+// busy reports whether a task of kinds in queues is pending and due, or
+// running. It looks at pending tasks first: a task only moves forward
+// (pending, running, finished) except when an attempt ends, which WaitIdle
+// watches, so a task that starts between the two looks is still seen
+// running.
 func busy(ctx context.Context, c *leasehold.Client, kinds, queues []string) (bool, error) {
 	now := time.Now()
 	for _, kind := range kinds {
@@ -212,7 +238,7 @@ func busy(ctx context.Context, c *leasehold.Client, kinds, queues []string) (boo
 }
 
 func busyIn(ctx context.Context, c *leasehold.Client, kind, queue string, now time.Time) (bool, error) {
-	for _, state := range []task.State{task.StateRunning, task.StatePending} {
+	for _, state := range []task.State{task.StatePending, task.StateRunning} {
 		for after := int64(0); ; {
 			page, err := c.ListTasks(ctx, leasehold.ListTasksParams{Kind: kind, Queue: queue, State: state, AfterID: after, Limit: 1000})
 			if err != nil {

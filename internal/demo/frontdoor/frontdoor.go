@@ -112,37 +112,44 @@ func New(backends []*Backend, log zerolog.Logger) *Proxy {
 // the transport cuts the connection to the replica in the middle of the
 // answer (golang/go#40747); the client then gets a truncated body.
 //
-// The transport's last read may come after the answer has been copied,
-// as the handler returns. The server, seeing the inbound body end, starts
-// reading the connection for the next request; were that read to begin
-// after the handler returned, it would meet the server's own and panic
-// ("invalid concurrent Body.Read call"), losing the kept-alive connection.
-// So the handler waits for a read under way to end and refuses later ones
-// before it returns.
+// The transport's last read (the one that finds the body's end) may come
+// after the answer has been copied, as the handler returns, or not at all
+// when the replica answered without reading. Were the server itself to
+// find that end after the handler returned (closing the body reads it to
+// its end), it would start reading the connection for the next request
+// beside its own read, and panic ("invalid concurrent Body.Read call",
+// golang/go#68560), losing the kept-alive connection. So before it returns
+// the handler waits for a read under way, reads the body to its end, and
+// refuses later reads.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).EnableFullDuplex() // an HTTP/2 writer has it already, and says so
 	if r.Body != nil && r.Body != http.NoBody {
 		body := &inbound{rc: r.Body}
-		defer body.stop()
+		defer body.finish(w)
 		r.Body = body
 	}
 	p.proxy.ServeHTTP(w, r)
 }
 
-// inbound is a request's body while its handler runs: stop waits for a
-// read under way and makes every later read fail, so that nothing reads
-// the server's body once the handler has returned. Close does nothing:
-// the server closes the body after the handler (see ServeHTTP).
+// drainLimit bounds what the handler reads of a body the replica left
+// unread; beyond it the connection is closed after the answer.
+const drainLimit = 256 << 10
+
+// inbound is a request's body while its handler runs: finish waits for a
+// read under way, reads what is left to the end, and makes every later
+// read fail, so that the server never meets the body's end once the
+// handler has returned. Close does nothing: the server closes the body
+// after the handler (see ServeHTTP).
 type inbound struct {
-	mu      sync.Mutex
-	rc      io.ReadCloser
-	stopped bool
+	mu       sync.Mutex
+	rc       io.ReadCloser
+	finished bool
 }
 
 func (b *inbound) Read(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.stopped {
+	if b.finished {
 		return 0, http.ErrBodyReadAfterClose
 	}
 	return b.rc.Read(p)
@@ -150,10 +157,14 @@ func (b *inbound) Read(p []byte) (int, error) {
 
 func (b *inbound) Close() error { return nil }
 
-func (b *inbound) stop() {
+// finish reads the rest of the body, at most drainLimit bytes: past it,
+// http.MaxBytesReader tells the server to close the connection after the
+// answer, so it does not look for the next request either.
+func (b *inbound) finish(w http.ResponseWriter) {
 	b.mu.Lock()
-	b.stopped = true
-	b.mu.Unlock()
+	defer b.mu.Unlock()
+	b.finished = true
+	_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, b.rc, drainLimit))
 }
 
 // CloseIdleConnections closes the kept-alive connections to the replicas.

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	stdlog "log"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -278,4 +280,50 @@ func TestUpgradePassesThrough(t *testing.T) {
 			t.Errorf("through the upgraded connection: got %q, want %q", got, "echo "+msg)
 		}
 	}
+}
+
+// TestAnswerBeforeBody: a replica that answers before reading the request's
+// body (a refusal) leaves the kept-alive connection to the front door
+// usable, and the front door's server recovers no panic.
+func TestAnswerBeforeBody(t *testing.T) {
+	t.Parallel()
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "refused unread", http.StatusUnauthorized)
+	}))
+	t.Cleanup(refuse.Close)
+	p := New([]*Backend{NewBackend("replica-a", refuse.Listener.Addr().String())}, zerolog.New(zerolog.NewTestWriter(t)))
+	var serverLog strings.Builder
+	var mu sync.Mutex
+	srv := httptest.NewUnstartedServer(p)
+	srv.Config.ErrorLog = stdlog.New(lockedWriter{&mu, &serverLog}, "", 0)
+	srv.Start()
+	t.Cleanup(func() {
+		srv.Close()
+		p.CloseIdleConnections()
+	})
+	client := srv.Client()
+	for i := range 400 {
+		body := strings.Repeat("x", (i%40)<<12)
+		status, _, _ := send(t, client, "POST", srv.URL+"/api/tasks", body)
+		if status != http.StatusUnauthorized {
+			t.Fatalf("request %d: status %d, want the replica's 401", i, status)
+		}
+	}
+	srv.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(serverLog.String(), "panic") {
+		t.Errorf("the front door's server recovered a panic:\n%s", serverLog.String())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
