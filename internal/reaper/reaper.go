@@ -1,7 +1,8 @@
 // Package reaper turns lease expiry into an event. One replica at a time
 // (elected through the lease leasehold:reaper) sleeps until the earliest
-// expiry is due, or until a notification says a lease now expires earlier,
-// then marks what has expired: the leases trigger records an "expired" event
+// expiry is due, or until a notification says a lease now expires earlier
+// (while its LISTEN connection is down, a quarter second at most), then
+// marks what has expired: the leases trigger records an "expired" event
 // and NOTIFYs it. A task's lease lives in the task's row: the reaper puts a
 // task whose lease lapsed back to pending (or dead), and the tasks trigger
 // NOTIFYs that, which wakes the workers. Correctness never depends on the
@@ -120,6 +121,14 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 				ev.Err(err).Stringer("retry_in", wait).Msg("reaper pass failed; retrying")
 				wakeAt = time.Now().Add(wait)
 			}
+			if !r.Listener.Connected() {
+				// A lease taken or a task claimed while the LISTEN
+				// connection is down (a failover, a restart) is not
+				// heard of, and may expire before the next due this
+				// pass found: look again soon until the listener is
+				// back (its resync brings a pass at once).
+				wakeAt = earliest(wakeAt, time.Now().Add(deafPoll))
+			}
 			timer.Reset(time.Until(wakeAt))
 		case <-sub.Resync():
 			wakeAt = time.Now()
@@ -156,6 +165,17 @@ func passRetry(failures int) time.Duration {
 
 // maxPassRetry bounds passRetry.
 const maxPassRetry = 250 * time.Millisecond
+
+// deafPoll is the longest the reaper sleeps while its listener is not
+// connected: a pass (two index lookups) every quarter second, only then.
+const deafPoll = 250 * time.Millisecond
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
 
 // pass marks every due expiry and returns when the next one is due, on this
 // process's clock.

@@ -302,3 +302,51 @@ func TestClaimedTaskLeaseExpiryIsAnnounced(t *testing.T) {
 		t.Errorf("the task lease's lapse was announced %s after it ran out; want within %s (1 s, with the test's slack)", late, testkit.Bound(time.Second))
 	}
 }
+
+// TestExpiryIsAnnouncedWhileDeaf: a reaper whose LISTEN connection is
+// down hears of no new lease, yet announces one that expires long before
+// anything it knew of (its own lease) within 1 s of its expires_at.
+func TestExpiryIsAnnouncedWhileDeaf(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	tdb := pgtest.New(t)
+	store := leasestore.NewStore(tdb.Pool)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+
+	got := observe(ctx, t, &wg, tdb.URL)
+	deaf := notify.New(func(context.Context) (*pgx.Conn, error) {
+		return nil, errors.New("the database cannot be reached (on purpose)")
+	},
+		zerolog.Nop(), notify.ChannelLease, notify.ChannelTask)
+	wg.Go(func() { _ = deaf.Run(ctx) })
+	r := &reaper.Reaper{
+		Store: store, Listener: deaf, Instance: "reaper-1",
+		// Its own lease is the earliest expiry it knows of, renewed long
+		// before it is due.
+		Keep: lease.KeepConfig{TTL: time.Minute}, Log: zerolog.Nop(),
+	}
+	wg.Go(func() {
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("reaper: %v", err)
+		}
+	})
+	waitChange(t, got, func(c leasestore.Change) bool { return c.Resource == reaper.Resource && c.Kind == "acquired" }, "the reaper's election")
+	// Once a first lease is announced, the reaper has passed with nothing
+	// due before its own lease's expiry.
+	if _, err := store.Acquire(ctx, lease.AcquireParams{Resource: "first", Holder: "w", TTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	waitChange(t, got, func(c leasestore.Change) bool { return c.Resource == "first" && c.Kind == "expired" }, "the expiry of the first lease")
+	if _, err := store.Acquire(ctx, lease.AcquireParams{Resource: "unheard", Holder: "w", TTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	c := waitChange(t, got, func(c leasestore.Change) bool { return c.Resource == "unheard" && c.Kind == "expired" }, "the expiry of the unheard lease")
+	var late time.Duration
+	if err := tdb.Pool.QueryRow(ctx, `SELECT at - expires_at FROM lease_events WHERE lease_id = $1 AND kind = 'expired'`, c.ID).Scan(&late); err != nil {
+		t.Fatal(err)
+	}
+	if late >= testkit.Bound(time.Second) || late < 0 {
+		t.Errorf("announced %s after its expires_at; want within %s (1 s, with the test's slack)", late, testkit.Bound(time.Second))
+	}
+}
