@@ -49,30 +49,53 @@ func child(mode string) int {
 	return 0
 }
 
-// waitOutput waits until out holds the hello of every pid, for at most 20 s.
+// waitOutput waits until out holds the hello of every pid (checked at every write), for
+// at most 20 s.
 func waitOutput(t *testing.T, out *syncBuffer, pids ...int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	timeout := time.After(20 * time.Second)
 	for _, pid := range pids {
-		for !strings.Contains(out.String(), fmt.Sprintf("hello from pid %d\n", pid)) {
-			if time.Now().After(deadline) {
+		hello := fmt.Sprintf("hello from pid %d\n", pid)
+		for {
+			written := out.written()
+			if strings.Contains(out.String(), hello) {
+				break
+			}
+			select {
+			case <-written:
+			case <-timeout:
 				t.Fatalf("waited 20s for the hello of pid %d in\n%s", pid, out.String())
 			}
-			time.Sleep(10 * time.Millisecond)
 		}
 	}
 }
 
 // syncBuffer is a bytes.Buffer the supervisor and the test can share.
 type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	next chan struct{} // closed by the next Write; nil until written asks for it
 }
 
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.next != nil {
+		close(b.next)
+		b.next = nil
+	}
 	return b.buf.Write(p)
+}
+
+// written returns a channel closed by the next Write: taken before reading the buffer,
+// it tells of any write that the read may have missed.
+func (b *syncBuffer) written() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.next == nil {
+		b.next = make(chan struct{})
+	}
+	return b.next
 }
 
 func (b *syncBuffer) String() string {
@@ -182,10 +205,12 @@ func TestRestartsAndStops(t *testing.T) {
 		t.Errorf("log: no line for the crasher's exit with its reason in\n%s", log.String())
 	}
 
-	// A kill -9 is a crash too: the child is started again, as a new process.
+	// A kill -9 is a crash too: the child is started again, as a new process. It is
+	// killed once it has said hello, so that the output shows what it wrote before.
 	e.mu.Lock()
 	first := e.pids["replica-b"][0]
 	e.mu.Unlock()
+	waitOutput(t, &out, first)
 	if pid, err := s.Kill("replica-b"); err != nil || pid != first {
 		t.Fatalf("Kill(replica-b): %d, %v; want %d, nil", pid, err, first)
 	}

@@ -43,7 +43,7 @@ type Config struct {
 	Scenarios   []string      // nil: all
 	Duration    time.Duration // of each timed measurement (leases, steady, notify-cost, baseline)
 	Clients     []int         // concurrency levels of leases and baseline
-	Tasks       int           // tasks drain pre-inserts
+	Tasks       int           // tasks drain pre-inserts; also the transactions of capacity's pgbench yardstick
 	Replicas    int           // replicas of drain, steady and latency
 	Workers     int           // workers per replica
 	Samples     int           // tasks latency inserts one at a time

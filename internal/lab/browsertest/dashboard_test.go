@@ -388,21 +388,23 @@ func TestDashboardSchedules(t *testing.T) {
 	saveScreenshot(ctx, t, "dashboard-schedules.png")
 
 	// The last task's detail in the tasks view: its lock and its schedule,
-	// which leads back to the schedule's row.
+	// which leads back to the schedule's row. The row and the detail are
+	// redrawn as the schedules tick, their links with them: clickLive clicks
+	// the link that is there.
 	step(ctx, t, "the last task's detail with its lock and its schedule",
-		chromedp.Click(chromedp.CSS(row+` td.sched-last-task a`)),
+		clickLive(row+` td.sched-last-task a`),
 		chromedp.WaitVisible(chromedp.CSS(`#tasks-view`)),
 		chromedp.WaitVisible(chromedp.CSS(`#task-detail-body`)),
 		waitTrue(fmt.Sprintf(`(() => { const fact = (k) => document.querySelector('#td-facts dd[data-fact="' + k + '"]')?.textContent;
 			return fact("lock") === %q && fact("schedule") === %q && /\d/.test(fact("schedule tick") ?? ""); })()`, lock, name)),
-		chromedp.Click(chromedp.CSS(`#td-facts dd[data-fact="schedule"] a`)),
+		clickLive(`#td-facts dd[data-fact="schedule"] a`),
 		chromedp.WaitVisible(chromedp.CSS(`#schedules-view`)),
 		chromedp.WaitVisible(chromedp.CSS(row+`.selected`)))
 
 	step(ctx, t, "Remove on the schedule, confirmed",
-		chromedp.Click(chromedp.CSS(row+` button.schedule-remove`)),
+		clickLive(row+` button.schedule-remove`),
 		chromedp.WaitVisible(chromedp.CSS(row+` button.confirm-yes`)),
-		chromedp.Click(chromedp.CSS(row+` button.confirm-yes`)))
+		clickLive(row+` button.confirm-yes`))
 	step(ctx, t, "the removed schedule's row gone, the other's still there",
 		waitTrue(fmt.Sprintf(`document.querySelector(%q) === null && document.querySelector(%q) !== null`, row, brokenRow)),
 		waitTrue(`document.getElementById("schedules-error").textContent === ""`),
@@ -631,6 +633,26 @@ func step1[T any](ctx context.Context, t *testing.T, what string, action chromed
 // waitTrue waits until a JavaScript expression is true in the page.
 func waitTrue(expr string) chromedp.Action[chromedp.Void] {
 	return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(stepTimeout))
+}
+
+// clickLive waits until the first element matching the CSS selector sel is
+// shown and is what a pointer at its centre would hit, and clicks it, in one
+// turn of the page's event loop. The page redraws parts of itself as the
+// stream reports changes; chromedp.Click, which finds a node, then asks for
+// its place, then sends the mouse events, fails or clicks its successor when
+// the node is replaced between those steps. Here the element clicked is the
+// one just found, whatever the page redraws before or after.
+func clickLive(sel string) chromedp.Action[chromedp.Void] {
+	return waitTrue(fmt.Sprintf(`((el) => {
+		if (!el) return false;
+		el.scrollIntoView({ block: "nearest", inline: "nearest" });
+		const r = el.getBoundingClientRect();
+		if (r.width === 0 || r.height === 0) return false;
+		const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+		if (!hit || !el.contains(hit)) return false;
+		el.click();
+		return true;
+	})(document.querySelector(%q))`, sel))
 }
 
 // saveScreenshot writes the whole page as a PNG to .artifacts/ at the root
