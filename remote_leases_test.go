@@ -237,12 +237,20 @@ func testClientHoldServerDown(t *testing.T) {
 	t.Parallel()
 	s := startClientServer(t, "")
 	c := s.client()
-	// A margin of 2 s between the holder's deadline and the server's
-	// expiry: the test's own read of the lease, after the cancellation, must
-	// come before the expiry, whatever the load delays it by.
-	h := hold(t, c, "job:down", "a", lease.KeepConfig{TTL: 4 * time.Second, Margin: 2 * time.Second})
+	// The holder renews every second and counts a renewal good for 10 s
+	// (TTL − Margin): a renewal that a loaded machine slows by seconds still
+	// comes back before the deadline, and so does a failed one once the
+	// server is down, which the cause must carry. The 10 s of Margin are
+	// what the test's own read of the lease, after the cancellation, has
+	// before the lease expires on the server.
+	h := hold(t, c, "job:down", "a", lease.KeepConfig{TTL: 20 * time.Second, RenewInterval: time.Second, Margin: 10 * time.Second})
 	l := h.Lease()
-	waitFor(t, "a renewal", func() bool { return renewals(t, c, "job:down", l.Fence) >= 1 })
+	waitFor(t, "a renewal", func() bool {
+		if err := h.Err(); err != nil {
+			t.Fatalf("the holding ended while the test waited for its first renewal: %v", err)
+		}
+		return renewals(t, c, "job:down", l.Fence) >= 1
+	})
 
 	s.down.Store(true)
 	downAt := time.Now()
@@ -309,7 +317,11 @@ func testClientHoldTaken(t *testing.T) {
 	t.Parallel()
 	s := startClientServer(t, "")
 	c := s.client()
-	h := hold(t, c, "job:taken", "a", lease.KeepConfig{TTL: 3 * time.Second})
+	// A renewal every second, but a deadline (TTL − Margin, 54 min) no test
+	// lasts to: only the refusal can end the holding. With a short TTL a
+	// loaded machine's slow renewal lets the deadline pass first, and the
+	// holding rightly ends with ErrDeadline instead.
+	h := hold(t, c, "job:taken", "a", lease.KeepConfig{TTL: time.Hour, RenewInterval: time.Second})
 	mine := h.Lease()
 
 	if _, err := s.db.Pool.Exec(t.Context(), `UPDATE leases SET expires_at = now() WHERE id = $1`, mine.ID); err != nil {
