@@ -13,11 +13,13 @@
 //	term        SIGTERM of a replica (a clean shutdown); measures how long until every lease
 //	            it held is free
 //	db-restart  PostgreSQL stopped (cleanly, or as a power cut would) and started again a
-//	            moment later; the down window is an outage for the checker
+//	            moment later; the down window is an outage for the checker, until the
+//	            reaper renews its lease on the database again
 //	failover    with a standby (Options.Standby) only: the primary stopped hard (immediate
 //	            mode or SIGKILL), the standby promoted, and the old primary rebuilt as the
 //	            new standby, so that it can happen again; measures how long from the
-//	            primary's death to the first lease the new one grants
+//	            primary's death to the first lease the new one grants; from the death
+//	            until the reaper's first lease event on the new primary is an outage
 //
 // With a standby the soak's database is a primary and a synchronous streaming standby
 // (localpg.Pair), and every replica, application and the soak itself connect with one

@@ -581,6 +581,7 @@ func (s *soak) restartDB(ctx context.Context, rng *rand.Rand) Fault {
 	if crash {
 		how, halt = "crash (immediate)", s.cluster.Crash
 	}
+	lastEvent := s.lastLeaseEvent(ctx)
 	f := Fault{At: time.Now(), Kind: KindDBRestart}
 	s.logFault(f, "PostgreSQL %s, down for %v", how, round(down))
 	// The database must come back whatever happens to ctx: the soak still needs it.
@@ -608,6 +609,7 @@ func (s *soak) restartDB(ctx context.Context, rng *rand.Rand) Fault {
 	}
 	// The soak's own connections died with the server.
 	s.pool.Reset()
+	to = s.untilReaperBack(ctx, lastEvent, f.At, to, "restart at "+clock(f.At))
 	s.mu.Lock()
 	s.report.Outages = append(s.report.Outages, checker.Window{From: f.At, To: to})
 	s.report.DBDown += to.Sub(f.At)
@@ -658,10 +660,7 @@ func (s *soak) failover(ctx context.Context, rng *rand.Rand) (Fault, bool) {
 	}
 	primary, standby := s.pair.Primary(), s.pair.Standby()
 	// The events from here on: the first lease granted after the death is among them.
-	var lastEvent int64
-	if err := s.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM lease_events`).Scan(&lastEvent); err != nil {
-		s.log.Warn().Err(err).Msg("chaos: the last lease event before the failover is unknown; all are searched")
-	}
+	lastEvent := s.lastLeaseEvent(ctx)
 	how, halt := "stopped (immediate)", primary.Crash
 	if rng.IntN(2) == 0 {
 		how, halt = "killed (SIGKILL)", primary.Kill
@@ -688,12 +687,17 @@ func (s *soak) failover(ctx context.Context, rng *rand.Rand) (Fault, bool) {
 	// The soak's own connections died with the old primary.
 	s.pool.Reset()
 	granted, gerr := s.firstGrant(ctx, lastEvent, died)
+	end := promoted
+	if gerr == nil {
+		end = granted
+	}
+	end = s.untilReaperBack(ctx, lastEvent, died, end, "failover at "+clock(died))
 	var what string
 	if gerr != nil {
-		s.addFailover(f.At, promoted, 0, "")
+		s.addFailover(f.At, end, 0, "")
 		what = fmt.Sprintf("no lease granted seen (%v)", gerr)
 	} else {
-		s.addFailover(f.At, granted, granted.Sub(died), clock(died))
+		s.addFailover(f.At, end, granted.Sub(died), clock(died))
 		what = fmt.Sprintf("first lease granted %v after the primary's death", round(granted.Sub(died)))
 	}
 	rebuildAt := time.Now()
@@ -729,9 +733,54 @@ func (s *soak) addFailover(from, to time.Time, grant time.Duration, of string) {
 	}
 }
 
+// lastLeaseEvent returns the id of the newest lease event, or 0 when it cannot be read
+// (then every event is searched).
+func (s *soak) lastLeaseEvent(ctx context.Context) int64 {
+	var id int64
+	if err := s.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM lease_events`).Scan(&id); err != nil {
+		s.log.Warn().Err(err).Msg("chaos: the last lease event before the fault is unknown; all are searched")
+		return 0
+	}
+	return id
+}
+
+// untilReaperBack returns when an outage that began at since ends for the checker: at end
+// (the database serves again), or later, when the reaper reaches it again. It records the
+// wait from end to the reaper's return; a reaper that never returns is a problem.
+func (s *soak) untilReaperBack(ctx context.Context, lastEvent int64, since, end time.Time, of string) time.Time {
+	back, err := s.reaperBack(ctx, lastEvent, since)
+	if err != nil {
+		s.problem("no reaper reached the database again after the %s: %v", of, err)
+		return end
+	}
+	s.mu.Lock()
+	s.report.ReaperBack.add(max(0, back.Sub(end)), of)
+	s.mu.Unlock()
+	if back.After(end) {
+		return back
+	}
+	return end
+}
+
 // firstGrant waits for the first lease acquired after died among the lease events after
 // lastEvent, and returns when it was granted (the database clock, which is the machine's).
 func (s *soak) firstGrant(ctx context.Context, lastEvent int64, died time.Time) (time.Time, error) {
+	return s.firstEvent(ctx, lastEvent, died, "")
+}
+
+// reaperBack waits for the reaper's first lease event (acquired or renewed, by whichever
+// replica) at or after since among the lease events after lastEvent: the first sign that
+// a reaper reaches the database again. A replica finds the database again on its own
+// schedule, later than the first one under load, and until its reaper does, no expiry can
+// be announced: an outage for the checker lasts until then.
+func (s *soak) reaperBack(ctx context.Context, lastEvent int64, since time.Time) (time.Time, error) {
+	return s.firstEvent(ctx, lastEvent, since, reaper.Resource)
+}
+
+// firstEvent waits for the first lease event after lastEvent at or after since: an
+// acquisition of any lease when resource is empty, else an acquisition or renewal of
+// resource.
+func (s *soak) firstEvent(ctx context.Context, lastEvent int64, since time.Time, resource string) (time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*s.opts.LeaseTTL+10*time.Second)
 	defer cancel()
 	tick := time.NewTicker(measureEvery)
@@ -740,7 +789,11 @@ func (s *soak) firstGrant(ctx context.Context, lastEvent int64, died time.Time) 
 	for {
 		var at *time.Time
 		err := s.pool.QueryRow(ctx, `
-			SELECT min(at) FROM lease_events WHERE id > $1 AND kind = 'acquired' AND at >= $2`, lastEvent, died).Scan(&at)
+			SELECT min(at) FROM lease_events
+			WHERE id > $1 AND at >= $2
+			  AND CASE WHEN $3 = '' THEN kind = 'acquired'
+			           ELSE resource = $3 AND kind IN ('acquired', 'renewed') END`,
+			lastEvent, since, resource).Scan(&at)
 		switch {
 		case err == nil && at != nil:
 			return *at, nil

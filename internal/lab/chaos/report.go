@@ -88,6 +88,10 @@ type Report struct {
 	// FailoverGrant is the longest wait from a primary's death to the first lease granted
 	// after it.
 	FailoverGrant Latency
+	// ReaperBack is the longest wait from the database's return (the end of a restart,
+	// the first lease granted after a failover) to the reaper's first lease event on it:
+	// the outages given to the checker last until then.
+	ReaperBack Latency
 
 	// Check is the checker's report; nil when it failed to run.
 	Check *checker.Report
@@ -178,6 +182,9 @@ func (r *Report) summary() [][2]string {
 			[2]string{"failovers", fmt.Sprintf("%d (primary stopped hard, standby promoted, old primary rebuilt as the standby: "+
 				"%d by pg_rewind, %d by pg_basebackup); no primary for %v in all", r.Failovers, r.Rewound, r.Failovers-r.Rewound, round(r.DBDown))},
 			[2]string{"longest primary death → first lease", r.FailoverGrant.String()})
+	}
+	if r.ReaperBack.Samples > 0 {
+		rows = append(rows, [2]string{"longest database back → reaper back (the outages end then)", r.ReaperBack.String()})
 	}
 	rows = append(rows, [][2]string{
 		{"tasks done", fmt.Sprint(r.TasksDone)},
