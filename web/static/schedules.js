@@ -188,10 +188,15 @@ export function createSchedulesView({ $, el, api, errorText, now, age, signIn })
     drawTime(cells.lastTick, t);
 
     const task = s.last_task;
-    cells.lastTask.dataset.taskId = task ? String(task.id) : "";
-    cells.lastTask.replaceChildren(task
-      ? el("a", { class: "plain task-link", href: taskHash({ id: String(task.id) }), title: `Task ${task.id} and its attempts`, text: String(task.id) })
-      : "–");
+    const taskId = task ? String(task.id) : "";
+    // The link is made anew only when the task changes: a link replaced
+    // under the pointer between press and release loses the click.
+    if (cells.lastTask.dataset.taskId !== taskId || !cells.lastTask.firstChild) {
+      cells.lastTask.dataset.taskId = taskId;
+      cells.lastTask.replaceChildren(task
+        ? el("a", { class: "plain task-link", href: taskHash({ id: taskId }), title: `Task ${task.id} and its attempts`, text: taskId })
+        : "–");
+    }
     if (task) {
       const state = el("span", { class: "state task-state", "data-state": task.state, text: task.state });
       const when = task.processed_at ? [el("span", { class: "line sub", title: task.processed_at, text: `ended ${stamp(task.processed_at)}` })] : [];
