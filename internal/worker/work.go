@@ -144,6 +144,14 @@ func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, 
 	}
 	hbMu.Unlock()
 	hb.Wait()
+	if context.Cause(taskCtx) == nil && !time.Now().Before(deadline) {
+		// The deadline passed and nothing said so yet: the process went on
+		// after a pause (or was not scheduled), and the handler's return was
+		// seen before the deadline's timer ran. The clock decides, not which
+		// goroutine ran first: the lease counts as lost, and nothing is
+		// reported under it.
+		cancelTask(fmt.Errorf("task %d: %w", t.ID, lease.ErrDeadline))
+	}
 	cause := context.Cause(taskCtx)
 
 	var (
