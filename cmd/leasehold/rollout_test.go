@@ -149,7 +149,7 @@ type rolloutTerm struct {
 	holder string
 	fence  int64
 	start  time.Time // acquired
-	end    string    // "released", "expired", "lapsed" (taken over without either), "" while held
+	end    string    // "released", "expired", "lapsed" (its expiry passed unmarked, or taken over without either), "" while held
 	endAt  time.Time // released at, or the lease's expiry
 }
 
@@ -179,6 +179,9 @@ func generatorTerms(t *testing.T, db pgtest.DB) []rolloutTerm {
 				terms[n-1].end = "lapsed"
 			}
 			terms = append(terms, rolloutTerm{holder: holder, fence: fence, start: at, endAt: expiresAt})
+			if past {
+				terms[len(terms)-1].end = "lapsed" // unless it was renewed, below
+			}
 			continue
 		}
 		if len(terms) == 0 || terms[len(terms)-1].fence != fence {
@@ -187,7 +190,11 @@ func generatorTerms(t *testing.T, db pgtest.DB) []rolloutTerm {
 		cur := &terms[len(terms)-1]
 		switch kind {
 		case "renewed":
-			cur.endAt = expiresAt
+			// Only the last renewal's expiry says whether the term has
+			// lapsed: an earlier one has passed by now in a term longer
+			// than the TTL, but a renewal needs a live lease, so the
+			// renewal after it came in time.
+			cur.endAt, cur.end = expiresAt, ""
 			if past {
 				cur.end = "lapsed"
 			}

@@ -744,9 +744,12 @@ func TestWorkRejectsBadUsage(t *testing.T) {
 // apiRecorder is a reverse proxy in front of a replica that records the
 // requests it forwards. Its mode changes the heartbeats with wait_seconds:
 // "old" answers them as a release before held heartbeats did (400, an
-// unknown field); "early" has them answered at once, as a replica that
-// shuts down does. "502-once" answers the first heartbeat of all 502, as a
-// front door whose replica died under the request does.
+// unknown field); "early" has them answered early, as a replica that
+// shuts down does: the first, third, fifth… at once, the others only
+// worker.HeldHeartbeatGap after they came (still early), so that the worker
+// sends the next on that answer, at a time the recorder knows.
+// "502-once" answers the first heartbeat of all 502, as a front door whose
+// replica died under the request does.
 type apiRecorder struct {
 	url    string
 	mode   string
@@ -754,6 +757,7 @@ type apiRecorder struct {
 
 	mu       sync.Mutex
 	requests []recorded
+	held     int // "early": the held heartbeats so far
 }
 
 // recorded is one request through an apiRecorder.
@@ -761,6 +765,11 @@ type recorded struct {
 	at                  time.Time
 	method, path, query string
 	body                map[string]any
+	// forwarded is when it went on to the replica: its answer, and
+	// whatever the client did on that answer, came later.
+	forwarded time.Time
+	// late: "early" held it worker.HeldHeartbeatGap before forwarding it.
+	late bool
 }
 
 func newAPIRecorder(t *testing.T, target, mode string) *apiRecorder {
@@ -776,15 +785,19 @@ func newAPIRecorder(t *testing.T, target, mode string) *apiRecorder {
 		r.Body = io.NopCloser(bytes.NewReader(raw))
 		rec := recorded{at: time.Now(), method: r.Method, path: r.URL.Path, query: r.URL.RawQuery}
 		_ = json.Unmarshal(raw, &rec.body)
+		_, held := rec.body["wait_seconds"]
+		held = held && strings.HasSuffix(r.URL.Path, "/heartbeat")
 		a.mu.Lock()
+		i := len(a.requests)
+		if held && a.mode == "early" {
+			a.held++
+			rec.late = a.held%2 == 0
+		}
 		a.requests = append(a.requests, rec)
-		a.mu.Unlock()
-		a.mu.Lock()
 		fail := a.mode == "502-once" && !a.failed && strings.HasSuffix(r.URL.Path, "/heartbeat")
 		a.failed = a.failed || fail
 		a.mu.Unlock()
-		_, held := rec.body["wait_seconds"]
-		switch held = held && strings.HasSuffix(r.URL.Path, "/heartbeat"); {
+		switch {
 		case fail:
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusBadGateway)
@@ -801,7 +814,18 @@ func newAPIRecorder(t *testing.T, target, mode string) *apiRecorder {
 			delete(body, "wait_seconds")
 			plain, _ := json.Marshal(body)
 			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(plain)), int64(len(plain))
+			if rec.late {
+				// A server holding the answer a while, not a wait for
+				// something to happen.
+				select {
+				case <-time.After(worker.HeldHeartbeatGap):
+				case <-r.Context().Done():
+				}
+			}
 		}
+		a.mu.Lock()
+		a.requests[i].forwarded = time.Now()
+		a.mu.Unlock()
 		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
@@ -809,32 +833,36 @@ func newAPIRecorder(t *testing.T, target, mode string) *apiRecorder {
 	return a
 }
 
-// heartbeats returns the wait_seconds of each heartbeat of task id so far
-// (-1 for one without), and when each came.
-func (a *apiRecorder) heartbeats(id int64) ([]int, []time.Time) {
+// heartbeats returns the heartbeats of task id so far.
+func (a *apiRecorder) heartbeats(id int64) []recorded {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var (
-		waits []int
-		at    []time.Time
-	)
+	var beats []recorded
 	for _, r := range a.requests {
 		if r.method == http.MethodPut && r.path == fmt.Sprintf("/api/tasks/%d/heartbeat", id) {
-			w, ok := r.body["wait_seconds"].(float64)
-			if !ok {
-				w = -1
-			}
-			waits, at = append(waits, int(w)), append(at, r.at)
+			beats = append(beats, r)
 		}
 	}
-	return waits, at
+	return beats
 }
 
 // heartbeatWaits returns the wait_seconds of each heartbeat of task id so
 // far (-1 for one without).
 func (a *apiRecorder) heartbeatWaits(id int64) []int {
-	waits, _ := a.heartbeats(id)
+	var waits []int
+	for _, r := range a.heartbeats(id) {
+		waits = append(waits, waitSeconds(r))
+	}
 	return waits
+}
+
+// waitSeconds is the wait_seconds of a heartbeat, -1 for one without.
+func waitSeconds(r recorded) int {
+	w, ok := r.body["wait_seconds"].(float64)
+	if !ok {
+		return -1
+	}
+	return int(w)
 }
 
 // String lists the requests, for a failure's message.
@@ -928,10 +956,17 @@ func TestWorkOldServer(t *testing.T) {
 	}
 }
 
-// TestWorkHeldHeartbeatAnsweredEarly: held heartbeats answered at once, as
+// TestWorkHeldHeartbeatAnsweredEarly: held heartbeats answered early, as
 // a replica that shuts down answers them, are not sent in a loop: the next
-// goes a moment (worker.HeldHeartbeatGap) after the last was sent. The task runs
-// on and is completed.
+// goes no sooner than worker.HeldHeartbeatGap after the last was sent. The
+// task runs on and is completed.
+//
+// When the worker sent a heartbeat is not seen here, only when it came,
+// which may be any time later on a busy machine; so the gap is bounded
+// from what is seen: a heartbeat answered at once (b) that was itself sent
+// on the answer to a late one (a) was sent after a was forwarded, so the
+// one after it (c) came at least HeldHeartbeatGap after a was forwarded.
+// A worker that sent c on b's answer would send it a round trip later.
 func TestWorkHeldHeartbeatAnsweredEarly(t *testing.T) {
 	t.Parallel()
 	r, _ := workReplica(t)
@@ -939,7 +974,7 @@ func TestWorkHeldHeartbeatAnsweredEarly(t *testing.T) {
 	log := newShellLog(t)
 	w := startWork(t, api.url, append([]string{"--kind", "early", "--kill-grace", "1s"}, log.sh(goScript)...)...)
 	tk := addTask(t, r, `{"kind":"early","task_data":{},"ttl_seconds":60}`)
-	const n = 5
+	const n = 6 // two gaps to measure: after the third heartbeat, and after the fifth
 	waitUntil(t, fmt.Sprintf("%d heartbeats of the task", n), func() bool { return len(api.heartbeatWaits(tk.ID)) >= n }, api, w.logs)
 	log.touch(t, "go")
 	if got := finished(t, r, tk.ID, api, w.logs); got.State != task.StateDone {
@@ -948,13 +983,20 @@ func TestWorkHeldHeartbeatAnsweredEarly(t *testing.T) {
 	if err := w.stop(t); err != nil {
 		t.Errorf("leasehold work after its shutdown: got %v, want nil", err)
 	}
-	waits, at := api.heartbeats(tk.ID)
-	for i := 1; i < n; i++ {
-		// Not a benchmark: a lower bound that the pause guarantees, less a
-		// margin for when the proxy saw them.
-		if gap := at[i].Sub(at[i-1]); waits[i-1] == 17 && gap < worker.HeldHeartbeatGap-50*time.Millisecond {
-			t.Errorf("heartbeat %d came %v after the one before, which was answered at once; want at least %v\n%s", i+1, gap, worker.HeldHeartbeatGap, api)
+	beats, measured := api.heartbeats(tk.ID), 0
+	for i := 2; i < len(beats); i++ {
+		a, b, c := beats[i-2], beats[i-1], beats[i]
+		if !a.late || b.late || waitSeconds(b) <= 0 {
+			continue
 		}
+		measured++
+		if gap := c.at.Sub(a.forwarded); gap < worker.HeldHeartbeatGap {
+			t.Errorf("heartbeat %d came %v after heartbeat %d was forwarded, so less than that after heartbeat %d, which was answered at once, was sent; want at least %v\n%s",
+				i+1, gap, i-1, i, worker.HeldHeartbeatGap, api)
+		}
+	}
+	if measured == 0 {
+		t.Errorf("no heartbeat answered at once followed one answered late; want the gap after one measured\n%s", api)
 	}
 }
 
