@@ -49,6 +49,10 @@ const (
 	// machine overran, each loss an attempt. With 4 s it has 2.6 s, more than the
 	// applications' 1.8 s.
 	shellTTL = 4 * time.Second
+	// appAttempts is the max_attempts of the applications' kinds and of KindShell: on a
+	// loaded machine a kill, a pause and a failover can each cost one task an attempt,
+	// and KindShell's default 5 was seen used up so.
+	appAttempts = 20
 
 	// appWorkers is each application's concurrency.
 	appWorkers = 4
@@ -145,7 +149,7 @@ func workersOf() (*leasehold.Workers, error) {
 			return err
 		}
 		return leasehold.RecordOutput(ctx, map[string]string{"digest": Digest(t.Args.Text, t.Args.Rounds)})
-	}), leasehold.KindConfig{MaxAttempts: 20, Timeout: 10 * time.Second})
+	}), leasehold.KindConfig{MaxAttempts: appAttempts, Timeout: 10 * time.Second})
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +165,7 @@ func workersOf() (*leasehold.Workers, error) {
 			return errors.New("the first attempt fails, as the task asks")
 		}
 		return leasehold.RecordOutput(ctx, map[string]any{"slept_ms": t.Args.SleepMS, "attempt": t.Attempts})
-	}), leasehold.KindConfig{MaxAttempts: 20, Timeout: 10 * time.Second,
+	}), leasehold.KindConfig{MaxAttempts: appAttempts, Timeout: 10 * time.Second,
 		Backoff: func(int) time.Duration { return 100 * time.Millisecond }})
 	return w, err
 }

@@ -36,6 +36,9 @@ func (s *soak) createAppTasks(ctx context.Context) {
 		Kind       string `json:"kind"`
 		TaskData   any    `json:"task_data"`
 		TTLSeconds int    `json:"ttl_seconds,omitempty"`
+		// MaxAttempts is appAttempts: the leases the soak's faults take, an
+		// attempt each, must not use up a task its workers would complete.
+		MaxAttempts int `json:"max_attempts,omitempty"`
 	}
 	s.postTasks(ctx, rng, 200*time.Millisecond, func() any {
 		batch := make([]body, 1+rng.IntN(maxBatch))
@@ -48,7 +51,7 @@ func (s *soak) createAppTasks(ctx context.Context) {
 				batch[i] = body{Kind: KindFlaky, TaskData: FlakyArgs{SleepMS: rng.IntN(800), FailFirst: rng.IntN(3) == 0}}
 			default:
 				batch[i] = body{Kind: KindShell, TaskData: ShellArgs{SleepMS: rng.IntN(800), FailFirst: rng.IntN(4) == 0},
-					TTLSeconds: int(shellTTL / time.Second)}
+					TTLSeconds: int(shellTTL / time.Second), MaxAttempts: appAttempts}
 			}
 		}
 		return batch
