@@ -66,16 +66,32 @@ func (r *Reaper) Run(ctx context.Context) error {
 // reap runs one term as the reaper. It ends when the reaper lease is lost,
 // at the latest at its local deadline when the database cannot be reached.
 func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
+	// ctx ends with the term; reap returns only then, and waits for what
+	// it started.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	if r.Retention != nil {
-		// ctx ends with the term; reap returns only then, and waits for it.
-		var wg sync.WaitGroup
-		defer wg.Wait()
 		wg.Go(func() {
 			if err := r.Retention.Run(ctx); err != nil {
 				r.Log.Error().Err(err).Msg("retention stopped")
 			}
 		})
 	}
+	// Pruning after expiries runs beside the passes: it waits for the
+	// listener's control session, which a reconnect may hold for a while
+	// (after a failover, when many leases lapse at once), and the next
+	// expiry must not wait for it.
+	prune := make(chan struct{}, 1)
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-prune:
+				r.pruneWaiters(ctx)
+			}
+		}
+	})
 	// Subscribe before the first pass so that no change falls between.
 	sub := r.Listener.Subscribe(notify.ChannelLease, 1024)
 	defer sub.Close()
@@ -101,7 +117,13 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
-			next, err := r.pass(ctx)
+			next, expired, err := r.pass(ctx)
+			if expired {
+				select {
+				case prune <- struct{}{}:
+				default: // one is pending already
+				}
+			}
 			switch {
 			case err == nil:
 				if failures > 0 {
@@ -178,13 +200,12 @@ func earliest(a, b time.Time) time.Time {
 }
 
 // pass marks every due expiry and returns when the next one is due, on this
-// process's clock.
-func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
-	expired := false
+// process's clock, and whether it marked any (also when it failed after).
+func (r *Reaper) pass(ctx context.Context) (next time.Time, expired bool, err error) {
 	for {
 		marked, err := r.Store.MarkExpired(ctx, batchSize)
 		if err != nil {
-			return time.Time{}, err
+			return time.Time{}, expired, err
 		}
 		for _, m := range marked {
 			if r.Marked != nil {
@@ -199,7 +220,7 @@ func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
 	for r.Tasks != nil {
 		lapsed, err := r.Tasks.RequeueLapsed(ctx, batchSize)
 		if err != nil {
-			return time.Time{}, err
+			return time.Time{}, expired, err
 		}
 		for _, l := range lapsed {
 			if r.Marked != nil {
@@ -211,18 +232,15 @@ func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
 			break
 		}
 	}
-	if expired {
-		r.pruneWaiters(ctx)
-	}
 	asked := time.Now()
 	next, dbNow, err := r.Store.NextExpiry(ctx)
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, expired, err
 	}
 	if r.Tasks != nil {
 		lapse, err := r.Tasks.NextLapse(ctx)
 		if err != nil {
-			return time.Time{}, err
+			return time.Time{}, expired, err
 		}
 		if lapse.Before(next) {
 			next = lapse
@@ -230,7 +248,7 @@ func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
 	}
 	r.offset = dbNow.Sub(asked)
 	// A little after the due time, so that now() in the database has passed it.
-	return next.Add(-r.offset + 5*time.Millisecond), nil
+	return next.Add(-r.offset + 5*time.Millisecond), expired, nil
 }
 
 // pruneWaiters removes the registrations as waiters for inserted tasks
@@ -239,8 +257,7 @@ func (r *Reaper) pass(ctx context.Context) (time.Time, error) {
 // every insert notify, at a cost to every inserter, until the next
 // registration by anyone pruned it.
 func (r *Reaper) pruneWaiters(ctx context.Context) {
-	// Bounded: it runs on a session with no statement timeout, and the
-	// next expiry must not wait for it.
+	// Bounded: it runs on a session with no statement timeout.
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	n, err := r.Listener.PruneWaiters(ctx)
