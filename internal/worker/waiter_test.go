@@ -37,7 +37,10 @@ func TestNoLostWakeUpWhileRegistering(t *testing.T) {
 	for range rounds {
 		// Both workers busy at once: the dispatcher unregisters, and must
 		// register again, while the inserts below are in flight, to sleep.
-		e.insert(0, sleepTask(0), sleepTask(0))
+		// The two tasks last a moment, so that the dispatcher finds both
+		// workers busy after its claim however slowly it runs: a task
+		// done at once could free its worker before the dispatcher looks.
+		e.insert(0, sleepTask(0.2), sleepTask(0.2))
 		var wg sync.WaitGroup
 		for range inserters {
 			wg.Go(func() {
