@@ -443,6 +443,14 @@ func TestWorkers(t *testing.T) {
 	}
 	lastIDs := []int64{last[0].ID, last[1].ID}
 	running := a.waitTasks(t, "running at once, one in each worker", lastIDs, func(tk apiTask) bool { return tk.State == "running" })
+	// The server counts a task running once it is claimed; the worker has
+	// it in hand only when the answer has reached it, and says so.
+	for _, w := range workers {
+		w.proc.out.waitFor(t, w.lang+" worker's word that it started one of the last tasks", func(line string) bool {
+			return strings.HasSuffix(line, ": started") &&
+				(strings.HasPrefix(line, fmt.Sprintf("task %d ", lastIDs[0])) || strings.HasPrefix(line, fmt.Sprintf("task %d ", lastIDs[1])))
+		})
+	}
 	for _, w := range workers {
 		w.proc.signal(t, syscall.SIGTERM)
 	}

@@ -107,6 +107,7 @@ async function report(task, op, body) {
 
 async function work(task) {
   const name = `task ${task.id} (${task.kind}, fence ${task.fence})`;
+  log(`${name}: started`);
   const lost = new AbortController(), done = new AbortController();
   const heartbeat = keepLease(task, lost, done.signal);
   let output = null, error = null;

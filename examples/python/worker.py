@@ -111,6 +111,7 @@ def report(task, op, body):
 
 def work(task):
     name = f"task {task['id']} ({task['kind']}, fence {task['fence']})"
+    log(f"{name}: started")
     lost, done = threading.Event(), threading.Event()
     heartbeat = threading.Thread(target=keep_lease, args=(task, lost, done), daemon=True)
     heartbeat.start()
