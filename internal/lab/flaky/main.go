@@ -10,8 +10,8 @@
 // Each run is `go test -race -count=1 -json` of one package, the packages
 // taking turns. The load is `go test -race -count=1 ./...` of the module,
 // again and again until the last run ends; its own failures are reported
-// apart, since a test that fails under load fails there too. It exits 1 when
-// a run failed.
+// apart (each as it comes, with the lines that say why), since a test that
+// fails under load fails there too. It exits 1 when a run failed.
 package main
 
 import (
@@ -144,6 +144,16 @@ func run(ctx context.Context, pkgs []string, runs int, load bool, timeout time.D
 // failed check, a checker's finding, a subtest's failure), then its last n
 // lines.
 func telling(output string, n int) string {
+	w := why(output)
+	if w != "" {
+		w += "... the output's last lines:\n"
+	}
+	return w + tail(output, n)
+}
+
+// why returns the lines of a test's output that say why it failed: a
+// failed check, a checker's finding, a subtest's failure.
+func why(output string) string {
 	var b strings.Builder
 	for line := range strings.Lines(output) {
 		if strings.Contains(line, "VIOLATION") || strings.Contains(line, "PROBLEM") ||
@@ -151,10 +161,6 @@ func telling(output string, n int) string {
 			b.WriteString(line)
 		}
 	}
-	if b.Len() > 0 {
-		b.WriteString("... the output's last lines:\n")
-	}
-	b.WriteString(tail(output, n))
 	return b.String()
 }
 
@@ -287,7 +293,17 @@ func (l *loadStats) loop(ctx context.Context) {
 		l.running = true
 		l.mu.Unlock()
 		results := map[string]*result{}
-		ok, _ := goTest(ctx, results, io.Discard, nil, "./...")
+		// A failure of the load is said as it comes, briefly (the lines
+		// that say why): the same test may fail there first.
+		failed := func(pkg, test, output string) {
+			var b strings.Builder
+			fmt.Fprintf(&b, "flaky: FAIL in the load: %s %s:\n", pkg, test)
+			for line := range strings.Lines(why(output)) {
+				b.WriteString("    " + line)
+			}
+			fmt.Print(b.String())
+		}
+		ok, _ := goTest(ctx, results, io.Discard, failed, "./...")
 		if ctx.Err() != nil {
 			return
 		}
