@@ -53,6 +53,10 @@ var ErrNotInstalled = errors.New("PostgreSQL server binaries (initdb, pg_ctl, po
 // connection fails at once; the timeout only matters when something listens but does not answer.
 const probeTimeout = 2 * time.Second
 
+// answerWait bounds how long probe asks again a server that listens but
+// has not answered within probeTimeout.
+const answerWait = 30 * time.Second
+
 // URL returns the URL of database db on the local cluster at port.
 func URL(port int, db string) string {
 	return fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/%s?sslmode=disable", User, Password, port, db)
@@ -192,8 +196,23 @@ func baseDir() (string, error) {
 	return filepath.Join(cache, "leasehold", "pg"), nil
 }
 
-// probe connects to url and closes the connection at once.
+// probe connects to url and closes the connection at once. A refused
+// connection fails at once. A server that listens but is slow to answer
+// is asked again, each attempt bounded by probeTimeout, until answerWait
+// has passed: on a loaded machine a running server's authentication alone
+// has taken over 2 s, and taking that for "does not answer" failed a test.
 func probe(ctx context.Context, url string) error {
+	give := time.Now().Add(answerWait)
+	for {
+		err := probeOnce(ctx, url)
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) || time.Now().After(give) {
+			return err
+		}
+	}
+}
+
+// probeOnce is one attempt of probe.
+func probeOnce(ctx context.Context, url string) error {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, url)

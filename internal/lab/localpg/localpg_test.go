@@ -2,9 +2,13 @@ package localpg
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -145,4 +149,82 @@ type testLog struct{ t *testing.T }
 func (w testLog) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// TestProbeAsksASlowServerAgain: a server that listens but does not answer
+// the first connection within probeTimeout (a loaded machine) is asked
+// again, and found answering; a refused one still fails at once.
+func TestProbeAsksASlowServerAgain(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url, err := Ensure(ctx, testLog{t})
+	if errors.Is(err, ErrNotInstalled) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	var (
+		mu       sync.Mutex
+		accepted int
+		held     []net.Conn
+	)
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			_ = c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			accepted++
+			first := accepted == 1
+			held = append(held, c)
+			mu.Unlock()
+			if first {
+				continue // listened, never answered
+			}
+			go func() {
+				up, err := net.Dial("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+				if err != nil {
+					_ = c.Close()
+					return
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c) }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	if err := probe(ctx, URL(port, Database)); err != nil {
+		t.Fatalf("probe of a server whose first connection went unanswered: %v; want it asked again and found answering", err)
+	}
+	mu.Lock()
+	n := accepted
+	mu.Unlock()
+	if n < 2 {
+		t.Errorf("the server saw %d connection(s); want the unanswered one and another", n)
+	}
+
+	_ = ln.Close()
+	err = probe(ctx, URL(port, Database))
+	if err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("probe of a closed port: %v; want a refused connection's error, not a timeout", err)
+	}
 }
