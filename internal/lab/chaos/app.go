@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -133,6 +134,8 @@ type AppOptions struct {
 	DatabaseURL, ServiceURL string
 	// TaskTTL is its tasks' lease TTL; ShutdownGrace its Stop's.
 	TaskTTL, ShutdownGrace time.Duration
+	// Log is its client's Config.Logger (nil: it logs nothing).
+	Log *slog.Logger
 }
 
 // workersOf are the two kinds' workers.
@@ -177,7 +180,7 @@ func RunApp(ctx context.Context, o AppOptions) error {
 		return err
 	}
 	cfg := leasehold.Config{
-		ID: o.Name, Workers: workers, TaskTTL: o.TaskTTL, ShutdownGrace: o.ShutdownGrace,
+		ID: o.Name, Workers: workers, TaskTTL: o.TaskTTL, ShutdownGrace: o.ShutdownGrace, Logger: o.Log,
 		Queues: map[string]leasehold.QueueConfig{"default": {MaxWorkers: appWorkers}},
 	}
 	var (

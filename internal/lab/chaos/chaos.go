@@ -175,7 +175,8 @@ type Options struct {
 	// Output receives the replicas' logs, each line prefixed with the replica's name. Nil
 	// discards.
 	Output io.Writer
-	// ReplicaLogLevel is the replicas' --log-level; default "warn".
+	// ReplicaLogLevel is the replicas' --log-level, and the applications' on the
+	// library; default "warn".
 	ReplicaLogLevel string
 }
 

@@ -3,6 +3,8 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -32,6 +34,19 @@ func runSoak(t *testing.T, o Options) (*Report, *lockedBuffer) {
 	o.Binary, o.AppBinary = testkit.Leasehold(t), testkit.Soak(t)
 	o.Log = zerolog.New(zerolog.ConsoleWriter{Out: t.Output(), NoColor: true, TimeFormat: "15:04:05.000"}).With().Timestamp().Logger()
 	o.Output = &replicaLogs
+	// A failed soak keeps every process's log whole, for go test -artifacts.
+	artifacts := t.ArtifactDir()
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		name := filepath.Join(artifacts, "processes.log")
+		if err := os.WriteFile(name, replicaLogs.bytes(), 0o644); err != nil {
+			t.Logf("keeping the processes' log: %v", err)
+			return
+		}
+		t.Logf("the processes' log: %s", name)
+	})
 	rep, err := Run(ctx, o)
 	if err != nil {
 		t.Fatalf("Run: %v\nreplica logs (the end):\n%s", err, replicaLogs.tail(100))
@@ -223,6 +238,13 @@ func (b *lockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
+}
+
+// bytes returns a copy of all that was written.
+func (b *lockedBuffer) bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
 }
 
 // tail returns the last n lines written.

@@ -154,7 +154,8 @@ func (s *soak) appChild(r *replica) supervise.Child {
 			}
 			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 			args := []string{"app", "--name", r.name, "--addr", addr,
-				"--task-ttl", s.opts.LeaseTTL.String(), "--shutdown-grace", shutdownGrace.String()}
+				"--task-ttl", s.opts.LeaseTTL.String(), "--shutdown-grace", shutdownGrace.String(),
+				"--log-level", s.opts.ReplicaLogLevel}
 			env := environWithout(os.Environ(), "DATABASE_URL", "LEASEHOLD_")
 			if r.name == AppEmbedded {
 				env = append(env, "DATABASE_URL="+s.dbURL)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"log/slog"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/lab/chaos"
@@ -19,10 +20,18 @@ func runApp(ctx context.Context, args []string, getenv func(string) string, stde
 	url := fs.String("url", "", "a leasehold service's URL: the application is remote, on its REST API")
 	ttl := fs.Duration("task-ttl", 2*time.Second, "its tasks' lease TTL")
 	grace := fs.Duration("shutdown-grace", time.Second, "how long a SIGTERM lets running tasks finish")
+	level := fs.String("log-level", "warn", "what the client logs to stderr: debug, info, warn, error or none")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
 	o := chaos.AppOptions{Name: *name, Addr: *addr, ServiceURL: *url, TaskTTL: *ttl, ShutdownGrace: *grace}
+	if *level != "none" {
+		var lv slog.Level
+		if err := lv.UnmarshalText([]byte(*level)); err != nil {
+			return usagef("--log-level %q must be debug, info, warn, error or none", *level)
+		}
+		o.Log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lv}))
+	}
 	switch {
 	case *name != chaos.AppEmbedded && *name != chaos.AppRemote:
 		return usagef("--name %q must be %s or %s", *name, chaos.AppEmbedded, chaos.AppRemote)
