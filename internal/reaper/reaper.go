@@ -117,6 +117,7 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
+			began := time.Now()
 			next, expired, err := r.pass(ctx)
 			if expired {
 				select {
@@ -139,9 +140,8 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 					ev = r.Log.Warn()
 				}
 				failures++
-				wait := passRetry(failures)
-				ev.Err(err).Stringer("retry_in", wait).Msg("reaper pass failed; retrying")
-				wakeAt = time.Now().Add(wait)
+				wakeAt = retryAt(began, failures)
+				ev.Err(err).Stringer("retry_in", max(0, time.Until(wakeAt))).Msg("reaper pass failed; retrying")
 			}
 			if !r.Listener.Connected() {
 				// A lease taken or a task claimed while the LISTEN
@@ -183,6 +183,16 @@ func passRetry(failures int) time.Duration {
 		wait *= 2
 	}
 	return min(wait, maxPassRetry)
+}
+
+// retryAt is when to try again after the given number of passes failed in
+// a row, the last one begun at began: passRetry after its start, not its
+// end. A pass that failed slowly (a connection attempt that took long to
+// be refused, as when a standby is being promoted) has waited already; it
+// is retried at once rather than a full wait later, when the promoted
+// primary may be serving and an expiry due.
+func retryAt(began time.Time, failures int) time.Time {
+	return began.Add(passRetry(failures))
 }
 
 // maxPassRetry bounds passRetry.
