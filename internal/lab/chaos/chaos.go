@@ -131,7 +131,8 @@ type Options struct {
 	// MaxDuration bounds the load and the faults when the Forced faults are not all in
 	// after Duration: the soak goes on until the last of them has been injected, for at
 	// most MaxDuration, and a soak that ran out of it reports the faults it missed as a
-	// problem. Default 4 × Duration, and at least Duration + 2 minutes.
+	// problem (one begun within it counts, however long it takes to end). Default
+	// 4 × Duration, and at least Duration + 2 minutes.
 	MaxDuration time.Duration
 	// Replicas is the number of replicas, 1 to 26; default 3.
 	Replicas int
