@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -62,6 +63,14 @@ type result struct {
 }
 
 func run(ctx context.Context, pkgs []string, runs int, load bool, timeout time.Duration) int {
+	// What the tests keep for go test -artifacts (a failed soak's whole
+	// logs), one directory per run.
+	artifacts, err := os.MkdirTemp("", "flaky-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flaky:", err)
+		return 1
+	}
+	fmt.Printf("flaky: the tests' artifacts (a failed soak keeps its processes' logs) go to %s\n", artifacts)
 	started := time.Now()
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	var loadRuns loadStats
@@ -77,7 +86,11 @@ func run(ctx context.Context, pkgs []string, runs int, load bool, timeout time.D
 	for i := 1; i <= runs && ctx.Err() == nil; i++ {
 		for _, pkg := range pkgs {
 			t0 := time.Now()
-			ok, err := testOnce(ctx, pkg, timeout, results)
+			out := filepath.Join(artifacts, fmt.Sprintf("%s-run%d", strings.NewReplacer("/", "_", ".", "_").Replace(pkg), i))
+			if err := os.MkdirAll(out, 0o755); err != nil {
+				fmt.Fprintln(os.Stderr, "flaky:", err)
+			}
+			ok, err := testOnce(ctx, pkg, timeout, out, results)
 			walls[pkg] = append(walls[pkg], time.Since(t0))
 			status := "ok"
 			switch {
@@ -174,7 +187,7 @@ type event struct {
 
 // testOnce runs the package's tests once and adds each test's outcome to
 // results; ok is whether the run passed.
-func testOnce(ctx context.Context, pkg string, timeout time.Duration, results map[string]*result) (bool, error) {
+func testOnce(ctx context.Context, pkg string, timeout time.Duration, artifacts string, results map[string]*result) (bool, error) {
 	// Each failure is printed as it comes (its output's tail), so that a
 	// long session of runs shows what failed without waiting for its end.
 	failed := func(pkg, test, output string) {
@@ -183,7 +196,7 @@ func testOnce(ctx context.Context, pkg string, timeout time.Duration, results ma
 			fmt.Print("    " + line)
 		}
 	}
-	return goTest(ctx, results, os.Stderr, failed, "-timeout", timeout.String(), pkg)
+	return goTest(ctx, results, os.Stderr, failed, "-timeout", timeout.String(), "-artifacts", "-outputdir", artifacts, pkg)
 }
 
 // goTest runs go test -race -count=1 -json with args and adds each test's
