@@ -66,7 +66,15 @@ type Proxy struct {
 	transport *http.Transport
 	proxy     *httputil.ReverseProxy
 	log       zerolog.Logger
+	// quietUntil (unix nanoseconds) ends the span in which a further "no replica is up"
+	// is logged at debug: while the replicas start, every request fails alike, and one
+	// warning per noReplicaQuiet says so; quieted counts those not warned of.
+	quietUntil atomic.Int64
+	quieted    atomic.Int64
 }
+
+// noReplicaQuiet is how long one "no replica is up" warning stands for the next ones.
+const noReplicaQuiet = 5 * time.Second
 
 // New returns a front door over backends, tried in round-robin order. log receives the
 // requests that failed.
@@ -262,7 +270,21 @@ func (p *Proxy) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		msg = "the replica failed before it answered; the request may or may not have taken effect, " +
 			"check and retry"
 	}
-	p.log.Warn().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("front door: " + msg)
+	level := zerolog.WarnLevel
+	if errors.Is(err, ErrNoReplica) {
+		now := time.Now().UnixNano()
+		if until := p.quietUntil.Load(); now < until || !p.quietUntil.CompareAndSwap(until, now+int64(noReplicaQuiet)) {
+			level = zerolog.DebugLevel
+			p.quieted.Add(1)
+		}
+	}
+	ev := p.log.WithLevel(level).Err(err).Str("method", r.Method).Str("path", r.URL.Path)
+	if level == zerolog.WarnLevel {
+		if n := p.quieted.Swap(0); n > 0 {
+			ev = ev.Int64("alike_since_last_warning", n)
+		}
+	}
+	ev.Msg("front door: " + msg)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusBadGateway)
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})

@@ -2,6 +2,7 @@ package frontdoor
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -326,4 +327,26 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestNoReplicaWarnsOnce: while no replica is up every request fails alike, and the log
+// says so once, not once per request.
+func TestNoReplicaWarnsOnce(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var logged bytes.Buffer
+	p := New([]*Backend{NewBackend("replica-a", deadAddr(t))},
+		zerolog.New(lockedWriter{&mu, &logged}).Level(zerolog.InfoLevel))
+	srv := httptest.NewServer(p)
+	defer srv.Close()
+	for range 20 {
+		if status, _, _ := send(t, srv.Client(), "GET", srv.URL+"/", ""); status != http.StatusBadGateway {
+			t.Fatalf("with no replica up: got %d, want 502", status)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(logged.String(), "front door: no replica is up"); n != 1 {
+		t.Errorf("20 requests with no replica up logged %d warning(s), want 1:\n%s", n, logged.String())
+	}
 }

@@ -3,6 +3,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -74,8 +75,7 @@ func TestChaosShort(t *testing.T) {
 	})
 
 	if !rep.OK() {
-		t.Errorf("the soak failed: %d violation(s), %d problem(s), interrupted %v\nreplica logs (the end):\n%s",
-			len(rep.AllViolations()), len(rep.Problems), rep.Interrupted, replicaLogs.tail(200))
+		soakFailed(t, rep, replicaLogs)
 	}
 	counts := rep.FaultCounts()
 	for _, k := range AllKinds {
@@ -158,8 +158,7 @@ func TestChaosFailover(t *testing.T) {
 		Seed:          1,
 	})
 	if !rep.OK() {
-		t.Errorf("the soak failed: %d violation(s), %d problem(s), interrupted %v\nreplica logs (the end):\n%s",
-			len(rep.AllViolations()), len(rep.Problems), rep.Interrupted, replicaLogs.tail(200))
+		soakFailed(t, rep, replicaLogs)
 	}
 	counts := rep.FaultCounts()
 	if counts[KindFailover] < 2 || rep.Failovers != counts[KindFailover] || counts[KindDBRestart] != 0 {
@@ -245,6 +244,21 @@ func (b *lockedBuffer) bytes() []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return bytes.Clone(b.buf.Bytes())
+}
+
+// soakFailed fails t with the end of the processes' log and then, last so that a
+// shortened output keeps them, the soak's violations and problems.
+func soakFailed(t *testing.T, rep *Report, replicaLogs *lockedBuffer) {
+	t.Helper()
+	var why strings.Builder
+	for _, v := range rep.AllViolations() {
+		fmt.Fprintf(&why, "VIOLATION %s: %s\n", v.Rule, v.Detail)
+	}
+	for _, p := range rep.Problems {
+		fmt.Fprintf(&why, "PROBLEM %s\n", p)
+	}
+	t.Errorf("replica logs (the end):\n%s\nthe soak failed: %d violation(s), %d problem(s), interrupted %v\n%s",
+		replicaLogs.tail(40), len(rep.AllViolations()), len(rep.Problems), rep.Interrupted, why.String())
 }
 
 // tail returns the last n lines written.
