@@ -103,6 +103,9 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 	var (
 		wakeAt   time.Time // on this process's clock
 		failures int       // passes failed in a row: say so once, not at every retry
+		// The start of the first of those passes, and the last one's error.
+		firstFailed time.Time
+		lastErr     error
 	)
 	sooner := func(expires time.Time) {
 		// The payloads carry expiries by the database clock; the last pass
@@ -128,7 +131,16 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 			switch {
 			case err == nil:
 				if failures > 0 {
-					r.Log.Info().Msg("reaping again")
+					// An expiry is promised within a second: a longer gap
+					// may have broken that promise, which an operator should
+					// see at the default level.
+					gap := time.Since(firstFailed)
+					ev := r.Log.Info()
+					if gap >= time.Second {
+						ev = r.Log.Warn()
+					}
+					ev.Int("failed_passes", failures).Stringer("since_first_failure", gap.Round(time.Millisecond)).
+						AnErr("last_error", lastErr).Msg("reaping again")
 				}
 				failures = 0
 				wakeAt = next
@@ -139,7 +151,11 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 				if failures == 0 {
 					ev = r.Log.Warn()
 				}
+				if failures == 0 {
+					firstFailed = began
+				}
 				failures++
+				lastErr = err
 				wakeAt = retryAt(began, failures)
 				ev.Err(err).Stringer("retry_in", max(0, time.Until(wakeAt))).Msg("reaper pass failed; retrying")
 			}
