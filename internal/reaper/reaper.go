@@ -15,8 +15,15 @@ package reaper
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leasehold/leasehold/internal/leasestore"
 	"github.com/leasehold/leasehold/internal/leasing"
@@ -103,6 +110,7 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 	var (
 		wakeAt   time.Time // on this process's clock
 		failures int       // passes failed in a row: say so once, not at every retry
+		instant  int       // of them, those retried at once after a lost connection
 		// The start of the first of those passes, and the last one's error.
 		firstFailed time.Time
 		lastErr     error
@@ -142,7 +150,7 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 					ev.Int("failed_passes", failures).Stringer("since_first_failure", gap.Round(time.Millisecond)).
 						AnErr("last_error", lastErr).Msg("reaping again")
 				}
-				failures = 0
+				failures, instant = 0, 0
 				wakeAt = next
 			case ctx.Err() != nil:
 				return
@@ -150,13 +158,21 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 				ev := r.Log.Debug()
 				if failures == 0 {
 					ev = r.Log.Warn()
-				}
-				if failures == 0 {
 					firstFailed = began
 				}
 				failures++
 				lastErr = err
-				wakeAt = retryAt(began, failures)
+				if connectionLost(err) && instant < maxInstantRetries {
+					// The pool dropped the dead connection; its other
+					// idle ones may be dead too (all of a process's
+					// connections cut at once), and each costs one
+					// failed statement: try the next one now, not a
+					// backoff later for each.
+					instant++
+					wakeAt = time.Now()
+				} else {
+					wakeAt = retryAt(began, failures-instant)
+				}
 				ev.Err(err).Stringer("retry_in", max(0, time.Until(wakeAt))).Msg("reaper pass failed; retrying")
 			}
 			if !r.Listener.Connected() {
@@ -209,6 +225,35 @@ func passRetry(failures int) time.Duration {
 // primary may be serving and an expiry due.
 func retryAt(began time.Time, failures int) time.Time {
 	return began.Add(passRetry(failures))
+}
+
+// maxInstantRetries bounds the passes in a row retried at once because
+// their connection was lost: enough for a pool whose every connection was
+// cut, few enough that a server which drops every new session is not
+// hammered (past them, the retries back off).
+const maxInstantRetries = 32
+
+// connectionLost reports whether err is a connection that broke under a
+// statement (terminated by the server or an operator, reset, closed), as
+// opposed to a database that cannot be reached or a statement that failed:
+// the pool has dropped that connection, and another may serve at once.
+func connectionLost(err error) bool {
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return false // no connection to be had: back off
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// admin_shutdown (pg_terminate_backend), crash_shutdown, and the
+		// connection_exception class.
+		return pgErr.Code == "57P01" || pgErr.Code == "57P02" || strings.HasPrefix(pgErr.Code, "08")
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) && !netErr.Timeout()
 }
 
 // maxPassRetry bounds passRetry.
