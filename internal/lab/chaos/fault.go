@@ -82,7 +82,8 @@ func (s *soak) inject(ctx context.Context, rng *rand.Rand, kind Kind) (Fault, bo
 	case KindFailover:
 		return s.failover(ctx, rng)
 	}
-	victim := s.pickVictim(ctx, rng, kind == KindKill, kind == KindDisconnect)
+	// A kill and a SIGTERM measure what their victim held: one that runs tasks if any does.
+	victim := s.pickVictim(ctx, rng, kind == KindKill || kind == KindTerm, kind == KindDisconnect)
 	if victim == nil {
 		s.log.Info().Str("fault", string(kind)).Msg("chaos: no replica is running; fault skipped")
 		return Fault{}, false
@@ -323,9 +324,16 @@ func (s *soak) disconnect(ctx context.Context, r *replica) (Fault, bool) {
 // table held in its name or in its workers' (the locks of its lease-gated tasks, held by
 // "<replica>/…") and its task leases (the running tasks of its workers), each acquired or
 // renewed since it started: an earlier process of r that crashed may have left leases of
-// the same name to lapse.
+// the same name to lapse. It returns false, sending nothing, when r holds no lease: there
+// would be nothing to measure.
 func (s *soak) term(ctx context.Context, r *replica) (Fault, bool) {
 	at, leases, err := s.heldBy(ctx, r)
+	if err == nil && len(leases) == 0 {
+		// Nothing to watch being freed: a SIGTERM now would measure nothing.
+		// Not injected; the next fault may be this one again (a forced one is).
+		s.log.Info().Str("victim", r.name).Msg("chaos: term skipped: its victim holds no lease")
+		return Fault{}, false
+	}
 	exited := r.current()
 	pid, serr := s.sup.Signal(r.name, syscall.SIGTERM)
 	if serr != nil {
