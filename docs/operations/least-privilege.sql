@@ -59,6 +59,10 @@ GRANT USAGE ON SEQUENCE lease_fence_seq TO :"role";
 GRANT EXECUTE ON FUNCTION prune_tasks(interval, integer, bigint, bigint[]),
                           prune_lease_events(interval, integer, bigint),
                           prune_leases(interval, integer) TO :"role";
+-- The counts of tasks by state are read from a log of changes that the
+-- triggers on tasks write as their owner; the elected reaper folds it.
+GRANT SELECT ON task_counts TO :"role";
+GRANT EXECUTE ON FUNCTION task_counts_fold() TO :"role";
 -- Nor anything younger than the floor of retention, whatever age the role
 -- asks for: a week, the replicas' default --task-retention and
 -- --lease-history-retention. Set it to the shortest of the two if you

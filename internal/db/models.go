@@ -113,6 +113,14 @@ type Task struct {
 	Metadata []byte
 }
 
+// changes to the count of tasks by state, summed on read; written by the triggers on tasks, folded by task_counts_fold()
+type TaskCount struct {
+	State   string
+	N       int64
+	Entered int64
+	At      time.Time
+}
+
 type TaskWaiter struct {
 	Pid        int32
 	Waiter     string

@@ -99,6 +99,9 @@ func (r *Reaper) reap(ctx context.Context, _ lease.Lease) {
 			}
 		}
 	})
+	if r.Tasks != nil {
+		wg.Go(func() { r.foldCounts(ctx) })
+	}
 	// Subscribe before the first pass so that no change falls between.
 	sub := r.Listener.Subscribe(notify.ChannelLease, 1024)
 	defer sub.Close()
@@ -320,6 +323,35 @@ func (r *Reaper) pass(ctx context.Context) (next time.Time, expired bool, err er
 	r.offset = dbNow.Sub(asked)
 	// A little after the due time, so that now() in the database has passed it.
 	return next.Add(-r.offset + 5*time.Millisecond), expired, nil
+}
+
+// foldEvery is how often the reaper folds the log of task count changes:
+// what a read of the counts sums is about a second's changes at most, plus
+// a row per state and second of the last two minutes.
+const foldEvery = time.Second
+
+// foldCounts folds the task counts' log every foldEvery until ctx ends.
+func (r *Reaper) foldCounts(ctx context.Context) {
+	tick := time.NewTicker(foldEvery)
+	defer tick.Stop()
+	failed := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		_, err := r.Tasks.FoldCounts(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil && !failed:
+			// Said once: the counts stay exact, only their reads grow.
+			r.Log.Warn().Err(err).Msg("folding the task counts failed; retrying every second")
+			failed = true
+		case err == nil && failed:
+			r.Log.Info().Msg("folding the task counts again")
+			failed = false
+		}
+	}
 }
 
 // pruneWaiters removes the registrations as waiters for inserted tasks

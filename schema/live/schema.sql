@@ -82,6 +82,13 @@ CREATE TABLE schedules (
     skipped_ticks bigint NOT NULL DEFAULT 0
 );
 
+CREATE TABLE task_counts (
+    state text NOT NULL,
+    n bigint NOT NULL,
+    entered bigint NOT NULL,
+    at timestamp with time zone NOT NULL DEFAULT now()
+);
+
 CREATE TABLE task_waiters (
     pid integer NOT NULL,
     waiter text NOT NULL,
@@ -658,6 +665,91 @@ BEGIN
             END IF;
         END LOOP;
     END LOOP;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.task_counts_deleted()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    INSERT INTO task_counts (state, n, entered)
+    SELECT r.state, -count(*), 0 FROM old_rows AS r GROUP BY r.state;
+    RETURN NULL;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.task_counts_fold()
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    folded bigint;
+BEGIN
+    WITH gone AS (
+        DELETE FROM task_counts RETURNING state, n, entered, at
+    ), kept AS (
+        INSERT INTO task_counts (state, n, entered, at)
+        SELECT g.state, sum(g.n), coalesce(sum(g.entered) FILTER (WHERE NOT g.old), 0), max(g.at)
+        FROM (SELECT gone.*, gone.at < now() - interval '2 minutes' AS old,
+                     CASE WHEN gone.at < now() - interval '2 minutes' THEN '-infinity'
+                          ELSE date_trunc('second', gone.at) END AS bucket
+              FROM gone) AS g
+        GROUP BY g.state, g.bucket
+        HAVING sum(g.n) <> 0 OR coalesce(sum(g.entered) FILTER (WHERE NOT g.old), 0) <> 0
+        RETURNING 1
+    )
+    SELECT count(*) INTO folded FROM gone;
+    RETURN folded;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.task_counts_inserted()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    INSERT INTO task_counts (state, n, entered)
+    SELECT r.state, count(*), count(*) FROM new_rows AS r GROUP BY r.state;
+    RETURN NULL;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.task_counts_truncated()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    DELETE FROM task_counts;
+    RETURN NULL;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.task_counts_updated()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    -- Only the rows whose state changed; a heartbeat changes none.
+    INSERT INTO task_counts (state, n, entered)
+    SELECT c.state, sum(c.n), sum(c.entered)
+    FROM (SELECT o.state AS from_state, r.state AS to_state
+          FROM new_rows AS r JOIN old_rows AS o ON o.id = r.id
+          WHERE r.state <> o.state) AS m
+    CROSS JOIN LATERAL (VALUES (m.from_state, -1, 0), (m.to_state, 1, 1)) AS c (state, n, entered)
+    GROUP BY c.state
+    HAVING sum(c.n) <> 0 OR sum(c.entered) <> 0;
+    RETURN NULL;
 END;
 $function$
 
@@ -1252,6 +1344,14 @@ CREATE TRIGGER leases_fence_forward BEFORE UPDATE OF fence ON public.leases FOR 
 CREATE TRIGGER leases_fence_issued BEFORE INSERT ON public.leases FOR EACH ROW WHEN ((new.fence > COALESCE(pg_sequence_last_value('lease_fence_seq'::regclass), (0)::bigint))) EXECUTE FUNCTION fence_refused();
 
 CREATE TRIGGER schedules_changed AFTER INSERT OR DELETE OR UPDATE ON public.schedules FOR EACH ROW EXECUTE FUNCTION schedules_changed();
+
+CREATE TRIGGER task_counts_deleted AFTER DELETE ON public.tasks REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION task_counts_deleted();
+
+CREATE TRIGGER task_counts_inserted AFTER INSERT ON public.tasks REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION task_counts_inserted();
+
+CREATE TRIGGER task_counts_truncated AFTER TRUNCATE ON public.tasks FOR EACH STATEMENT EXECUTE FUNCTION task_counts_truncated();
+
+CREATE TRIGGER task_counts_updated AFTER UPDATE ON public.tasks REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION task_counts_updated();
 
 CREATE TRIGGER task_lock_follow AFTER UPDATE ON public.tasks FOR EACH ROW WHEN (((old.lock_resource IS NOT NULL) AND (old.state = 'running'::text))) EXECUTE FUNCTION task_lock_follow();
 
