@@ -22,12 +22,9 @@ SELECT
     (SELECT u.expired FROM unannounced AS u)::bigint AS leases_expired_unannounced,
     coalesce((SELECT extract(epoch FROM now() - u.oldest) FROM unannounced AS u), 0)::float8
         AS oldest_unannounced_expiry_seconds,
-    (SELECT count(*) FROM (
-        SELECT 1 FROM tasks WHERE state = 'pending' LIMIT $1::bigint) AS p)::bigint AS tasks_pending,
-    (SELECT count(*) FROM (
-        SELECT 1 FROM tasks WHERE state = 'running' LIMIT $1::bigint) AS r)::bigint AS tasks_running,
-    (SELECT count(*) FROM (
-        SELECT 1 FROM tasks WHERE state = 'dead' LIMIT $1::bigint) AS d)::bigint AS tasks_dead,
+    (SELECT coalesce(sum(n), 0) FROM task_counts WHERE state = 'pending')::bigint AS tasks_pending,
+    (SELECT coalesce(sum(n), 0) FROM task_counts WHERE state = 'running')::bigint AS tasks_running,
+    (SELECT coalesce(sum(n), 0) FROM task_counts WHERE state = 'dead')::bigint AS tasks_dead,
     coalesce((SELECT extract(epoch FROM now() - min(s.oldest_due)) FROM tasks_pending_summary($1::integer) AS s),
              0)::float8 AS oldest_due_task_seconds,
     (SELECT reltuples FROM pg_catalog.pg_class WHERE oid = 'leases'::regclass)::float8 AS leases_rows_estimate,
@@ -49,9 +46,9 @@ type MetricsGaugesRow struct {
 }
 
 // MetricsGauges reads the state gauges of a /metrics scrape, in one
-// statement. It stays cheap however big the tables grow: each task count
-// walks one partial index (pending, running and dead tasks) and stops at
-// max_count rows, so a count equal to max_count means "at least"; the
+// statement. It stays cheap however big the tables grow: the task counts
+// are exact, summed from the log of changes the writes keep (task_counts,
+// schema/0017); the
 // leases neither released nor announced as expired (leases_unannounced_idx,
 // a set as large as the live leases plus the expiries not yet announced)
 // are walked once for the active count, which stops at max_count, and

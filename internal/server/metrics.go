@@ -414,7 +414,7 @@ func newDBCollector(q *db.Queries, timeout time.Duration) *dbCollector {
 		oldestExpiry: prometheus.NewDesc("leasehold_lease_oldest_unannounced_expiry_seconds",
 			"How long ago the oldest expired lease that no reaper announced yet expired (0 when none), by the database clock.", nil, nil),
 		tasks: prometheus.NewDesc("leasehold_tasks",
-			"Tasks by state (pending, running, dead), counted up to 100000.", []string{"state"}, nil),
+			"Tasks by state (pending, running, dead), exact.", []string{"state"}, nil),
 		oldestDue: prometheus.NewDesc("leasehold_task_oldest_due_seconds",
 			"How long the oldest due pending task has been due (0 when none), by the database clock.", nil, nil),
 		pendingByKind: prometheus.NewDesc("leasehold_tasks_pending_by_kind",
