@@ -1,0 +1,155 @@
+package taskstore_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/internal/db"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/schema"
+)
+
+// timedRead is one read a replica makes on a timer: the dashboard's feed
+// (every second with a page open), the reaper's pass, a dispatcher's
+// safety poll, a metrics scrape.
+type timedRead struct {
+	name string
+	run  func(ctx context.Context, s *taskstore.Store, q *db.Queries) error
+}
+
+var timedReads = []timedRead{
+	{"stats (feed)", func(ctx context.Context, s *taskstore.Store, _ *db.Queries) error { _, err := s.Stats(ctx); return err }},
+	{"pending by kind (feed, metrics)", func(ctx context.Context, s *taskstore.Store, _ *db.Queries) error {
+		_, err := s.PendingByKind(ctx, 100_000)
+		return err
+	}},
+	{"running tasks (feed)", func(ctx context.Context, s *taskstore.Store, _ *db.Queries) error {
+		_, err := s.Running(ctx, 50)
+		return err
+	}},
+	{"dead tasks (feed)", func(ctx context.Context, s *taskstore.Store, _ *db.Queries) error {
+		_, err := s.Dead(ctx, 50)
+		return err
+	}},
+	{"next due (dispatcher)", func(ctx context.Context, s *taskstore.Store, _ *db.Queries) error {
+		_, _, err := s.NextDue(ctx, nil, nil)
+		return err
+	}},
+	{"next lapse (reaper)", func(ctx context.Context, s *taskstore.Store, _ *db.Queries) error {
+		_, err := s.NextLapse(ctx)
+		return err
+	}},
+	{"requeue lapsed (reaper)", func(ctx context.Context, s *taskstore.Store, _ *db.Queries) error {
+		_, err := s.RequeueLapsed(ctx, 500)
+		return err
+	}},
+	{"gauges (metrics)", func(ctx context.Context, _ *taskstore.Store, q *db.Queries) error {
+		_, err := q.MetricsGauges(ctx, 100_000)
+		return err
+	}},
+}
+
+// blocksTouched returns the blocks of user tables and their indexes that
+// run read or found in the buffers, as the statistics of its one session
+// count them.
+func blocksTouched(ctx context.Context, t *testing.T, pool *pgxpool.Pool, run func() error) int64 {
+	t.Helper()
+	total := func() int64 {
+		// Flushed when the session goes idle after this statement: the
+		// next one reads the counts of everything before it.
+		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		if err := pool.QueryRow(ctx, `
+			SELECT coalesce(sum(coalesce(heap_blks_read, 0) + coalesce(heap_blks_hit, 0) + coalesce(idx_blks_read, 0) + coalesce(idx_blks_hit, 0)
+			                    + coalesce(toast_blks_read, 0) + coalesce(toast_blks_hit, 0)), 0)::bigint
+			FROM pg_statio_user_tables`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := total()
+	if err := run(); err != nil {
+		t.Fatal(err)
+	}
+	return total() - before
+}
+
+// TestTimedReadsDoNotGrowWithTheTable: every read a replica makes on a
+// timer touches as many blocks with 100,000 finished tasks more in the
+// table as without them: none of them walks the finished tasks, which
+// retention keeps by the million.
+func TestTimedReadsDoNotGrowWithTheTable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("inserts 100,000 tasks")
+	}
+	t.Parallel()
+	ctx := t.Context()
+	tdb := pgtest.New(t)
+	// One session, whose statistics count only what the reads touch.
+	cfg, err := pgxpool.ParseConfig(tdb.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	cfg.AfterConnect = schema.PrepareSession
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, q := taskstore.NewStore(pool), db.New(pool)
+
+	// A working queue: pending tasks of a few kinds, some running, some dead.
+	var batch []taskstore.NewTask
+	for i := range 1000 {
+		batch = append(batch, taskstore.NewTask{TaskData: json.RawMessage(`{}`), Kind: fmt.Sprintf("k%d", i%4), MaxAttempts: 1})
+	}
+	if _, err := s.Insert(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"r/1", "r/2", "r/3", "r/4", "r/5", "r/6"}, TTL: time.Hour})
+	if err != nil || len(claimed) != 6 {
+		t.Fatalf("claim: %d tasks, %v", len(claimed), err)
+	}
+	for _, c := range claimed[:3] {
+		if _, err := s.Fail(ctx, c.ID, c.Processor, c.Fence, "dead on purpose", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	measure := func() map[string]int64 {
+		if _, err := tdb.Pool.Exec(ctx, `VACUUM ANALYZE tasks`); err != nil { // as autovacuum would
+			t.Fatal(err)
+		}
+		got := map[string]int64{}
+		for _, r := range timedReads {
+			run := func() error { return r.run(ctx, s, q) }
+			_ = blocksTouched(ctx, t, pool, run) // the plan cached, the blocks in the buffers
+			got[r.name] = blocksTouched(ctx, t, pool, run)
+		}
+		return got
+	}
+	small := measure()
+	if _, err := tdb.Pool.Exec(ctx, `
+		INSERT INTO tasks (task_data, kind, state, attempts, started_at, processed_at, task_output)
+		SELECT '{}', 'k' || (g % 4), 'done', 1, now() - interval '2 days', now() - interval '2 days', '{}'
+		FROM generate_series(1, 100000) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	large := measure()
+	for _, r := range timedReads {
+		a, b := small[r.name], large[r.name]
+		t.Logf("%-34s %5d blocks with a working queue, %5d with 100,000 finished tasks more", r.name, a, b)
+		// A walk of the finished tasks touches hundreds of blocks more.
+		if b > 2*a+20 {
+			t.Errorf("%s: %d blocks with 100,000 finished tasks more, %d without; want about the same", r.name, b, a)
+		}
+	}
+}
