@@ -82,8 +82,17 @@ func NewPair(ctx context.Context, cfg PairConfig) (_ *Pair, err error) {
 		p.logw = io.Discard
 	}
 	if p.dir == "" {
-		if p.dir, err = os.MkdirTemp("", "localpg-pair-"); err != nil {
+		if reaped, err := reapOrphanPairs(ctx); err != nil {
+			fmt.Fprintf(p.logw, "localpg: stopping orphaned pairs: %v\n", err)
+		} else if len(reaped) > 0 {
+			fmt.Fprintf(p.logw, "localpg: stopped and removed %d orphaned pair(s) whose process had died: %v\n", len(reaped), reaped)
+		}
+		if p.dir, err = os.MkdirTemp("", strings.TrimSuffix(pairPattern, "*")); err != nil {
 			return nil, fmt.Errorf("localpg: create a directory for the pair: %w", err)
+		}
+		if err := writeOwner(p.dir); err != nil {
+			_ = os.RemoveAll(p.dir)
+			return nil, fmt.Errorf("localpg: %w", err)
 		}
 		p.ownsDir = true
 		// As root the servers run as the postgres user, who must reach their directories.
