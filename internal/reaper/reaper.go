@@ -11,6 +11,8 @@
 //
 // The elected reaper also runs retention (internal/retention) while it
 // holds its lease: one replica at a time deletes what is too old to keep.
+// And it folds, every second, the log of changes that the task counts by
+// state are summed from (taskstore.Store.FoldCounts).
 package reaper
 
 import (
