@@ -33,7 +33,8 @@ func runSoak(t *testing.T, o Options) (*Report, *lockedBuffer) {
 	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
 	o.Binary, o.AppBinary = testkit.Leasehold(t), testkit.Soak(t)
-	o.Log = zerolog.New(zerolog.ConsoleWriter{Out: t.Output(), NoColor: true, TimeFormat: "15:04:05.000"}).With().Timestamp().Logger()
+	o.Log = zerolog.New(zerolog.ConsoleWriter{Out: t.Output(), NoColor: true, TimeFormat: "15:04:05.000"}).
+		Level(zerolog.InfoLevel).With().Timestamp().Logger()
 	o.Output = &replicaLogs
 	// A failed soak keeps every process's log whole, for go test -artifacts.
 	artifacts := t.ArtifactDir()

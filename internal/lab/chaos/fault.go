@@ -267,12 +267,21 @@ func (s *soak) pause(ctx context.Context, rng *rand.Rand, r *replica) (Fault, bo
 	case <-time.After(d):
 	case <-ctx.Done():
 	}
-	// A stopped process cannot exit, so the supervisor's process is still this one.
-	if cpid, err := s.sup.Signal(r.name, syscall.SIGCONT); err != nil || cpid != pid {
-		s.problem("SIGCONT to %s pid=%d: sent to pid %d: %v", r.name, pid, cpid, err)
+	// A stopped process cannot exit, but one already exiting as the SIGSTOP came (a
+	// simulated crash) does: the supervisor then runs its successor, which is not stopped
+	// and must not be signalled.
+	exited := s.sup.PIDs()[r.name] != pid
+	if !exited {
+		if cpid, err := s.sup.Signal(r.name, syscall.SIGCONT); err != nil || cpid != pid {
+			s.problem("SIGCONT to %s pid=%d: sent to pid %d: %v", r.name, pid, cpid, err)
+		}
 	}
 	resumed := time.Now()
 	f.Detail = fmt.Sprintf("SIGSTOP %s%s pid=%d, SIGCONT %v later", r.name, role, pid, round(resumed.Sub(f.At)))
+	if exited {
+		f.Detail = fmt.Sprintf("SIGSTOP %s%s pid=%d, which exited on its own as it was stopped; no SIGCONT (%v later)",
+			r.name, role, pid, round(resumed.Sub(f.At)))
+	}
 	if isReaper {
 		s.mu.Lock()
 		s.report.Outages = append(s.report.Outages, checker.Window{From: f.At, To: resumed})
