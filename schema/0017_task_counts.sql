@@ -105,11 +105,21 @@ CREATE TRIGGER task_counts_truncated
 INSERT INTO task_counts (state, n, entered, at)
 SELECT t.state, count(*), 0, '-infinity' FROM tasks AS t GROUP BY t.state;
 
--- task_counts_fold folds the changes: those older than two minutes into
--- one row per state (entered no longer counts: it is summed over the last
--- minute only), the newer ones into one row per state and second. Rows a
--- writer appends meanwhile are not seen, and stay for the next fold; two
--- folds at once each fold only the rows it deleted. It returns the rows
+-- task_counts_bucket is the row a change folds into: its second while it
+-- is younger than two minutes, then one row per state ('-infinity').
+CREATE FUNCTION task_counts_bucket(at timestamptz) RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN at < now() - interval '2 minutes' THEN '-infinity'::timestamptz
+                ELSE date_trunc('second', at) END
+$$;
+
+-- task_counts_fold folds the changes into a row per state and bucket
+-- (entered counts only in the buckets of seconds: it is summed over the
+-- last minute only). Rows a writer appends meanwhile are not seen, and stay
+-- for the next fold; two folds at once each fold only the rows it deleted.
+-- When every state and bucket has one row already it writes nothing, so
+-- that an idle database is not rewritten every second. It returns the rows
 -- it folded.
 CREATE FUNCTION task_counts_fold() RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
@@ -118,17 +128,21 @@ AS $$
 DECLARE
     folded bigint;
 BEGIN
+    PERFORM 1 FROM task_counts AS c
+    GROUP BY c.state, task_counts_bucket(c.at)
+    HAVING count(*) > 1
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
     WITH gone AS (
         DELETE FROM task_counts RETURNING state, n, entered, at
     ), kept AS (
         INSERT INTO task_counts (state, n, entered, at)
-        SELECT g.state, sum(g.n), coalesce(sum(g.entered) FILTER (WHERE NOT g.old), 0), max(g.at)
-        FROM (SELECT gone.*, gone.at < now() - interval '2 minutes' AS old,
-                     CASE WHEN gone.at < now() - interval '2 minutes' THEN '-infinity'
-                          ELSE date_trunc('second', gone.at) END AS bucket
-              FROM gone) AS g
+        SELECT g.state, sum(g.n), coalesce(sum(g.entered) FILTER (WHERE g.bucket > '-infinity'), 0), max(g.at)
+        FROM (SELECT gone.*, task_counts_bucket(gone.at) AS bucket FROM gone) AS g
         GROUP BY g.state, g.bucket
-        HAVING sum(g.n) <> 0 OR coalesce(sum(g.entered) FILTER (WHERE NOT g.old), 0) <> 0
+        HAVING sum(g.n) <> 0 OR coalesce(sum(g.entered) FILTER (WHERE g.bucket > '-infinity'), 0) <> 0
         RETURNING 1
     )
     SELECT count(*) INTO folded FROM gone;
@@ -143,6 +157,7 @@ REVOKE EXECUTE ON FUNCTION task_counts_inserted(), task_counts_updated(), task_c
 
 -- +goose Down
 DROP FUNCTION task_counts_fold();
+DROP FUNCTION task_counts_bucket(timestamptz);
 DROP TRIGGER task_counts_truncated ON tasks;
 DROP TRIGGER task_counts_deleted ON tasks;
 DROP TRIGGER task_counts_updated ON tasks;

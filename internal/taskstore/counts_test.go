@@ -129,6 +129,10 @@ func TestStatsAreExact(t *testing.T) {
 	if rows > 5*60 {
 		t.Errorf("%d rows of counts after a fold; want at most a row per state and second", rows)
 	}
+	// Folded already, with nothing new, a fold writes nothing.
+	if n, err := s.FoldCounts(ctx); err != nil || n != 0 {
+		t.Errorf("a fold with nothing to fold: %d rows folded, %v; want 0", n, err)
+	}
 	t.Logf("%+v, %d folds beside the writes, %d rows after the last", want, folds, rows)
 
 	if _, err := tdb.Pool.Exec(ctx, `TRUNCATE tasks`); err != nil {

@@ -668,6 +668,15 @@ BEGIN
 END;
 $function$
 
+CREATE OR REPLACE FUNCTION public.task_counts_bucket(at timestamp with time zone)
+ RETURNS timestamp with time zone
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT CASE WHEN at < now() - interval '2 minutes' THEN '-infinity'::timestamptz
+                ELSE date_trunc('second', at) END
+$function$
+
 CREATE OR REPLACE FUNCTION public.task_counts_deleted()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -690,17 +699,21 @@ AS $function$
 DECLARE
     folded bigint;
 BEGIN
+    PERFORM 1 FROM task_counts AS c
+    GROUP BY c.state, task_counts_bucket(c.at)
+    HAVING count(*) > 1
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
     WITH gone AS (
         DELETE FROM task_counts RETURNING state, n, entered, at
     ), kept AS (
         INSERT INTO task_counts (state, n, entered, at)
-        SELECT g.state, sum(g.n), coalesce(sum(g.entered) FILTER (WHERE NOT g.old), 0), max(g.at)
-        FROM (SELECT gone.*, gone.at < now() - interval '2 minutes' AS old,
-                     CASE WHEN gone.at < now() - interval '2 minutes' THEN '-infinity'
-                          ELSE date_trunc('second', gone.at) END AS bucket
-              FROM gone) AS g
+        SELECT g.state, sum(g.n), coalesce(sum(g.entered) FILTER (WHERE g.bucket > '-infinity'), 0), max(g.at)
+        FROM (SELECT gone.*, task_counts_bucket(gone.at) AS bucket FROM gone) AS g
         GROUP BY g.state, g.bucket
-        HAVING sum(g.n) <> 0 OR coalesce(sum(g.entered) FILTER (WHERE NOT g.old), 0) <> 0
+        HAVING sum(g.n) <> 0 OR coalesce(sum(g.entered) FILTER (WHERE g.bucket > '-infinity'), 0) <> 0
         RETURNING 1
     )
     SELECT count(*) INTO folded FROM gone;
