@@ -277,11 +277,11 @@ func (s *soak) pause(ctx context.Context, rng *rand.Rand, r *replica) (Fault, bo
 		}
 	}
 	resumed := time.Now()
-	f.Detail = fmt.Sprintf("SIGSTOP %s%s pid=%d, SIGCONT %v later", r.name, role, pid, round(resumed.Sub(f.At)))
+	cont := "SIGCONT"
 	if exited {
-		f.Detail = fmt.Sprintf("SIGSTOP %s%s pid=%d, which exited on its own as it was stopped; no SIGCONT (%v later)",
-			r.name, role, pid, round(resumed.Sub(f.At)))
+		cont = "it exited on its own as it was stopped; no SIGCONT"
 	}
+	f.Detail = fmt.Sprintf("SIGSTOP %s%s pid=%d, %s %v later", r.name, role, pid, cont, round(resumed.Sub(f.At)))
 	if isReaper {
 		s.mu.Lock()
 		s.report.Outages = append(s.report.Outages, checker.Window{From: f.At, To: resumed})
