@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -749,11 +750,12 @@ func TestWorkRejectsBadUsage(t *testing.T) {
 // worker.HeldHeartbeatGap after they came (still early), so that the worker
 // sends the next on that answer, at a time the recorder knows.
 // "502-once" answers the first heartbeat of all 502, as a front door whose
-// replica died under the request does.
+// replica died under the request does; "502-once-requeue" the first
+// hand-back, "502-once-list" the first list of tasks.
 type apiRecorder struct {
 	url    string
 	mode   string
-	failed bool // "502-once": the heartbeat is answered
+	failed bool // a "502-once" mode: its request is answered
 
 	mu       sync.Mutex
 	requests []recorded
@@ -794,7 +796,9 @@ func newAPIRecorder(t *testing.T, target, mode string) *apiRecorder {
 			rec.late = a.held%2 == 0
 		}
 		a.requests = append(a.requests, rec)
-		fail := a.mode == "502-once" && !a.failed && strings.HasSuffix(r.URL.Path, "/heartbeat")
+		fail := !a.failed && (a.mode == "502-once" && strings.HasSuffix(r.URL.Path, "/heartbeat") ||
+			a.mode == "502-once-requeue" && strings.HasSuffix(r.URL.Path, "/requeue") ||
+			a.mode == "502-once-list" && r.Method == http.MethodGet && r.URL.Path == "/api/tasks")
 		a.failed = a.failed || fail
 		a.mu.Unlock()
 		switch {
@@ -1004,39 +1008,49 @@ func TestWorkHeldHeartbeatAnsweredEarly(t *testing.T) {
 // server may have claimed a task for it just then, an answer that never arrives. The worker
 // looks for such tasks as it stops and hands each back. Here the task is claimed for the
 // slot's processor before the worker starts (as the server would have claimed it for the
-// cut claim), and the worker is stopped while that slot's claim waits.
+// cut claim), and the worker is stopped while that slot's claim waits. The look, or the
+// hand-back, may meet a replica that fails under it (a 502 that says nothing): the worker
+// asks again, rather than leave the task to its lease.
 func TestWorkShutdownHandsBackACutClaim(t *testing.T) {
 	t.Parallel()
-	r, db := workReplica(t)
-	rec := newAPIRecorder(t, r.url, "")
-	created := addTask(t, r, `{"kind":"cut","task_data":{}}`)
-	held := call[task.Task](t, r, "POST", "/api/tasks/next", `{"processor":"cutter/w1","kinds":["cut"]}`, http.StatusOK)
-	if held.ID != created.ID {
-		t.Fatalf("claimed task %d, want %d", held.ID, created.ID)
-	}
-	w := startWork(t, rec.url, "--processor", "cutter", "--concurrency", "1", "--kind", "cut", "--", "true")
-	waitUntil(t, "the slot's claim to wait on the server", func() bool {
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		for _, q := range rec.requests {
-			if q.path == "/api/tasks/next" && q.body["processor"] == "cutter/w1" {
-				return true
+	for _, mode := range []string{"", "502-once-list", "502-once-requeue"} {
+		t.Run(cmp.Or(mode, "answered"), func(t *testing.T) {
+			t.Parallel()
+			r, db := workReplica(t)
+			rec := newAPIRecorder(t, r.url, mode)
+			created := addTask(t, r, `{"kind":"cut","task_data":{}}`)
+			held := call[task.Task](t, r, "POST", "/api/tasks/next", `{"processor":"cutter/w1","kinds":["cut"]}`, http.StatusOK)
+			if held.ID != created.ID {
+				t.Fatalf("claimed task %d, want %d", held.ID, created.ID)
 			}
-		}
-		return false
-	}, rec, w.logs)
-	if err := w.stop(t); err != nil {
-		t.Fatalf("leasehold work: %v\n%s", err, w.logs)
-	}
-	got := getTask(t, r, created.ID)
-	if got.State != task.StatePending || got.Attempts != 0 {
-		t.Errorf("the task claimed for the cut claim is %s after %d attempts; want pending, the attempt not counted\n%s", got.State, got.Attempts, w.logs)
-	}
-	if h := history(t, db, created.ID); len(h) != 1 || h[0].Outcome != task.OutcomeRequeued || !strings.Contains(h[0].Error, "stopped as it claimed") {
-		t.Errorf("its history: %+v, want the attempt requeued by the shutdown", h)
-	}
-	if !logged(w.logs, "handing back a task claimed as the stop cut its claim off", "task", float64(created.ID)) {
-		t.Errorf("the worker did not say it handed the task back:\n%s", w.logs)
+			w := startWork(t, rec.url, "--processor", "cutter", "--concurrency", "1", "--kind", "cut", "--", "true")
+			waitUntil(t, "the slot's claim to wait on the server", func() bool {
+				rec.mu.Lock()
+				defer rec.mu.Unlock()
+				for _, q := range rec.requests {
+					if q.path == "/api/tasks/next" && q.body["processor"] == "cutter/w1" {
+						return true
+					}
+				}
+				return false
+			}, rec, w.logs)
+			if err := w.stop(t); err != nil {
+				t.Fatalf("leasehold work: %v\n%s", err, w.logs)
+			}
+			if mode != "" && !rec.failed {
+				t.Fatalf("no request was answered 502 (%s)", mode)
+			}
+			got := getTask(t, r, created.ID)
+			if got.State != task.StatePending || got.Attempts != 0 {
+				t.Errorf("the task claimed for the cut claim is %s after %d attempts; want pending, the attempt not counted\n%s", got.State, got.Attempts, w.logs)
+			}
+			if h := history(t, db, created.ID); len(h) != 1 || h[0].Outcome != task.OutcomeRequeued || !strings.Contains(h[0].Error, "stopped as it claimed") {
+				t.Errorf("its history: %+v, want the attempt requeued by the shutdown", h)
+			}
+			if !logged(w.logs, "handing back a task claimed as the stop cut its claim off", "task", float64(created.ID)) {
+				t.Errorf("the worker did not say it handed the task back:\n%s", w.logs)
+			}
+		})
 	}
 }
 

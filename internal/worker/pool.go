@@ -241,7 +241,7 @@ func (p *Pool) Run(ctx context.Context) error {
 					}
 					// The completion's statement claimed this worker's next task.
 					if p.stopping.Load() {
-						p.handBack(workCtx, []task.Task{next.task})
+						p.handBack([]task.Task{next.task})
 						p.idle <- finished{w: w}
 						break
 					}
@@ -460,7 +460,7 @@ func (d *dispatcher) round(ctx context.Context, wake Wake) {
 			p.counters.empty.Add(1)
 		}
 		if ctx.Err() != nil {
-			p.handBack(ctx, tasks) // claimed as shutdown began
+			p.handBack(tasks) // claimed as shutdown began
 			return
 		}
 		for _, t := range tasks {
@@ -667,11 +667,15 @@ func (d *dispatcher) endRun(failures *int, msg string) {
 }
 
 // handBack requeues tasks claimed as the pool began to shut down.
-func (p *Pool) handBack(ctx context.Context, tasks []task.Task) {
+func (p *Pool) handBack(tasks []task.Task) {
 	for _, t := range tasks {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.TTL-p.margin())
-		_, err := p.Tasks.Requeue(rctx, t.ID, t.Processor, t.Fence, "the worker pool shut down")
-		cancel()
+		// Asked again while it fails (a connection cut mid-write), until the
+		// lease's deadline; refused under the fence when an earlier try had
+		// committed, or the lease is gone.
+		err := requeueUntil(p.Tasks, nil, t, t.Processor, "the worker pool shut down", time.Now().Add(p.TTL-p.margin()), p.TTL/12)
+		if errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound) {
+			continue
+		}
 		if err != nil {
 			p.log.Warn().Err(err).Int64("task", t.ID).Msg("could not hand back a task claimed at shutdown; it will be claimed again when its lease lapses")
 			continue

@@ -237,7 +237,7 @@ func claimRefusedForGood(err error) bool {
 // handBack gives a task claimed for processor back to the queue, not counted as an attempt,
 // when it will not run.
 func (p *RemotePool) handBack(log zerolog.Logger, t task.Task, processor, reason string) {
-	handBack(p.Tasks, log, t, processor, ttlOf(t, p.TTL), reason) // p.TTL is 1s at least: Run checks it
+	handBack(p.Tasks, p.Transient, log, t, processor, ttlOf(t, p.TTL), reason) // p.TTL is 1s at least: Run checks it
 }
 
 const stoppedAsClaimed = "the worker pool stopped as it claimed the task"
@@ -265,7 +265,16 @@ func (p *RemotePool) handBackCut(log zerolog.Logger, queues, processors []string
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cutHandBackTimeout)
 	defer cancel()
+	// Asked again while it fails and may pass (a replica that failed
+	// mid-request), until the timeout.
 	held, err := p.Tasks.HeldBy(ctx, queues, processors)
+	for err != nil && (p.Transient == nil || p.Transient(err)) && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(cutHandBackRetry):
+			held, err = p.Tasks.HeldBy(ctx, queues, processors)
+		}
+	}
 	if err != nil {
 		log.Warn().Err(err).Strs("processors", processors).
 			Msg("could not look for tasks claimed as the stop cut the claims off; any such task is claimed again when its lease lapses")
@@ -279,6 +288,10 @@ func (p *RemotePool) handBackCut(log zerolog.Logger, queues, processors []string
 
 // cutHandBackTimeout bounds the stop's look for tasks claimed as it cut the claims off.
 const cutHandBackTimeout = 5 * time.Second
+
+// cutHandBackRetry is how long that look waits before it asks again after a
+// failure.
+const cutHandBackRetry = 200 * time.Millisecond
 
 // fetch claims tasks for idle workers until ctx ends: one waiting claim at
 // a time, for the worker it took from idle, which gets the task or goes

@@ -175,7 +175,7 @@ func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, 
 		// nothing changes, if the lease lapsed) instead of waiting out a
 		// lease nobody holds.
 		log().Warn().Err(cause).Bool("interrupted", runErr != nil).Msg("the task's lease was given up at its deadline; the handler was stopped (or had returned), handing the task back")
-		handBack(r.ops, *log(), *t, w.name, ttl, "the worker gave the lease up at its deadline: "+cause.Error())
+		handBack(r.ops, r.transient, *log(), *t, w.name, ttl, "the worker gave the lease up at its deadline: "+cause.Error())
 		r.counters.leaseLost.Add(1)
 		ev.Kind, ev.Err, ev.Interrupted = EventLeaseLost, cause, runErr != nil
 		r.emit(ev)
@@ -261,12 +261,34 @@ func (r *runner) work(workCtx context.Context, w *worker, c *claim) (EventKind, 
 // handBack gives t back to the queue under its fence, its attempt not
 // counted, best effort: within ttl less a tenth, after which its lease has
 // lapsed anyway. Refused, and nothing changes, when the lease is gone.
-func handBack(ops Ops, log zerolog.Logger, t task.Task, processor string, ttl time.Duration, reason string) {
-	ctx, cancel := context.WithTimeout(context.Background(), ttl-ttl/10)
-	defer cancel()
-	if _, err := ops.Requeue(ctx, t.ID, processor, t.Fence, reason); err != nil &&
-		!errors.Is(err, task.ErrLeaseLost) && !errors.Is(err, task.ErrNotFound) {
+func handBack(ops Ops, transient func(error) bool, log zerolog.Logger, t task.Task, processor string, ttl time.Duration, reason string) {
+	err := requeueUntil(ops, transient, t, processor, reason, time.Now().Add(ttl-ttl/10), ttl/12)
+	if err != nil && !errors.Is(err, task.ErrLeaseLost) && !errors.Is(err, task.ErrNotFound) {
 		log.Warn().Err(err).Int64("task", t.ID).Msg("could not hand the task back; it is claimed again when its lease lapses")
+	}
+}
+
+// requeueUntil puts t back in its queue under its fence, asking again every
+// retryEvery while the failure may pass (transient, nil for every failure)
+// until deadline: a put-back whose answer was lost (a replica that failed
+// mid-request) is made again, and if the first had committed, the second is
+// refused under the fence, which is as good. A refusal under the lease
+// (task.ErrLeaseLost) or a task gone (task.ErrNotFound) is returned at once:
+// either way the lease is not this holder's any more.
+func requeueUntil(ops Ops, transient func(error) bool, t task.Task, processor, reason string, deadline time.Time, retryEvery time.Duration) error {
+	for {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		_, err := ops.Requeue(ctx, t.ID, processor, t.Fence, reason)
+		cancel()
+		switch {
+		case err == nil || errors.Is(err, task.ErrLeaseLost) || errors.Is(err, task.ErrNotFound):
+			return err
+		case transient != nil && !transient(err):
+			return err
+		case !time.Now().Add(retryEvery).Before(deadline):
+			return err
+		}
+		time.Sleep(retryEvery)
 	}
 }
 
