@@ -751,11 +751,16 @@ func TestWorkRejectsBadUsage(t *testing.T) {
 // sends the next on that answer, at a time the recorder knows.
 // "502-once" answers the first heartbeat of all 502, as a front door whose
 // replica died under the request does; "502-once-requeue" the first
-// hand-back, "502-once-list" the first list of tasks.
+// hand-back, "502-once-list" the first list of tasks. "lost-answers"
+// forwards every heartbeat and answers it 502, as if the answer were lost
+// after the renewal committed, and answers 502 to every completion until
+// lostFor after the first heartbeat went on.
 type apiRecorder struct {
-	url    string
-	mode   string
-	failed bool // a "502-once" mode: its request is answered
+	url     string
+	mode    string
+	failed  bool // a "502-once" mode: its request is answered
+	lostFor time.Duration
+	beat    time.Time // "lost-answers": when the first heartbeat went on
 
 	mu       sync.Mutex
 	requests []recorded
@@ -803,9 +808,7 @@ func newAPIRecorder(t *testing.T, target, mode string) *apiRecorder {
 		a.mu.Unlock()
 		switch {
 		case fail:
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusBadGateway)
-			fmt.Fprint(w, `{"error":"the replica failed before it answered; the request may or may not have taken effect, check and retry"}`)
+			answer502(w)
 			return
 		case held && a.mode == "old":
 			w.Header().Set("Content-Type", "application/json")
@@ -828,13 +831,36 @@ func newAPIRecorder(t *testing.T, target, mode string) *apiRecorder {
 			}
 		}
 		a.mu.Lock()
-		a.requests[i].forwarded = time.Now()
+		lostBeat := a.mode == "lost-answers" && strings.HasSuffix(r.URL.Path, "/heartbeat")
+		if lostBeat && a.beat.IsZero() {
+			a.beat = time.Now()
+		}
+		lostCompletion := a.mode == "lost-answers" && strings.HasSuffix(r.URL.Path, "/complete") &&
+			(a.beat.IsZero() || time.Since(a.beat) < a.lostFor)
+		if !lostCompletion {
+			a.requests[i].forwarded = time.Now()
+		}
 		a.mu.Unlock()
-		proxy.ServeHTTP(w, r)
+		switch {
+		case lostCompletion:
+			answer502(w)
+		case lostBeat:
+			proxy.ServeHTTP(httptest.NewRecorder(), r)
+			answer502(w)
+		default:
+			proxy.ServeHTTP(w, r)
+		}
 	}))
 	t.Cleanup(srv.Close)
 	a.url = srv.URL
 	return a
+}
+
+// answer502 answers as a front door whose replica died under the request does.
+func answer502(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusBadGateway)
+	fmt.Fprint(w, `{"error":"the replica failed before it answered; the request may or may not have taken effect, check and retry"}`)
 }
 
 // heartbeats returns the heartbeats of task id so far.
@@ -1079,5 +1105,36 @@ func TestWorkHandsBackWhenTheHeartbeatAfterAClaimFails(t *testing.T) {
 	h := history(t, db, tk.ID)
 	if len(h) != 1 || h[0].Outcome != task.OutcomeRequeued || !strings.Contains(h[0].Error, "heartbeat after its claim failed") {
 		t.Errorf("its earlier attempts: %+v; want the one handed back as its heartbeat failed\n%s", h, w.logs)
+	}
+}
+
+// TestWorkRecordsPastTheDeadlineWhileTheLeaseIsLive: a heartbeat renewed the lease but its
+// answer was lost, so the worker's local deadline comes while the service still holds the
+// lease for it. A completion that could not be recorded before that deadline is asked again
+// under its fence, and recorded: the task is done in one attempt, rather than left running
+// until its lease lapses and then run again.
+func TestWorkRecordsPastTheDeadlineWhileTheLeaseIsLive(t *testing.T) {
+	t.Parallel()
+	r, db := workReplica(t)
+	api := newAPIRecorder(t, r.url, "lost-answers")
+	// The task's TTL is 4 s, the worker's grace 2 s (half of it): its deadline is 1.6 s after
+	// the claim, and a heartbeat that reached the service holds the lease 4 s past its arrival.
+	// The completions fail from the handler's return (0.8 s) until 2.5 s after the first
+	// heartbeat: past the deadline, within the lease.
+	api.lostFor = 2500 * time.Millisecond
+	tk := addTask(t, r, `{"kind":"late","task_data":{},"ttl_seconds":4}`)
+	w := startWork(t, api.url, "--processor", "late", "--concurrency", "1", "--kind", "late", "--", "sleep", "0.8")
+	got := finished(t, r, tk.ID, api, w.logs)
+	if got.State != task.StateDone || got.Attempts != 1 {
+		t.Errorf("the task: %s after %d attempts; want done in 1, its completion recorded while the lease was live\n%s", got.State, got.Attempts, w.logs)
+	}
+	if h := history(t, db, tk.ID); len(h) != 0 {
+		t.Errorf("its earlier attempts: %+v; want none", h)
+	}
+	if beats := api.heartbeats(tk.ID); len(beats) == 0 {
+		t.Errorf("no heartbeat was sent: the handler returned before one was due, and the test shows nothing")
+	}
+	if !strings.Contains(w.logs.String(), "retrying while its lease could be live") {
+		t.Errorf("the worker did not retry the completion:\n%s", w.logs)
 	}
 }

@@ -77,7 +77,7 @@ type RemotePool struct {
 	Abort <-chan struct{}
 	// Transient tells a failed write that may pass when made again (the
 	// service unreachable, a 503) from a refusal no retry can change (a
-	// 400, a 413): the first is retried until the lease's deadline, the
+	// 400, a 413): the first is retried while the lease could be live, the
 	// second is not, and a completion refused so fails the attempt with
 	// the service's reason. Nil retries every failure.
 	Transient func(error) bool

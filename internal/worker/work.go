@@ -333,19 +333,23 @@ func (r *runner) run(ctx context.Context, t task.Task) (output json.RawMessage, 
 }
 
 // finish makes the task's final write (complete, fail, requeue, snooze,
-// cancel), even when ctx has ended, retrying a failed write until the
-// lease's local deadline: after that the write could only be refused. It
-// returns kind when the write succeeded, EventLeaseLost when it was
-// refused under the lease, "" and the error when it could not be made: the
-// deadline passed, or the service refused it for good (see
+// cancel), even when ctx has ended, retrying a failed write while the
+// service may still hold the lease for this worker: until a TTL past the
+// lease's local deadline, for a heartbeat sent just before the deadline may
+// have renewed the lease although its answer was lost. The write is made
+// under the fence: once the lease has lapsed it is refused, and nothing
+// changes. It returns kind when the write succeeded, EventLeaseLost when it
+// was refused under the lease, "" and the error when it could not be made:
+// the time ran out, or the service refused it for good (see
 // RemotePool.Transient).
 func (r *runner) finish(ctx context.Context, log func() *zerolog.Logger, ev Event, deadline time.Time, ttl time.Duration,
 	kind EventKind, write func(ctx context.Context) (state string, err error),
 ) (EventKind, error) {
 	ev.Kind = kind
 	margin, retryEvery := ttl/10, ttl/12
+	horizon := deadline.Add(ttl)
 	for retry := false; ; retry = true {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(time.Until(deadline), 0)+margin)
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(time.Until(horizon), 0)+margin)
 		state, err := write(wctx)
 		if retry && errors.Is(err, task.ErrLeaseLost) {
 			// The attempt that seemed to fail may have committed.
@@ -389,15 +393,15 @@ func (r *runner) finish(ctx context.Context, log func() *zerolog.Logger, ev Even
 				log().Error().Err(err).Msgf("the service refused to record the task as %s; it is claimed again when its lease lapses", kind)
 			}
 			return "", err
-		case !time.Now().Add(retryEvery).Before(deadline):
-			log().Warn().Err(err).Msgf("could not record the task as %s before its lease's deadline; it is claimed again when its lease lapses", kind)
+		case !time.Now().Add(retryEvery).Before(horizon):
+			log().Warn().Err(err).Msgf("could not record the task as %s while its lease could be live; it is claimed again when its lease lapses", kind)
 			return "", err
 		default:
 			ev := log().Debug()
 			if !retry {
 				ev = log().Warn() // once per task: the retries are no news
 			}
-			ev.Err(err).Msgf("could not record the task as %s; retrying until the lease's deadline", kind)
+			ev.Err(err).Msgf("could not record the task as %s; retrying while its lease could be live", kind)
 			time.Sleep(retryEvery)
 		}
 	}
