@@ -21,7 +21,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs := flag.NewFlagSet("leasehold bench", flag.ContinueOnError)
 	var (
 		dbURL     = fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL; scenarios create databases beside its (env DATABASE_URL; default: the local PostgreSQL)")
-		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes) and capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle, task and task heartbeat)")
+		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes), capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle, task and task heartbeat) and river (drains beside River's, from outside and through the library; needs --river-peer)")
 		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
 		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
 		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts, and bulk-insert inserts each way")
@@ -40,6 +40,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		restWork  = fs.Int("rest-workers", bench.DefaultRESTWorkers, "longpoll's HTTP workers per replica, and the slots of each of its leasehold work processes")
 		capLeases = fs.String("capacity-leases", "", "leases capacity holds and renews, comma-separated (default 1000,10000)")
 		renewEvry = fs.Duration("renew-every", bench.DefaultRenewEvery, "how often capacity renews each lease it holds")
+		riverPeer = fs.String("river-peer", "", "the River peer program river runs (build it: go build -C tools/riverpeer -o $PWD/bin/riverpeer .)")
+		riverN    = fs.String("river-tasks", "", "pending counts river drains each way, comma-separated (default 30000,500000)")
 		standby   = fs.String("standby", "", "with `sync` or `async`, run on a local primary built for the run with a streaming standby of its own, "+
 			"synchronous (every commit waits for the standby's flush) or asynchronous, removed after; not with --database-url")
 	)
@@ -67,6 +69,19 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 	}
 	cfg.BacklogWorkers = *blWorkers
+	if *riverN != "" {
+		for _, s := range strings.Split(*riverN, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil {
+				return usagef("--river-tasks %q must be whole numbers separated by commas, e.g. 30000,500000", *riverN)
+			}
+			cfg.RiverTasks = append(cfg.RiverTasks, n)
+		}
+		if !slices.Contains(cfg.Scenarios, "river") {
+			cfg.Scenarios = append(cfg.Scenarios, "river")
+		}
+	}
+	cfg.RiverPeer = *riverPeer
 	if *capLeases != "" {
 		for _, s := range strings.Split(*capLeases, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -105,10 +120,10 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		cfg.Work = exe
 	}
-	if *processes {
+	if *processes || slices.Contains(cfg.Scenarios, "river") {
 		exe, err := os.Executable()
 		if err != nil {
-			return fmt.Errorf("find this binary for --processes: %w", err)
+			return fmt.Errorf("find this binary for its replica processes: %w", err)
 		}
 		cfg.Executable = exe
 	}

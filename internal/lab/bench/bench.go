@@ -33,7 +33,7 @@ import (
 var Scenarios = []string{"baseline", "leases", "drain", "steady", "latency", "notify-cost", "fanout", "bulk-insert"}
 
 // Optional are the scenarios that run only when named: long ones.
-var Optional = []string{"backlog", "longpoll", "capacity"}
+var Optional = []string{"backlog", "longpoll", "capacity", "river"}
 
 // Config is what to measure and how hard.
 type Config struct {
@@ -69,6 +69,10 @@ type Config struct {
 	// Executable, when set, is a leasehold binary: drain then also runs its replicas as
 	// processes of it (`serve --roles worker`), as production does.
 	Executable string
+	// RiverPeer is the River peer program (tools/riverpeer, built) that river runs;
+	// RiverTasks are the pending counts it drains each way (nil: DefaultRiverTasks).
+	RiverPeer  string
+	RiverTasks []int
 	// Log receives progress lines (nil discards).
 	Log io.Writer
 }
@@ -120,6 +124,9 @@ func (c Config) withDefaults() Config {
 	if c.RESTWorkers == 0 {
 		c.RESTWorkers = DefaultRESTWorkers
 	}
+	if len(c.RiverTasks) == 0 {
+		c.RiverTasks = DefaultRiverTasks
+	}
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
@@ -137,6 +144,11 @@ func (c Config) Validate() error {
 	for _, n := range c.Backlog {
 		if n < 1 || n > 10_000_000 {
 			errs = append(errs, fmt.Errorf("backlog %d must be between 1 and 10000000", n))
+		}
+	}
+	for _, n := range c.RiverTasks {
+		if n < 1 || n > 10_000_000 {
+			errs = append(errs, fmt.Errorf("river tasks %d must be between 1 and 10000000", n))
 		}
 	}
 	for _, n := range c.Clients {
@@ -243,6 +255,7 @@ var scenarios = map[string]func(ctx context.Context, c Config, earlier []Result)
 	"backlog":     runBacklog,
 	"longpoll":    runLongpoll,
 	"capacity":    runCapacity,
+	"river":       runRiver,
 }
 
 func machine(ctx context.Context, dbURL string) (Machine, error) {

@@ -19,8 +19,9 @@ func TestEveryScenarioRuns(t *testing.T) {
 	cfg := Config{
 		DatabaseURL: pgtest.ServerURL(t), Duration: 500 * time.Millisecond, Clients: []int{2},
 		Tasks: 200, Replicas: 2, Workers: 2, Samples: 20, SteadyRate: 200, Fanout: 5,
-		// capacity has a test of its own (TestCapacity), with sizes of its own.
-		Scenarios: slices.DeleteFunc(append(slices.Clone(Scenarios), Optional...), func(s string) bool { return s == "capacity" }),
+		// capacity has a test of its own (TestCapacity), with sizes of its own; river needs
+		// the River peer, a module of its own (TestRiverNeedsItsPeer).
+		Scenarios: slices.DeleteFunc(append(slices.Clone(Scenarios), Optional...), func(s string) bool { return s == "capacity" || s == "river" }),
 		Backlog:   []int{100, 300}, BacklogWorkers: 4,
 		Waiters: 5, IdleWaiters: 10, IdleHold: 500 * time.Millisecond, RESTWorkers: 2,
 	}
@@ -70,8 +71,17 @@ func TestEveryScenarioRuns(t *testing.T) {
 	}
 }
 
+// TestRiverNeedsItsPeer: river without the peer program says how to build it, and runs
+// nothing.
+func TestRiverNeedsItsPeer(t *testing.T) {
+	_, err := Run(t.Context(), Config{DatabaseURL: pgtest.ServerURL(t), Scenarios: []string{"river"}, Executable: "leasehold"})
+	if err == nil || !strings.Contains(err.Error(), "go build -C tools/riverpeer") {
+		t.Fatalf("river without its peer: %v; want an error saying how to build it", err)
+	}
+}
+
 func TestValidate(t *testing.T) {
-	for _, c := range []Config{{Scenarios: []string{"nope"}}, {Clients: []int{0}}, {Tasks: -1}} {
+	for _, c := range []Config{{Scenarios: []string{"nope"}}, {Clients: []int{0}}, {Tasks: -1}, {RiverTasks: []int{0}}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: no error", c)
 		}
