@@ -310,8 +310,10 @@ func (c *Client) listen() (*notify.Listener, func()) {
 // Start runs the client's workers: for each queue, MaxWorkers of them,
 // each claiming the next due task of the kinds the client registers (woken
 // by NOTIFY on a pool, long-polling a remote service), running it under its
-// lease, and recording what became of it. It returns at once; the workers
-// run until Stop. A client without Workers (and without
+// lease, and recording what became of it. On a pool it returns once the
+// workers can be woken by an insert (their first claim round is over, or
+// 5 s or ctx passed), so that a task inserted right after Start is
+// claimed at once; remote, it returns at once. The workers run until Stop. A client without Workers (and without
 // Config.Scheduler) has nothing to start, and Start returns nil.
 //
 // A client on a pool also campaigns to be the reaper (the lease
@@ -389,17 +391,21 @@ func (c *Client) Start(ctx context.Context) error {
 			}
 		})
 	}
+	var ready sync.WaitGroup // the embedded pools' first rounds
 	for _, name := range names {
 		q := c.cfg.Queues[name]
 		if c.pool != nil {
 			l, done := c.listen()
+			ready.Add(1)
+			isReady := sync.OnceFunc(ready.Done)
 			p := &worker.Pool{
 				Tasks: c.store, Listener: l, Instance: c.cfg.ID, Queue: name, Kinds: c.kinds, Handler: handler,
 				Workers: q.MaxWorkers, TTL: c.cfg.TaskTTL, Abort: c.abort, Log: c.log, SafetyPoll: c.safetyPoll,
-				OnEvent: c.events.publish,
+				OnEvent: c.events.publish, Ready: isReady,
 			}
 			c.running.Go(func() {
 				defer done()
+				defer isReady() // a pool that stopped before its first round is waited for no more
 				if err := p.Run(runCtx); err != nil {
 					c.log.Error().Err(err).Str("queue", name).Msg("workers stopped")
 				}
@@ -417,7 +423,32 @@ func (c *Client) Start(ctx context.Context) error {
 			}
 		})
 	}
+	// Start returns once the embedded workers can be woken by an insert: a
+	// task inserted right after it is claimed at once, not by the first
+	// round's catch-up. Bounded by ctx and startReadyWithin: a database that
+	// is slow to answer delays the workers, not the caller.
+	waitReady(ctx, &ready, startReadyWithin)
 	return nil
+}
+
+// startReadyWithin bounds how long Start waits for the workers' first
+// claim round.
+const startReadyWithin = 5 * time.Second
+
+// waitReady waits until wg is done, ctx ends or within has passed.
+func waitReady(ctx context.Context, wg *sync.WaitGroup, within time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(within)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 // defaultRetention is how long finished tasks and lease history are kept

@@ -20,6 +20,7 @@ const (
 	reasonDatabaseSlow = "the database did not answer in time"
 	reasonMigrations   = "migrations pending"
 	reasonListener     = "the listener is not connected"
+	reasonWorkers      = "the workers are starting"
 	reasonStandby      = "the database is a standby (read-only); waiting for the primary"
 )
 
@@ -32,6 +33,7 @@ const (
 type readiness struct {
 	pool      *pgxpool.Pool
 	connected func() bool  // the listener's
+	workers   func() bool  // the worker pool's first claim round is over; nil without workers
 	latest    int64        // the migration version this binary needs
 	failed    func() error // why a background component stopped, nil while none did
 	log       zerolog.Logger
@@ -81,6 +83,9 @@ func (r *readiness) probe(ctx context.Context) error {
 	}
 	if !r.connected() {
 		return &server.NotReady{Reason: reasonListener, Err: errors.New("the LISTEN connection is down; it reconnects by itself (see the listener's log lines)")}
+	}
+	if r.workers != nil && !r.workers() {
+		return &server.NotReady{Reason: reasonWorkers, Err: errors.New("the workers' first claim round is not over: an insert would not wake them yet")}
 	}
 	return nil
 }

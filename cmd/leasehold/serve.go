@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/leasestore"
@@ -256,6 +257,11 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 	background := comps.Go
 	defer stopBackground()
 	stopping := make(chan struct{})
+	readyz := &readiness{pool: pool, connected: listener.Connected, latest: latest, failed: comps.Err, log: log}
+	var workersReady atomic.Bool // the worker pool's first round is over: an insert wakes it
+	if c.hasRole("worker") && c.Workers > 0 {
+		readyz.workers = workersReady.Load
+	}
 	handler := server.NewServer(server.Deps{
 		Leases:     leases,
 		Tasks:      tasks,
@@ -275,7 +281,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 		// listener, and stop waiting when the replica shuts down.
 		Listener: listener, Stopping: stopping,
 		// What /readyz says is public: the details go to the log.
-		Ready: (&readiness{pool: pool, connected: listener.Connected, latest: latest, failed: comps.Err, log: log}).check,
+		Ready: readyz.check,
 	})
 
 	ln, err := net.Listen("tcp", c.Addr)
@@ -345,6 +351,7 @@ func serve(ctx context.Context, c config, stderr io.Writer, ready chan<- string)
 			Tasks: tasks, Ops: ops, Listener: listener, Instance: c.Instance, Workers: c.Workers, TTL: c.LeaseTTL,
 			Kinds: []string{demo.Kind}, Handler: sleep,
 			ShutdownGrace: grace, Log: log, OnEvent: metrics.WorkerEvent,
+			Ready: func() { workersReady.Store(true) },
 		}).Run)
 	}
 

@@ -71,6 +71,12 @@ type Pool struct {
 	// OnEvent, if set, is called with every Event, synchronously from the
 	// pool's goroutines: it must be quick and safe for concurrent use.
 	OnEvent func(Event)
+	// Ready, if set, is called once, when the pool is first ready to be
+	// woken by an insert: its first claim round is over (it registered as a
+	// waiter for inserted tasks, or every worker is busy, or the round
+	// failed and is retried with backoff). A task inserted before then waits
+	// for that round's catch-up claim.
+	Ready func()
 
 	log       zerolog.Logger
 	runner    runner
@@ -380,10 +386,15 @@ func (p *Pool) dispatch(ctx context.Context) {
 		}
 	}()
 	wake := WakeStart
+	ready := p.Ready
 	for {
 		if wake != 0 {
 			d.round(ctx, wake)
 			wake = 0
+		}
+		if ready != nil {
+			ready()
+			ready = nil
 		}
 		select {
 		case <-ctx.Done():

@@ -524,3 +524,28 @@ func TestHandedBackTaskWakesIdlePool(t *testing.T) {
 	}
 	b.stop(t)
 }
+
+// TestReadyOnceWoken: Ready is called once, and only when the pool can be woken by an
+// insert: its first round is over and it is registered as a waiter for inserted tasks.
+func TestReadyOnceWoken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	registeredThen := make(chan bool, 2)
+	e.startPool("ready", 2, 10*time.Second, func(p *worker.Pool, _ *replica) {
+		p.Ready = func() { registeredThen <- len(e.waiterPIDs("ready/workers")) == 1 }
+	})
+	select {
+	case registered := <-registeredThen:
+		if !registered {
+			t.Fatal("Ready was called before the pool was registered as a waiter: an insert then would not wake it")
+		}
+	case <-t.Context().Done():
+		t.Fatal("Ready was not called")
+	}
+	// Woken again, by an insert, it says nothing more.
+	tk := e.insert(1, sleepTask(0))[0]
+	waitUntil(t, "the task to be done", 30*time.Second, func() bool { return e.get(tk.ID).State == task.StateDone })
+	if len(registeredThen) != 0 {
+		t.Fatal("Ready was called more than once")
+	}
+}
