@@ -21,7 +21,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs := flag.NewFlagSet("leasehold bench", flag.ContinueOnError)
 	var (
 		dbURL     = fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL; scenarios create databases beside its (env DATABASE_URL; default: the local PostgreSQL)")
-		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes), capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle, task and task heartbeat) and river (drains beside River's, from outside and through the library; needs --river-peer)")
+		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes), capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle, task and task heartbeat), river (drains beside River's, from outside and through the library; needs --river-peer) and pickup (how soon an idle replica starts a task inserted over REST, and the library; --samples tasks)")
 		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
 		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
 		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts, and bulk-insert inserts each way")
@@ -120,7 +120,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		cfg.Work = exe
 	}
-	if *processes || slices.Contains(cfg.Scenarios, "river") {
+	if *processes || slices.Contains(cfg.Scenarios, "river") || slices.Contains(cfg.Scenarios, "pickup") {
 		exe, err := os.Executable()
 		if err != nil {
 			return fmt.Errorf("find this binary for its replica processes: %w", err)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -151,5 +153,64 @@ func TestTimedReadsDoNotGrowWithTheTable(t *testing.T) {
 		if b > 2*a+20 {
 			t.Errorf("%s: %d blocks with 100,000 finished tasks more, %d without; want about the same", r.name, b, a)
 		}
+	}
+}
+
+// BenchmarkTimedReads times each timed read on a working queue (1,000 tasks of 4 kinds, 6
+// running, 3 dead) beside LEASEHOLD_BENCH_FINISHED finished tasks (default 10,000), to set
+// the cost at 10⁴ beside the cost at 10⁷:
+//
+//	LEASEHOLD_BENCH_FINISHED=10000000 go test -run '^$' -bench TimedReads -benchtime 200x ./internal/taskstore
+func BenchmarkTimedReads(b *testing.B) {
+	finished := 10_000
+	if v := os.Getenv("LEASEHOLD_BENCH_FINISHED"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			b.Fatalf("LEASEHOLD_BENCH_FINISHED=%q: want a count of tasks, e.g. 10000000", v)
+		}
+		finished = n
+	}
+	ctx := b.Context()
+	tdb := pgtest.New(b)
+	s, q := taskstore.NewStore(tdb.Pool), db.New(tdb.Pool)
+	var batch []taskstore.NewTask
+	for i := range 1000 {
+		batch = append(batch, taskstore.NewTask{TaskData: json.RawMessage(`{}`), Kind: fmt.Sprintf("k%d", i%4), MaxAttempts: 1})
+	}
+	if _, err := s.Insert(ctx, batch); err != nil {
+		b.Fatal(err)
+	}
+	claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"r/1", "r/2", "r/3", "r/4", "r/5", "r/6"}, TTL: time.Hour})
+	if err != nil || len(claimed) != 6 {
+		b.Fatalf("claim: %d tasks, %v", len(claimed), err)
+	}
+	for _, c := range claimed[:3] {
+		if _, err := s.Fail(ctx, c.ID, c.Processor, c.Fence, "dead on purpose", 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// A million a statement: finished two days ago, as retention keeps them.
+	for left := finished; left > 0; left -= 1_000_000 {
+		if _, err := tdb.Pool.Exec(ctx, `
+			INSERT INTO tasks (task_data, kind, state, attempts, started_at, processed_at, task_output)
+			SELECT '{}', 'k' || (g % 4), 'done', 1, now() - interval '2 days', now() - interval '2 days', '{}'
+			FROM generate_series(1, $1::integer) AS g`, min(left, 1_000_000)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := s.FoldCounts(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := tdb.Pool.Exec(ctx, `VACUUM ANALYZE tasks`); err != nil { // as autovacuum would
+		b.Fatal(err)
+	}
+	for _, r := range timedReads {
+		b.Run(r.name, func(b *testing.B) {
+			for b.Loop() {
+				if err := r.run(ctx, s, q); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

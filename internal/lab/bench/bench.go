@@ -33,7 +33,7 @@ import (
 var Scenarios = []string{"baseline", "leases", "drain", "steady", "latency", "notify-cost", "fanout", "bulk-insert"}
 
 // Optional are the scenarios that run only when named: long ones.
-var Optional = []string{"backlog", "longpoll", "capacity", "river"}
+var Optional = []string{"backlog", "longpoll", "capacity", "river", "pickup"}
 
 // Config is what to measure and how hard.
 type Config struct {
@@ -256,6 +256,7 @@ var scenarios = map[string]func(ctx context.Context, c Config, earlier []Result)
 	"longpoll":    runLongpoll,
 	"capacity":    runCapacity,
 	"river":       runRiver,
+	"pickup":      runPickup,
 }
 
 func machine(ctx context.Context, dbURL string) (Machine, error) {

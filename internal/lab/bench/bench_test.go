@@ -36,7 +36,8 @@ func TestEveryScenarioRuns(t *testing.T) {
 			t.Errorf("%s / %s: value %v, want above 0", r.Scenario, r.Case, r.Value)
 		}
 	}
-	want := map[string]int{"leases": 5, "drain": 2, "steady": 4, "latency": 8, "notify-cost": 5, "fanout": 3, "bulk-insert": 2, "backlog": 2, "longpoll": 10}
+	want := map[string]int{"leases": 5, "drain": 2, "steady": 4, "latency": 8, "notify-cost": 5, "fanout": 3, "bulk-insert": 2, "backlog": 2, "longpoll": 10,
+		"pickup": 7}
 	for s, n := range want {
 		if count[s] != n {
 			t.Errorf("scenario %s gave %d figures, want %d", s, count[s], n)
