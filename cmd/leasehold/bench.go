@@ -15,6 +15,22 @@ import (
 	"github.com/leasehold/leasehold/internal/lab/localpg"
 )
 
+// countsFlag parses a flag of whole numbers separated by commas (nil when it is empty).
+func countsFlag(flag, value, example string) ([]int, error) {
+	if value == "" {
+		return nil, nil
+	}
+	var out []int
+	for _, s := range strings.Split(value, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return nil, usagef("--%s %q must be whole numbers separated by commas, e.g. %s", flag, value, example)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
 // runBench runs `leasehold bench`: the benchmark scenarios, each on a fresh database of its
 // own beside DATABASE_URL's (or on the local PostgreSQL), printed as a table or as JSON.
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -56,48 +72,26 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 			cfg.Scenarios = append(cfg.Scenarios, s)
 		}
 	}
-	if *backlog != "" {
-		for _, s := range strings.Split(*backlog, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(s))
-			if err != nil {
-				return usagef("--backlog %q must be whole numbers separated by commas, e.g. 10000,100000,500000", *backlog)
-			}
-			cfg.Backlog = append(cfg.Backlog, n)
-		}
-		if !slices.Contains(cfg.Scenarios, "backlog") {
-			cfg.Scenarios = append(cfg.Scenarios, "backlog")
+	var err error
+	if cfg.Backlog, err = countsFlag("backlog", *backlog, "10000,100000,500000"); err != nil {
+		return err
+	}
+	if cfg.RiverTasks, err = countsFlag("river-tasks", *riverN, "30000,500000"); err != nil {
+		return err
+	}
+	if cfg.CapacityLeases, err = countsFlag("capacity-leases", *capLeases, "1000,10000"); err != nil {
+		return err
+	}
+	if cfg.Clients, err = countsFlag("clients", *clients, "1,8,32"); err != nil {
+		return err
+	}
+	// Counts given for an optional scenario ask for it.
+	for name, given := range map[string]bool{"backlog": len(cfg.Backlog) > 0, "river": len(cfg.RiverTasks) > 0} {
+		if given && !slices.Contains(cfg.Scenarios, name) {
+			cfg.Scenarios = append(cfg.Scenarios, name)
 		}
 	}
-	cfg.BacklogWorkers = *blWorkers
-	if *riverN != "" {
-		for _, s := range strings.Split(*riverN, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(s))
-			if err != nil {
-				return usagef("--river-tasks %q must be whole numbers separated by commas, e.g. 30000,500000", *riverN)
-			}
-			cfg.RiverTasks = append(cfg.RiverTasks, n)
-		}
-		if !slices.Contains(cfg.Scenarios, "river") {
-			cfg.Scenarios = append(cfg.Scenarios, "river")
-		}
-	}
-	cfg.RiverPeer = *riverPeer
-	if *capLeases != "" {
-		for _, s := range strings.Split(*capLeases, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(s))
-			if err != nil {
-				return usagef("--capacity-leases %q must be whole numbers separated by commas, e.g. 1000,10000", *capLeases)
-			}
-			cfg.CapacityLeases = append(cfg.CapacityLeases, n)
-		}
-	}
-	for _, s := range strings.Split(*clients, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil {
-			return usagef("--clients %q must be whole numbers separated by commas, e.g. 1,8,32", *clients)
-		}
-		cfg.Clients = append(cfg.Clients, n)
-	}
+	cfg.BacklogWorkers, cfg.RiverPeer = *blWorkers, *riverPeer
 	if *waiters <= 0 || *idleWait <= 0 || *idleHold <= 0 || *restWork <= 0 || *renewEvry <= 0 {
 		return usagef("--waiters, --idle-waiters, --idle-hold, --rest-workers and --renew-every must be above 0")
 	}

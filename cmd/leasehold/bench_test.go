@@ -43,6 +43,9 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		{"bench", "--tasks", "0"},
 		{"bench", "--clients", "1,many"},
 		{"bench", "--capacity-leases", "lots"},
+		{"bench", "--river-tasks", "30000,half a million"},
+		{"bench", "--river-tasks", "0"},
+		{"bench", "--backlog", "x"},
 	} {
 		err := run(t.Context(), args, env(), io.Discard, io.Discard)
 		if !errors.Is(err, errUsage) {

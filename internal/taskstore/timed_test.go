@@ -108,24 +108,7 @@ func TestTimedReadsDoNotGrowWithTheTable(t *testing.T) {
 	}
 	defer pool.Close()
 	s, q := taskstore.NewStore(pool), db.New(pool)
-
-	// A working queue: pending tasks of a few kinds, some running, some dead.
-	var batch []taskstore.NewTask
-	for i := range 1000 {
-		batch = append(batch, taskstore.NewTask{TaskData: json.RawMessage(`{}`), Kind: fmt.Sprintf("k%d", i%4), MaxAttempts: 1})
-	}
-	if _, err := s.Insert(ctx, batch); err != nil {
-		t.Fatal(err)
-	}
-	claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"r/1", "r/2", "r/3", "r/4", "r/5", "r/6"}, TTL: time.Hour})
-	if err != nil || len(claimed) != 6 {
-		t.Fatalf("claim: %d tasks, %v", len(claimed), err)
-	}
-	for _, c := range claimed[:3] {
-		if _, err := s.Fail(ctx, c.ID, c.Processor, c.Fence, "dead on purpose", 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	workingQueue(ctx, t, s)
 	measure := func() map[string]int64 {
 		if _, err := tdb.Pool.Exec(ctx, `VACUUM ANALYZE tasks`); err != nil { // as autovacuum would
 			t.Fatal(err)
@@ -156,6 +139,28 @@ func TestTimedReadsDoNotGrowWithTheTable(t *testing.T) {
 	}
 }
 
+// workingQueue fills s with a working queue: 1,000 pending tasks of 4 kinds, 6 of them
+// claimed, 3 of those dead.
+func workingQueue(ctx context.Context, tb testing.TB, s *taskstore.Store) {
+	tb.Helper()
+	var batch []taskstore.NewTask
+	for i := range 1000 {
+		batch = append(batch, taskstore.NewTask{TaskData: json.RawMessage(`{}`), Kind: fmt.Sprintf("k%d", i%4), MaxAttempts: 1})
+	}
+	if _, err := s.Insert(ctx, batch); err != nil {
+		tb.Fatal(err)
+	}
+	claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"r/1", "r/2", "r/3", "r/4", "r/5", "r/6"}, TTL: time.Hour})
+	if err != nil || len(claimed) != 6 {
+		tb.Fatalf("claim: %d tasks, %v", len(claimed), err)
+	}
+	for _, c := range claimed[:3] {
+		if _, err := s.Fail(ctx, c.ID, c.Processor, c.Fence, "dead on purpose", 0); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkTimedReads times each timed read on a working queue (1,000 tasks of 4 kinds, 6
 // running, 3 dead) beside LEASEHOLD_BENCH_FINISHED finished tasks (default 10,000), to set
 // the cost at 10⁴ beside the cost at 10⁷:
@@ -173,22 +178,7 @@ func BenchmarkTimedReads(b *testing.B) {
 	ctx := b.Context()
 	tdb := pgtest.New(b)
 	s, q := taskstore.NewStore(tdb.Pool), db.New(tdb.Pool)
-	var batch []taskstore.NewTask
-	for i := range 1000 {
-		batch = append(batch, taskstore.NewTask{TaskData: json.RawMessage(`{}`), Kind: fmt.Sprintf("k%d", i%4), MaxAttempts: 1})
-	}
-	if _, err := s.Insert(ctx, batch); err != nil {
-		b.Fatal(err)
-	}
-	claimed, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{"r/1", "r/2", "r/3", "r/4", "r/5", "r/6"}, TTL: time.Hour})
-	if err != nil || len(claimed) != 6 {
-		b.Fatalf("claim: %d tasks, %v", len(claimed), err)
-	}
-	for _, c := range claimed[:3] {
-		if _, err := s.Fail(ctx, c.ID, c.Processor, c.Fence, "dead on purpose", 0); err != nil {
-			b.Fatal(err)
-		}
-	}
+	workingQueue(ctx, b, s)
 	// A million a statement: finished two days ago, as retention keeps them.
 	for left := finished; left > 0; left -= 1_000_000 {
 		if _, err := tdb.Pool.Exec(ctx, `

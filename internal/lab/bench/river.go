@@ -150,8 +150,7 @@ func drainRiverPeer(ctx context.Context, c Config, n int) (drained, error) {
 	if _, _, err := runPeer(ctx, c, "insert", "--database-url", d.URL, "--jobs", strconv.Itoa(n)); err != nil {
 		return drained{}, err
 	}
-	settle(ctx, d)
-	m, err := startMeter(ctx, d)
+	m, err := settledMeter(ctx, d)
 	if err != nil {
 		return drained{}, err
 	}
@@ -191,6 +190,12 @@ func runPeer(ctx context.Context, c Config, args ...string) (string, time.Durati
 	return string(out), cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), nil
 }
 
+// settledMeter starts a meter on d once the server has settled (settle).
+func settledMeter(ctx context.Context, d *freshDB) (*meter, error) {
+	settle(ctx, d)
+	return startMeter(ctx, d)
+}
+
 // settle lets the server finish what the insert left it (autovacuum and analyze of the
 // new rows) before a drain is metered, as long as it is still at it, for at most a
 // minute: each system's drain then starts from a table as its insert leaves it once
@@ -226,8 +231,7 @@ func drainRESTReplica(ctx context.Context, c Config, n int) (drained, error) {
 	if err := insertOverREST(ctx, api.base, n); err != nil {
 		return drained{}, err
 	}
-	settle(ctx, d)
-	m, err := startMeter(ctx, d)
+	m, err := settledMeter(ctx, d)
 	if err != nil {
 		return drained{}, err
 	}
@@ -374,8 +378,7 @@ func drainLibraryOf(ctx context.Context, c Config, n int) (drained, error) {
 			return drained{}, err
 		}
 	}
-	settle(ctx, d)
-	m, err := startMeter(ctx, d)
+	m, err := settledMeter(ctx, d)
 	if err != nil {
 		return drained{}, err
 	}
