@@ -62,7 +62,7 @@ func runRiver(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 		fmt.Fprintf(c.Log, "river: %d pending: River\n", n)
 		river, err := drainRiverPeer(ctx, c, n)
 		if err != nil {
-			return nil, fmt.Errorf("River's drain of %d: %w", n, err)
+			return nil, fmt.Errorf("the River drain of %d: %w", n, err)
 		}
 		fmt.Fprintf(c.Log, "river: %d pending: leasehold over REST and a worker replica\n", n)
 		rest, err := drainRESTReplica(ctx, c, n)
@@ -172,7 +172,7 @@ func drainRiverPeer(ctx context.Context, c Config, n int) (drained, error) {
 		return drained{}, fmt.Errorf("read River's jobs: %w", err)
 	}
 	if completed != n {
-		return drained{}, fmt.Errorf("River completed %d of %d jobs", completed, n)
+		return drained{}, fmt.Errorf("the River peer completed %d of %d jobs", completed, n)
 	}
 	return res, nil
 }
@@ -284,10 +284,11 @@ func startServe(ctx context.Context, c Config, d *freshDB, instance, roles strin
 			if resp.StatusCode == http.StatusOK {
 				return s, nil
 			}
+			err = fmt.Errorf("/readyz answered %d", resp.StatusCode)
 		}
 		if time.Now().After(deadline) {
 			s.stop()
-			return nil, fmt.Errorf("leasehold serve --roles %s was not ready at %s within a minute (last: %v)", roles, s.base, err)
+			return nil, fmt.Errorf("leasehold serve --roles %s was not ready at %s within a minute (last: %w)", roles, s.base, err)
 		}
 		if err := pause(ctx, 20*time.Millisecond); err != nil {
 			s.stop()
