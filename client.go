@@ -569,3 +569,15 @@ func (s storeLeases) List(ctx context.Context, p lease.ListParams) ([]lease.Leas
 func (s storeLeases) Events(ctx context.Context, p lease.EventsParams) ([]lease.Event, error) {
 	return s.store.Events(ctx, p)
 }
+
+func (s storeLeases) SetLimit(ctx context.Context, key string, slots int) (lease.Limit, error) {
+	return s.store.SetLimit(ctx, key, slots)
+}
+
+func (s storeLeases) Limit(ctx context.Context, key string) (lease.Limit, error) {
+	return s.store.Limit(ctx, key)
+}
+
+func (s storeLeases) Limits(ctx context.Context, after string, limit int32) ([]lease.Limit, error) {
+	return s.store.Limits(ctx, after, limit)
+}

@@ -186,3 +186,51 @@ func ExampleMiddleware() {
 	fmt.Println("worked for", <-done)
 	// Output: worked for acme
 }
+
+// A key of slots lets a few holders in at once: here at most two imports
+// run together, however many processes try. Each holds a slot's lease with
+// its own fence; a third is refused until a slot is freed.
+func ExampleLeases_HoldSlot() {
+	ctx := context.Background()
+	client, err := leasehold.NewClient(examplePool(), leasehold.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var holdings []*leasehold.Holding
+	for _, who := range []string{"importer-1", "importer-2", "importer-3"} {
+		h, err := client.Leases().HoldSlot(ctx, "example:imports", client.ID()+"/"+who, 2, 0, lease.KeepConfig{})
+		if errors.Is(err, lease.ErrHeld) {
+			fmt.Println(who, "waits: both slots are held")
+			continue
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		holdings = append(holdings, h)
+		fmt.Println(who, "holds a slot with a fence of its own:", h.Lease().Fence > 0)
+	}
+	for _, h := range holdings {
+		_ = h.Release(ctx)
+	}
+	// Output:
+	// importer-1 holds a slot with a fence of its own: true
+	// importer-2 holds a slot with a fence of its own: true
+	// importer-3 waits: both slots are held
+}
+
+// A key's limit changes at run time: raised, the tasks waiting on it start
+// at once; lowered, its holders finish and no slot is granted until fewer
+// hold it than the new limit.
+func ExampleLeases_SetLimit() {
+	ctx := context.Background()
+	client, err := leasehold.NewClient(examplePool(), leasehold.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := client.Leases().SetLimit(ctx, "example:partner-api", 5)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(l.Resource, "slots:", l.Slots)
+	// Output: example:partner-api slots: 5
+}

@@ -38,6 +38,14 @@ type InsertOpts struct {
 	// the task's fence, heartbeats renew it, and the task's end releases
 	// it. Tasks with the same Lock never run at the same time.
 	Lock string
+	// LockLimit, with Lock, lets that many tasks (and other holders) of the
+	// lock run at once: Lock becomes a key of LockLimit slots, each claim
+	// takes a free slot's lease with its fence, and the task's end frees it
+	// (Leases.HoldSlot). It is the key's limit if it has none yet; once
+	// set, a key's limit changes only by Leases.SetLimit. 1 to
+	// lease.MaxSlots; zero with Lock: one at a time, on the lease of Lock
+	// itself.
+	LockLimit int
 	// ScheduledAt is when the task falls due (zero: now).
 	ScheduledAt time.Time
 	// MaxAttempts is how many attempts the task gets before it is dead:
@@ -222,6 +230,12 @@ func (c *Client) newTask(p InsertParams) (taskstore.NewTask, error) {
 			return taskstore.NewTask{}, err
 		}
 	}
+	if o.LockLimit != 0 && o.Lock == "" {
+		return taskstore.NewTask{}, fmt.Errorf("%w: LockLimit %d without a Lock; name the key it limits in Lock", ErrInvalidArgument, o.LockLimit)
+	}
+	if err := checkSlots("LockLimit", o.Lock, o.LockLimit, false); err != nil {
+		return taskstore.NewTask{}, err
+	}
 	if err := checkTTL("task TTL", o.TTL); err != nil {
 		return taskstore.NewTask{}, err
 	}
@@ -237,7 +251,8 @@ func (c *Client) newTask(p InsertParams) (taskstore.NewTask, error) {
 	return taskstore.NewTask{
 		TaskData: data, Kind: kind, Queue: o.Queue, Priority: o.Priority, UniqueKey: o.UniqueKey,
 		TTL: o.TTL, ScheduledAt: o.ScheduledAt, MaxAttempts: int32(o.MaxAttempts), Lock: o.Lock,
-		Metadata: maps.Clone(o.Metadata),
+		LockLimit: o.LockLimit,
+		Metadata:  maps.Clone(o.Metadata),
 	}, nil
 }
 
@@ -290,6 +305,9 @@ func merged(base, over InsertOpts) InsertOpts {
 	}
 	if over.Lock != "" {
 		base.Lock = over.Lock
+	}
+	if over.LockLimit != 0 {
+		base.LockLimit = over.LockLimit
 	}
 	if !over.ScheduledAt.IsZero() {
 		base.ScheduledAt = over.ScheduledAt

@@ -20,6 +20,9 @@ type leaseService interface {
 	Get(ctx context.Context, id int64) (lease.Lease, error)
 	List(ctx context.Context, p lease.ListParams) ([]lease.Lease, error)
 	Events(ctx context.Context, p lease.EventsParams) ([]lease.Event, error)
+	SetLimit(ctx context.Context, key string, slots int) (lease.Limit, error)
+	Limit(ctx context.Context, key string) (lease.Limit, error)
+	Limits(ctx context.Context, after string, limit int32) ([]lease.Limit, error)
 }
 
 // Leases takes, renews and releases leases: time-bounded exclusive
@@ -136,8 +139,15 @@ const MaxWait = lease.MaxWait
 // resource is waited for, woken by its release or expiry (NOTIFY, not
 // polling), and the answer comes as soon as the lease is taken or the wait
 // runs out.
+//
+// With p.Slots, p.Resource is a key of that many slots (a semaphore): the
+// lease is one slot's, lease.SlotName(p.Resource, n), with a fence of its
+// own, and renewed and released by that name; refused with a
+// *lease.HeldError, carrying the slot that expires first, when every slot
+// is held.
 func (l *Leases) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acquisition, error) {
-	if err := firstErr(checkResource("resource", p.Resource), checkName("holder", p.Holder), checkTTL("lease TTL", p.TTL)); err != nil {
+	if err := firstErr(checkResource("resource", p.Resource), checkName("holder", p.Holder), checkTTL("lease TTL", p.TTL),
+		checkSlots("slots", p.Resource, p.Slots, false)); err != nil {
 		return lease.Acquisition{}, err
 	}
 	if p.Wait < 0 || p.Wait > MaxWait {
@@ -172,7 +182,13 @@ func (l *Leases) Release(ctx context.Context, p lease.ReleaseParams) (lease.Leas
 	}
 	released, err := l.svc.Release(ctx, p)
 	if err == nil {
-		if h := l.holdingOf(holdingKey{p.Resource, p.Holder}); h != nil && (p.Fence == 0 || p.Fence == h.Lease().Fence) {
+		h := l.holdingOf(holdingKey{p.Resource, p.Holder})
+		if key, ok := lease.SlotKey(p.Resource); ok && h == nil {
+			if h = l.holdingOf(holdingKey{key, p.Holder}); h != nil && h.Lease().Resource != p.Resource {
+				h = nil
+			}
+		}
+		if h != nil && (p.Fence == 0 || p.Fence == h.Lease().Fence) {
 			h.releasedUnder()
 		}
 	}
@@ -215,6 +231,55 @@ func (l *Leases) Events(ctx context.Context, p lease.EventsParams) ([]lease.Even
 		p.Limit = 1000
 	}
 	return l.svc.Events(ctx, p)
+}
+
+// checkSlots refuses a number of slots out of range (zero passes unless
+// required), and a key too long for its slots' names.
+func checkSlots(field, key string, slots int, required bool) error {
+	if slots == 0 && !required {
+		return nil
+	}
+	if slots < 1 || slots > lease.MaxSlots {
+		return fmt.Errorf("%w: %s %d must be from 1 to %d", ErrInvalidArgument, field, slots, lease.MaxSlots)
+	}
+	if n := len(lease.SlotName(key, lease.MaxSlots)); n > name.MaxBytes {
+		return fmt.Errorf("%w: the key %q is %d bytes too long for its slots' names (KEY#N, at most %d bytes); shorten it",
+			ErrInvalidArgument, key, n-name.MaxBytes, name.MaxBytes)
+	}
+	return nil
+}
+
+// SetLimit sets the limit of key to slots (1 to lease.MaxSlots). Raising it
+// wakes the tasks waiting on the key at once; lowering it lets the holders
+// above it finish and grants no slot until fewer than slots are held. A
+// key's first limit may also come from the first acquisition or task that
+// names one (lease.AcquireParams.Slots, InsertOpts.LockLimit).
+func (l *Leases) SetLimit(ctx context.Context, key string, slots int) (lease.Limit, error) {
+	if err := firstErr(checkResource("key", key), checkSlots("slots", key, slots, true)); err != nil {
+		return lease.Limit{}, err
+	}
+	return l.svc.SetLimit(ctx, key, slots)
+}
+
+// Limit returns key's limit, with its live slots and waiting tasks;
+// lease.ErrNotFound when the key has none.
+func (l *Leases) Limit(ctx context.Context, key string) (lease.Limit, error) {
+	if err := checkResource("key", key); err != nil {
+		return lease.Limit{}, err
+	}
+	return l.svc.Limit(ctx, key)
+}
+
+// Limits returns a page of the limited keys in name order, after the key
+// after ("" from the first); limit 0 is the default, 100, at most 1000.
+func (l *Leases) Limits(ctx context.Context, after string, limit int) ([]lease.Limit, error) {
+	if limit < 0 || limit > 1000 {
+		return nil, fmt.Errorf("%w: limit %d must be 0 (the default) to 1000", ErrInvalidArgument, limit)
+	}
+	if limit == 0 {
+		limit = 100
+	}
+	return l.svc.Limits(ctx, after, int32(limit))
 }
 
 func firstErr(errs ...error) error {
@@ -282,6 +347,24 @@ func (l *Leases) Hold(ctx context.Context, resource, holder string, cfg lease.Ke
 // one request may wait (MaxWait) asks again as each ends. When wait passes
 // it returns the refusal, a *lease.HeldError or a *lease.HoldingError.
 func (l *Leases) HoldWait(ctx context.Context, resource, holder string, wait time.Duration, cfg lease.KeepConfig) (*Holding, error) {
+	return l.hold(ctx, resource, holder, 0, wait, cfg)
+}
+
+// HoldSlot is HoldWait of a slot of key, a key of slots slots (a
+// semaphore, see lease.AcquireParams.Slots): the holding keeps whichever
+// slot it won, lease.SlotName(key, n), with that slot's fence. At most
+// slots holders hold the key at once, by the database clock, whatever
+// dies, pauses or fails over. While every slot is held it waits up to wait
+// for one to be freed, then returns the *lease.HeldError of the slot that
+// expires first. One holder holds one slot of a key in this process.
+func (l *Leases) HoldSlot(ctx context.Context, key, holder string, slots int, wait time.Duration, cfg lease.KeepConfig) (*Holding, error) {
+	if err := checkSlots("slots", key, slots, true); err != nil {
+		return nil, err
+	}
+	return l.hold(ctx, key, holder, slots, wait, cfg)
+}
+
+func (l *Leases) hold(ctx context.Context, resource, holder string, slots int, wait time.Duration, cfg lease.KeepConfig) (*Holding, error) {
 	if wait < 0 {
 		return nil, fmt.Errorf("%w: wait %s must not be negative", ErrInvalidArgument, wait)
 	}
@@ -302,7 +385,7 @@ func (l *Leases) HoldWait(ctx context.Context, resource, holder string, wait tim
 	if err != nil {
 		return nil, err
 	}
-	h, err := l.acquireAndKeep(ctx, k, slot, deadline, cfg)
+	h, err := l.acquireAndKeep(ctx, k, slots, slot, deadline, cfg)
 	if err != nil {
 		l.free(k, slot)
 		return nil, err
@@ -341,11 +424,11 @@ func (l *Leases) reserveWaiting(ctx context.Context, k holdingKey, deadline time
 
 // acquireAndKeep acquires the lease for the holding of slot, waiting until
 // deadline while another holder has it, and keeps it.
-func (l *Leases) acquireAndKeep(ctx context.Context, k holdingKey, slot *holdingSlot, deadline time.Time, cfg lease.KeepConfig) (*Holding, error) {
+func (l *Leases) acquireAndKeep(ctx context.Context, k holdingKey, slots int, slot *holdingSlot, deadline time.Time, cfg lease.KeepConfig) (*Holding, error) {
 	for {
 		sent := time.Now()
 		wait := min(max(time.Until(deadline), 0), MaxWait).Truncate(time.Second)
-		acq, err := l.Acquire(ctx, lease.AcquireParams{Resource: k.resource, Holder: k.holder, TTL: cfg.TTL, Wait: wait})
+		acq, err := l.Acquire(ctx, lease.AcquireParams{Resource: k.resource, Holder: k.holder, TTL: cfg.TTL, Wait: wait, Slots: slots})
 		var held *lease.HeldError
 		if errors.As(err, &held) && ctx.Err() == nil && time.Until(deadline) >= time.Second {
 			continue
@@ -365,9 +448,9 @@ func (l *Leases) acquireAndKeep(ctx context.Context, k holdingKey, slot *holding
 			// Held already (taken over), or won after a wait: renewed now, so
 			// that the deadline counts from a request sent now.
 			sent = time.Now()
-			ls, err = l.svc.Renew(ctx, lease.RenewParams{Resource: k.resource, Holder: k.holder, Fence: ls.Fence, TTL: cfg.TTL})
+			ls, err = l.svc.Renew(ctx, lease.RenewParams{Resource: ls.Resource, Holder: k.holder, Fence: ls.Fence, TTL: cfg.TTL})
 			if err != nil {
-				return nil, fmt.Errorf("renew the lease %s held by %s: %w", k.resource, k.holder, err)
+				return nil, fmt.Errorf("renew the lease %s held by %s: %w", acq.Lease.Resource, k.holder, err)
 			}
 		}
 		return l.keep(ctx, k, slot, ls, sent, cfg), nil

@@ -30,6 +30,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/apitime"
@@ -183,6 +184,59 @@ type AcquireParams struct {
 	// Wait is how long to wait for a resource that another holder holds to
 	// become free (zero: not at all), woken by its release or expiry.
 	Wait time.Duration
+	// Slots, when not zero, makes Resource a key of that many slots (a
+	// semaphore): the acquisition takes any free slot, a lease of its own
+	// named SlotName(Resource, n), and is refused with a *HeldError
+	// carrying the slot that expires first when every slot is held. Slots
+	// is the key's limit if it has none yet; once set, a key's limit
+	// changes only by SetLimit. 1 to MaxSlots.
+	Slots int
+}
+
+// MaxSlots is the most slots a key may have.
+const MaxSlots = 1000
+
+// SlotName is the resource of slot n (from 1) of key: "key#n".
+func SlotName(key string, n int) string { return fmt.Sprintf("%s#%d", key, n) }
+
+// SlotKey returns the key a slot's resource belongs to and true, or ""
+// and false when resource is not named as a slot.
+func SlotKey(resource string) (string, bool) {
+	i := strings.LastIndexByte(resource, '#')
+	if i <= 0 || i == len(resource)-1 {
+		return "", false
+	}
+	for _, c := range resource[i+1:] {
+		if c < '0' || c > '9' {
+			return "", false
+		}
+	}
+	return resource[:i], true
+}
+
+// Limit is a key's limit: how many holders may hold its slots at once,
+// with how many hold one now and how many tasks wait on it.
+type Limit struct {
+	Resource string `json:"resource"`
+	// Slots is the limit.
+	Slots int `json:"slots"`
+	// Held is the number of live slots, which may exceed Slots for a while
+	// after the limit was lowered: those holders finish, and no slot is
+	// granted until fewer than Slots are held.
+	Held int `json:"held"`
+	// Waiting is the number of pending tasks whose lock is the key
+	// (counted up to 10,000).
+	Waiting   int       `json:"waiting"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// MarshalJSON writes UpdatedAt as the API writes every time.
+func (l Limit) MarshalJSON() ([]byte, error) {
+	type plain Limit
+	return json.Marshal(struct {
+		plain
+		UpdatedAt string `json:"updated_at"`
+	}{plain: plain(l), UpdatedAt: apitime.Format(l.UpdatedAt)})
 }
 
 // Acquisition is the outcome of an Acquire that did not fail.

@@ -203,3 +203,56 @@ SELECT * FROM lease_events
 WHERE resource NOT LIKE 'task:%'
 ORDER BY id DESC
 LIMIT @row_limit;
+
+-- name: LeaseSlotAcquire :one
+-- LeaseSlotAcquire takes a free slot of a limited key (lease_slot_acquire,
+-- schema/0018): the slot granted (acquired), the holder's own live slot,
+-- or when every slot is held the one that expires first. No row: the key
+-- has no limit and none was given.
+SELECT s.id::bigint AS id, s.resource::text AS resource, s.holder::text AS holder,
+       s.fence::bigint AS fence, s.ttl_seconds::integer AS ttl_seconds,
+       s.created_at::timestamptz AS created_at, s.renewed_at,
+       s.released_at, s.expires_at::timestamptz AS expires_at,
+       s.expired_at, s.acquired::boolean AS acquired, s.db_now::timestamptz AS db_now
+FROM lease_slot_acquire(@resource::text, @holder::text, @ttl_seconds::integer, sqlc.narg(slots)::integer)
+     AS s (id, resource, holder, fence, ttl_seconds, created_at, renewed_at, released_at, expires_at, expired_at, acquired, db_now);
+
+-- name: LimitSet :one
+-- LimitSet sets a key's limit (lease_limit_set).
+SELECT l.resource, l.slots, l.span, l.updated_at FROM lease_limit_set(@resource::text, @slots::integer) AS l;
+
+-- name: LimitSeed :exec
+-- LimitSeed gives each key its limit unless it has one already: what
+-- naming a limit with a task's lock does.
+INSERT INTO lease_limits (resource, slots, span)
+SELECT k.v, s.v, s.v
+FROM unnest(@resources::text[]) WITH ORDINALITY AS k (v, i)
+JOIN unnest(@slots::integer[]) WITH ORDINALITY AS s (v, i) ON s.i = k.i
+ON CONFLICT (resource) DO NOTHING;
+
+-- name: LimitList :many
+-- LimitList is a page of the limited keys in name order, each with its
+-- live slots and its pending tasks (counted up to 10,000).
+SELECT ll.resource, ll.slots, ll.updated_at,
+       (SELECT count(*) FROM leases AS l
+        WHERE l.resource = ANY (lease_slot_names(ll.resource, ll.span))
+          AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
+       (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
+                              WHERE t.state = 'pending' AND t.lock_resource = ll.resource
+                              LIMIT 10000) AS w)::integer AS waiting
+FROM lease_limits AS ll
+WHERE ll.resource > @after::text
+ORDER BY ll.resource
+LIMIT @row_limit::integer;
+
+-- name: LimitGet :one
+-- LimitGet is one limited key, as LimitList.
+SELECT ll.resource, ll.slots, ll.updated_at,
+       (SELECT count(*) FROM leases AS l
+        WHERE l.resource = ANY (lease_slot_names(ll.resource, ll.span))
+          AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
+       (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
+                              WHERE t.state = 'pending' AND t.lock_resource = ll.resource
+                              LIMIT 10000) AS w)::integer AS waiting
+FROM lease_limits AS ll
+WHERE ll.resource = @resource::text;

@@ -19,7 +19,7 @@ import (
 	"github.com/leasehold/leasehold/lease"
 )
 
-const execUsage = `usage: leasehold exec --resource R [--ttl 30s] [--holder H] [--wait D] [--grace D] -- CMD ARGS...
+const execUsage = `usage: leasehold exec --resource R [--slots K] [--ttl 30s] [--holder H] [--wait D] [--grace D] -- CMD ARGS...
 
 Runs CMD only while holding the lease on R: acquires it (waiting up to --wait
 while another holder has it), starts CMD with LEASEHOLD_RESOURCE,
@@ -28,6 +28,11 @@ CMD runs, and releases it when CMD exits. When the lease is lost CMD is stopped:
 SIGTERM, then SIGKILL after --grace (10s, or half the --ttl when that is
 shorter). SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
 and SIGUSR2 sent to leasehold exec are passed on to CMD.
+
+With --slots K, R is a key of K slots: up to K commands run at once, each
+under a slot's lease of its own (LEASEHOLD_RESOURCE is the slot's, R#N, and
+LEASEHOLD_FENCE its fence). K is R's limit if it has none yet; "leasehold
+lease limit --resource R --slots K" changes it.
 
 Exit status: CMD's own (128+N when a signal N ended it); 75 the lease could not
 be won (held by another holder, and no --wait or it ran out); 76 the lease was
@@ -50,6 +55,7 @@ type execOptions struct {
 	ttl       time.Duration
 	wait      time.Duration
 	grace     time.Duration
+	slots     int      // R is a key of that many slots (0: one lease, R's)
 	passToken bool     // CMD gets LEASEHOLD_API_TOKEN
 	argv      []string // CMD ARGS...
 }
@@ -85,6 +91,7 @@ func parseExec(args []string, getenv func(string) string, stderr io.Writer) (exe
 	}
 	o := execOptions{client: addClientFlags(fs, getenv)}
 	fs.StringVar(&o.resource, "resource", "", "the resource whose lease CMD runs under, e.g. report:nightly (required)")
+	fs.IntVar(&o.slots, "slots", 0, "run under any free slot of R, a key of this many slots (1 to 1000), so that that many commands run at once (default: one lease, R's own)")
 	fs.BoolVar(&o.passToken, "pass-token", false, "give CMD the API token in LEASEHOLD_API_TOKEN, for a command that calls the API itself (by default CMD does not see it)")
 	fs.StringVar(&o.holder, "holder", "", "the holder, which must be unique among the invocations that may run at once (default <hostname>-<pid>)")
 	ttl := fs.String("ttl", "30s", "the lease's time to live, whole seconds from 1s to 1h")
@@ -98,6 +105,9 @@ func parseExec(args []string, getenv func(string) string, stderr io.Writer) (exe
 	var err error
 	if o.resource == "" {
 		errs = append(errs, errors.New("--resource is required, e.g. leasehold exec --resource report:nightly -- ./nightly.sh"))
+	}
+	if flagSet(fs, "slots") && (o.slots < 1 || o.slots > lease.MaxSlots) {
+		errs = append(errs, fmt.Errorf("--slots %d must be from 1 to %d, e.g. --slots 3", o.slots, lease.MaxSlots))
 	}
 	if len(o.argv) == 0 {
 		errs = append(errs, errors.New("no command to run: put it after --, e.g. leasehold exec --resource report:nightly -- ./nightly.sh"))
@@ -161,10 +171,10 @@ func runExec(ctx context.Context, args []string, getenv func(string) string, std
 	l := won.Lease
 	if !won.New || time.Since(sent) > keep.RenewInterval {
 		sent = time.Now()
-		l, err = client.Renew(context.WithoutCancel(ctx), lease.RenewParams{Resource: o.resource, Holder: o.holder, Fence: l.Fence, TTL: o.ttl})
+		l, err = client.Renew(context.WithoutCancel(ctx), lease.RenewParams{Resource: l.Resource, Holder: o.holder, Fence: l.Fence, TTL: o.ttl})
 		switch {
 		case errors.Is(err, lease.ErrNotHeld):
-			return exitStatus{exitNotWon, fmt.Errorf("the lease on %s lapsed between winning it and keeping it; %s did not run", o.resource, o.argv[0])}
+			return exitStatus{exitNotWon, fmt.Errorf("the lease on %s lapsed between winning it and keeping it; %s did not run", won.Lease.Resource, o.argv[0])}
 		case err != nil:
 			releaseQuietly(client, o)
 			return fmt.Errorf("keep the lease on %s: %w", o.resource, o.client.describe(err))
@@ -189,7 +199,7 @@ func winLease(ctx context.Context, client *leasehold.Leases, o execOptions, sigs
 	sent := time.Now()
 	go func() {
 		var err error
-		won, _, err = acquireWaiting(wctx, client, lease.AcquireParams{Resource: o.resource, Holder: o.holder, TTL: o.ttl}, o.wait)
+		won, _, err = acquireWaiting(wctx, client, lease.AcquireParams{Resource: o.resource, Holder: o.holder, TTL: o.ttl, Slots: o.slots}, o.wait)
 		done <- err
 	}()
 	var err error
@@ -234,11 +244,18 @@ wait:
 const releaseTimeout = 10 * time.Second
 
 // releaseQuietly gives up whatever lease o's holder may hold on the
-// resource, when exec ends without knowing.
+// resource (on any of its slots, with --slots), when exec ends without
+// knowing.
 func releaseQuietly(client *leasehold.Leases, o execOptions) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	_, _ = client.Release(ctx, lease.ReleaseParams{Resource: o.resource, Holder: o.holder})
+	if o.slots == 0 {
+		_, _ = client.Release(ctx, lease.ReleaseParams{Resource: o.resource, Holder: o.holder})
+		return
+	}
+	for n := 1; n <= o.slots && ctx.Err() == nil; n++ {
+		_, _ = client.Release(ctx, lease.ReleaseParams{Resource: lease.SlotName(o.resource, n), Holder: o.holder})
+	}
 }
 
 // runHolding runs CMD under the held lease until CMD exits, stopping it

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/lease"
 )
 
 // The test binary doubles as the processes of these tests: with
@@ -50,7 +52,9 @@ func init() {
 //     goes on reading;
 //   - marker=DIR: creates DIR/marker (O_EXCL: logs "overlap" and exits 3
 //     if it exists: another child runs), reads its stdin to the end, removes
-//     the marker and logs "end".
+//     the marker and logs "end";
+//   - clocked: as stdin, and logs "began HOLDER NANOS" after the start and
+//     "ended HOLDER NANOS" before the end, by its own clock.
 func testChild(log string, modes []string) int {
 	f, err := os.OpenFile(log, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -65,6 +69,10 @@ func testChild(log string, modes []string) int {
 	record("start %s %s %s", os.Getenv("LEASEHOLD_HOLDER"), os.Getenv("LEASEHOLD_FENCE"), os.Getenv("LEASEHOLD_RESOURCE"))
 	mode, arg, _ := strings.Cut(modes[0], "=")
 	var marker string
+	holder := os.Getenv("LEASEHOLD_HOLDER")
+	if mode == "clocked" {
+		record("began %s %d", holder, time.Now().UnixNano())
+	}
 	switch mode {
 	case "exit":
 		n, _ := strconv.Atoi(arg)
@@ -94,6 +102,9 @@ func testChild(log string, modes []string) int {
 					record("marker gone %v", err)
 					return 4
 				}
+			}
+			if mode == "clocked" {
+				record("ended %s %d", holder, time.Now().UnixNano())
 			}
 			record("end")
 			return 0
@@ -531,6 +542,7 @@ func TestExecRejectsBadUsage(t *testing.T) {
 		// The default's value, given explicitly, is held to the rule too.
 		{[]string{"exec", "--resource", "r", "--ttl", "5s", "--grace", "10s", "--", "true"}, []string{"--grace 10s must be at most half the --ttl 5s", "leave --grace out"}},
 		{[]string{"exec", "--resource", "r", "--url", "ftp://x", "--", "true"}, []string{"--url"}},
+		{[]string{"exec", "--resource", "r", "--slots", "0", "--", "true"}, []string{"--slots 0 must be from 1 to 1000"}},
 		{[]string{"exec", "--bogus", "--", "true"}, []string{"bogus"}},
 		// Every mistake at once, each named.
 		{[]string{"exec", "--ttl", "x", "--wait", "-1s"}, []string{"--resource", "no command", `--ttl "x"`, `--wait "-1s"`}},
@@ -598,5 +610,97 @@ func TestExecShortTTL(t *testing.T) {
 	}
 	if l := r.leaseNamed(t, "short-ttl"); l.State != "released" || l.TTLSeconds != 5 {
 		t.Errorf("lease after the command exited: got %+v, want it released, with a TTL of 5 s", l)
+	}
+}
+
+// TestExecSlots: ten leasehold exec --slots 3 started at once keep three
+// commands running and the other seven waiting; as commands end, waiting
+// ones take their slots, until all ten ran. By the commands' own clocks,
+// never more than three ran at once, each under a slot of the key with a
+// fence of its own.
+func TestExecSlots(t *testing.T) {
+	t.Parallel()
+	r := execReplica(t)
+	log := newChildLog(t)
+	procs := map[string]*execProc{}
+	for range 10 {
+		p := startExec(t, r.url, append([]string{"--resource", "imports", "--slots", "3", "--ttl", "5s", "--grace", "1s", "--wait", "2m", "--"},
+			log.child(t, "clocked")...)...)
+		procs[p.holder()] = p
+	}
+	stderrs := func() []fmt.Stringer {
+		var out []fmt.Stringer
+		for _, p := range procs {
+			out = append(out, p.stderr)
+		}
+		return append(out, log)
+	}
+	ended := map[string]bool{}
+	for len(ended) < len(procs) {
+		// Three run (or all that are left), and the others wait.
+		want := min(3, len(procs)-len(ended))
+		running := func() []string {
+			var hs []string
+			for _, s := range log.starts() {
+				if !ended[s[0]] {
+					hs = append(hs, s[0])
+				}
+			}
+			return hs
+		}
+		pollExec(t, fmt.Sprintf("%d commands to run", want), func() bool { return len(running()) >= want }, stderrs()...)
+		for h, p := range procs {
+			if !ended[h] && !slices.Contains(running(), h) {
+				pollExec(t, h+" to wait for a slot", func() bool { return replicaSawWait(r, h) }, p.stderr)
+			}
+		}
+		if got := running(); len(got) != want {
+			t.Fatalf("%d commands running at once (%v), want %d\n%s", len(got), got, want, log)
+		}
+		// The first of them ends; a waiting one takes its slot.
+		h := running()[0]
+		if err := procs[h].stdin.Close(); err != nil {
+			t.Fatal(err)
+		}
+		procs[h].wantExit(t, 0)
+		ended[h] = true
+	}
+
+	type span struct{ began, ended int64 }
+	spans := map[string]*span{}
+	for _, line := range log.lines() {
+		f := strings.Fields(line)
+		if len(f) != 3 || (f[0] != "began" && f[0] != "ended") {
+			continue
+		}
+		at, _ := strconv.ParseInt(f[2], 10, 64)
+		if spans[f[1]] == nil {
+			spans[f[1]] = &span{}
+		}
+		if f[0] == "began" {
+			spans[f[1]].began = at
+		} else {
+			spans[f[1]].ended = at
+		}
+	}
+	most := 0
+	for _, a := range spans {
+		n := 0
+		for _, b := range spans {
+			if b.began <= a.began && a.began < b.ended {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	if len(spans) != 10 || most != 3 {
+		t.Errorf("%d commands ran, at most %d at once by their own clocks; want 10, at most 3\n%s", len(spans), most, log)
+	}
+	fences := map[string]bool{}
+	for _, s := range log.starts() {
+		if key, ok := lease.SlotKey(s[2]); !ok || key != "imports" || fences[s[1]] {
+			t.Errorf("a command ran on %s with fence %s; want a slot of imports, a fence of its own", s[2], s[1])
+		}
+		fences[s[1]] = true
 	}
 }

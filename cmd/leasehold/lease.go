@@ -23,11 +23,19 @@ import (
 const leaseUsage = `leasehold lease: acquire, renew, release and look at leases over the REST API
 
 usage:
-  leasehold lease acquire --resource R [--holder H] [--ttl 30s] [--wait 0s] [--json]
+  leasehold lease acquire --resource R [--slots K] [--holder H] [--ttl 30s] [--wait 0s] [--json]
   leasehold lease renew   --resource R [--holder H] [--fence N] [--ttl D] [--json]
   leasehold lease release --resource R [--holder H] [--fence N] [--json]
   leasehold lease get     ID | --resource R [--json]
   leasehold lease list    [--state all|active|expired|released|renewed] [--prefix P] [--limit N] [--after-id N] [--json]
+  leasehold lease limit   --resource R [--slots K] [--json]
+  leasehold lease limits  [--after R] [--limit N] [--json]
+
+With --slots K, acquire takes a free slot of R, a key of K slots (up to K
+holders at once, each on a lease of its own, R#N, with its own fence); K is
+R's limit if it has none yet. "lease limit" shows R's limit, its slots held
+and the tasks waiting on it, and with --slots sets it (raising it wakes the
+waiting tasks at once; lowering it lets the holders above it finish).
 
 Every command takes --url (env LEASEHOLD_URL, default http://localhost:8080) and
 --api-token (env LEASEHOLD_API_TOKEN). --holder defaults to LEASEHOLD_HOLDER, else
@@ -198,12 +206,14 @@ func runLease(ctx context.Context, args []string, getenv func(string) string, st
 		return runLeaseGet(ctx, rest, getenv, stdout, stderr)
 	case "list":
 		return runLeaseList(ctx, rest, getenv, stdout, stderr)
+	case "limit", "limits":
+		return runLeaseLimit(ctx, cmd, rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, leaseUsage)
 		return nil
 	default:
 		fmt.Fprint(stderr, leaseUsage)
-		return usagef("unknown lease command %q; use acquire, renew, release, get or list", cmd)
+		return usagef("unknown lease command %q; use acquire, renew, release, get, list, limit or limits", cmd)
 	}
 }
 
@@ -215,6 +225,7 @@ func runLeaseChange(ctx context.Context, cmd string, args []string, getenv func(
 	holder := fs.String("holder", defaultHolder(getenv), "the holder (env LEASEHOLD_HOLDER; default the host name)")
 	asJSON := fs.Bool("json", false, "print the lease as the API's JSON instead of a table")
 	var ttl, wait, fence string
+	var slots int
 	if cmd != "release" {
 		help := "the lease's time to live, whole seconds from 1s to 1h (default the server's --lease-ttl)"
 		if cmd == "renew" {
@@ -224,6 +235,7 @@ func runLeaseChange(ctx context.Context, cmd string, args []string, getenv func(
 	}
 	if cmd == "acquire" {
 		fs.StringVar(&wait, "wait", "0s", "while another holder holds it, wait this long for it, e.g. 5m")
+		fs.IntVar(&slots, "slots", 0, "take a free slot of R, a key of this many slots, 1 to 1000 (default: R's own lease)")
 	} else {
 		fs.StringVar(&fence, "fence", "", "the fence of the acquisition, which must match (default: any)")
 	}
@@ -252,6 +264,9 @@ func runLeaseChange(ctx context.Context, cmd string, args []string, getenv func(
 			errs = append(errs, err)
 		}
 	}
+	if slots < 0 || slots > lease.MaxSlots {
+		errs = append(errs, fmt.Errorf("--slots %d must be from 1 to %d, e.g. --slots 3", slots, lease.MaxSlots))
+	}
 	if fence != "" {
 		n, err := strconv.ParseInt(fence, 10, 64)
 		if err != nil || n < 1 {
@@ -272,7 +287,7 @@ func runLeaseChange(ctx context.Context, cmd string, args []string, getenv func(
 	switch cmd {
 	case "acquire":
 		var acq lease.Acquisition
-		acq, _, err = acquireWaiting(ctx, client, lease.AcquireParams{Resource: *resource, Holder: *holder, TTL: p.ttl}, p.wait)
+		acq, _, err = acquireWaiting(ctx, client, lease.AcquireParams{Resource: *resource, Holder: *holder, TTL: p.ttl, Slots: slots}, p.wait)
 		l = acq.Lease
 	case "renew":
 		l, err = client.Renew(ctx, lease.RenewParams{Resource: *resource, Holder: *holder, Fence: p.fence, TTL: p.ttl})
@@ -474,4 +489,76 @@ func parseInterspersed(fs *flag.FlagSet, args []string, stderr io.Writer) ([]str
 		pos = append(pos, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
+}
+
+// runLeaseLimit is "leasehold lease limit" (one key's limit, set with
+// --slots) and "leasehold lease limits" (a page of them).
+func runLeaseLimit(ctx context.Context, cmd string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("leasehold lease "+cmd, flag.ContinueOnError)
+	cf := addClientFlags(fs, getenv)
+	asJSON := fs.Bool("json", false, "print the API's JSON instead of a table")
+	var resource, after string
+	var slots, limit int
+	if cmd == "limit" {
+		fs.StringVar(&resource, "resource", "", "the key, e.g. imports:acme (required)")
+		fs.IntVar(&slots, "slots", 0, "set the key's limit to this many slots, 1 to 1000 (default: only show it)")
+	} else {
+		fs.StringVar(&after, "after", "", "only keys after this one: the next page after the last key shown")
+		fs.IntVar(&limit, "limit", 100, "at most this many keys, 1 to 1000")
+	}
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	var errs []error
+	if cmd == "limit" && resource == "" {
+		errs = append(errs, errors.New("--resource is required, e.g. --resource imports:acme"))
+	}
+	if flagSet(fs, "slots") && (slots < 1 || slots > lease.MaxSlots) {
+		errs = append(errs, fmt.Errorf("--slots %d must be from 1 to %d, e.g. --slots 3", slots, lease.MaxSlots))
+	}
+	if limit < 0 || limit > 1000 {
+		errs = append(errs, fmt.Errorf("--limit %d must be from 1 to 1000", limit))
+	}
+	if err := joinUsage(errs); err != nil {
+		return err
+	}
+	client, done, err := cf.connect()
+	if err != nil {
+		return err
+	}
+	defer done()
+	var limits []lease.Limit
+	switch {
+	case cmd == "limits":
+		limits, err = client.Limits(ctx, after, limit)
+	case slots > 0:
+		var l lease.Limit
+		l, err = client.SetLimit(ctx, resource, slots)
+		limits = []lease.Limit{l}
+	default:
+		var l lease.Limit
+		l, err = client.Limit(ctx, resource)
+		if errors.Is(err, lease.ErrNotFound) {
+			return fmt.Errorf("%s has no limit; set one with leasehold lease limit --resource %s --slots K", resource, resource)
+		}
+		limits = []lease.Limit{l}
+	}
+	if err != nil {
+		return cf.describe(err)
+	}
+	if *asJSON {
+		if limits == nil {
+			limits = []lease.Limit{}
+		}
+		if cmd == "limit" {
+			return json.NewEncoder(stdout).Encode(limits[0])
+		}
+		return json.NewEncoder(stdout).Encode(limits)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSLOTS\tHELD\tWAITING\tUPDATED_AT")
+	for _, l := range limits {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", l.Resource, l.Slots, l.Held, l.Waiting, apitime.Format(l.UpdatedAt))
+	}
+	return tw.Flush()
 }

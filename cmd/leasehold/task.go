@@ -25,6 +25,7 @@ import (
 	"github.com/leasehold/leasehold/internal/restclient"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/internal/worker"
+	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/task"
 )
 
@@ -32,7 +33,7 @@ const taskUsage = `leasehold task: add, look at, cancel and retry tasks over the
 
 usage:
   leasehold task add    --data JSON [--kind K] [--queue Q] [--priority N] [--unique-key K]
-                        [--lock R] [--ttl D] [--scheduled-at T] [--max-attempts N] [--json]
+                        [--lock R [--lock-limit K]] [--ttl D] [--scheduled-at T] [--max-attempts N] [--json]
   leasehold task get    ID [--json]
   leasehold task list   [--state S] [--kind K] [--queue Q] [--limit N] [--after-id ID] [--json]
   leasehold task cancel ID [--reason R] [--json]
@@ -121,6 +122,7 @@ func runTaskAdd(ctx context.Context, args []string, getenv func(string) string, 
 	priority := fs.String("priority", "", "lower runs first among due tasks, -32768 to 32767 (default 0)")
 	uniqueKey := fs.String("unique-key", "", "insert nothing when a task of the kind, not cancelled, holds this key already (its task is shown)")
 	lock := fs.String("lock", "", "a resource whose lease the task holds while it runs: it is claimed only when that lease is free (default: none)")
+	lockLimit := fs.Int("lock-limit", 0, "with --lock: up to this many tasks of the lock run at once, each on a slot of its own (1 to 1000; the lock's limit if it has none yet)")
 	ttl := fs.String("ttl", "", "the TTL of the task's leases, whole seconds from 1s to 1h (default the server's --lease-ttl)")
 	scheduledAt := fs.String("scheduled-at", "", "when the task falls due, RFC 3339, e.g. 2030-01-02T15:04:05Z (default now)")
 	attempts := fs.String("max-attempts", "", "attempts before the task is dead, 1 to 100 (default 5)")
@@ -129,7 +131,10 @@ func runTaskAdd(ctx context.Context, args []string, getenv func(string) string, 
 		return err
 	}
 	var errs []error
-	nt := taskstore.NewTask{Kind: *kind, Queue: *queue, UniqueKey: *uniqueKey, Lock: *lock}
+	nt := taskstore.NewTask{Kind: *kind, Queue: *queue, UniqueKey: *uniqueKey, Lock: *lock, LockLimit: *lockLimit}
+	if flagSet(fs, "lock-limit") && (*lock == "" || *lockLimit < 1 || *lockLimit > lease.MaxSlots) {
+		errs = append(errs, fmt.Errorf("--lock-limit %d needs a --lock and must be from 1 to %d, e.g. --lock imports:acme --lock-limit 3", *lockLimit, lease.MaxSlots))
+	}
 	switch d, err := jsonObjectFlag("data", *data, "the task's task_data"); {
 	case err != nil:
 		errs = append(errs, err)

@@ -22,6 +22,10 @@ GRANT USAGE ON SCHEMA public TO :"role";
 -- Leases and tasks are taken, renewed, released and finished in place;
 -- the role deletes nothing itself (retention, below, does).
 GRANT SELECT, INSERT, UPDATE ON leases, tasks TO :"role";
+
+-- A key's limit is set by the first acquisition or task that names one
+-- and changed in place (leasehold limit set); never deleted.
+GRANT SELECT, INSERT, UPDATE ON lease_limits TO :"role";
 -- The audit history is written by leasehold's trigger alone, which runs as
 -- its owner: the runtime role only reads it, and can neither
 -- add, change nor delete an event (the REVOKE makes sure of it, whatever

@@ -489,3 +489,195 @@ func (q *Queries) LeaseNextExpiry(ctx context.Context) (LeaseNextExpiryRow, erro
 	err := row.Scan(&i.NextExpiry, &i.DBNow)
 	return i, err
 }
+
+const leaseSlotAcquire = `-- name: LeaseSlotAcquire :one
+SELECT s.id::bigint AS id, s.resource::text AS resource, s.holder::text AS holder,
+       s.fence::bigint AS fence, s.ttl_seconds::integer AS ttl_seconds,
+       s.created_at::timestamptz AS created_at, s.renewed_at,
+       s.released_at, s.expires_at::timestamptz AS expires_at,
+       s.expired_at, s.acquired::boolean AS acquired, s.db_now::timestamptz AS db_now
+FROM lease_slot_acquire($1::text, $2::text, $3::integer, $4::integer)
+     AS s (id, resource, holder, fence, ttl_seconds, created_at, renewed_at, released_at, expires_at, expired_at, acquired, db_now)
+`
+
+type LeaseSlotAcquireParams struct {
+	Resource   string
+	Holder     string
+	TTLSeconds int32
+	Slots      *int32
+}
+
+type LeaseSlotAcquireRow struct {
+	ID         int64
+	Resource   string
+	Holder     string
+	Fence      int64
+	TTLSeconds int32
+	CreatedAt  time.Time
+	RenewedAt  interface{}
+	ReleasedAt interface{}
+	ExpiresAt  time.Time
+	ExpiredAt  interface{}
+	Acquired   bool
+	DBNow      time.Time
+}
+
+// LeaseSlotAcquire takes a free slot of a limited key (lease_slot_acquire,
+// schema/0018): the slot granted (acquired), the holder's own live slot,
+// or when every slot is held the one that expires first. No row: the key
+// has no limit and none was given.
+func (q *Queries) LeaseSlotAcquire(ctx context.Context, arg LeaseSlotAcquireParams) (LeaseSlotAcquireRow, error) {
+	row := q.db.QueryRow(ctx, leaseSlotAcquire,
+		arg.Resource,
+		arg.Holder,
+		arg.TTLSeconds,
+		arg.Slots,
+	)
+	var i LeaseSlotAcquireRow
+	err := row.Scan(
+		&i.ID,
+		&i.Resource,
+		&i.Holder,
+		&i.Fence,
+		&i.TTLSeconds,
+		&i.CreatedAt,
+		&i.RenewedAt,
+		&i.ReleasedAt,
+		&i.ExpiresAt,
+		&i.ExpiredAt,
+		&i.Acquired,
+		&i.DBNow,
+	)
+	return i, err
+}
+
+const limitGet = `-- name: LimitGet :one
+SELECT ll.resource, ll.slots, ll.updated_at,
+       (SELECT count(*) FROM leases AS l
+        WHERE l.resource = ANY (lease_slot_names(ll.resource, ll.span))
+          AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
+       (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
+                              WHERE t.state = 'pending' AND t.lock_resource = ll.resource
+                              LIMIT 10000) AS w)::integer AS waiting
+FROM lease_limits AS ll
+WHERE ll.resource = $1::text
+`
+
+type LimitGetRow struct {
+	Resource  string
+	Slots     int32
+	UpdatedAt time.Time
+	Held      int32
+	Waiting   int32
+}
+
+// LimitGet is one limited key, as LimitList.
+func (q *Queries) LimitGet(ctx context.Context, resource string) (LimitGetRow, error) {
+	row := q.db.QueryRow(ctx, limitGet, resource)
+	var i LimitGetRow
+	err := row.Scan(
+		&i.Resource,
+		&i.Slots,
+		&i.UpdatedAt,
+		&i.Held,
+		&i.Waiting,
+	)
+	return i, err
+}
+
+const limitList = `-- name: LimitList :many
+SELECT ll.resource, ll.slots, ll.updated_at,
+       (SELECT count(*) FROM leases AS l
+        WHERE l.resource = ANY (lease_slot_names(ll.resource, ll.span))
+          AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
+       (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
+                              WHERE t.state = 'pending' AND t.lock_resource = ll.resource
+                              LIMIT 10000) AS w)::integer AS waiting
+FROM lease_limits AS ll
+WHERE ll.resource > $1::text
+ORDER BY ll.resource
+LIMIT $2::integer
+`
+
+type LimitListParams struct {
+	After    string
+	RowLimit int32
+}
+
+type LimitListRow struct {
+	Resource  string
+	Slots     int32
+	UpdatedAt time.Time
+	Held      int32
+	Waiting   int32
+}
+
+// LimitList is a page of the limited keys in name order, each with its
+// live slots and its pending tasks (counted up to 10,000).
+func (q *Queries) LimitList(ctx context.Context, arg LimitListParams) ([]LimitListRow, error) {
+	rows, err := q.db.Query(ctx, limitList, arg.After, arg.RowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []LimitListRow{}
+	for rows.Next() {
+		var i LimitListRow
+		if err := rows.Scan(
+			&i.Resource,
+			&i.Slots,
+			&i.UpdatedAt,
+			&i.Held,
+			&i.Waiting,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const limitSeed = `-- name: LimitSeed :exec
+INSERT INTO lease_limits (resource, slots, span)
+SELECT k.v, s.v, s.v
+FROM unnest($1::text[]) WITH ORDINALITY AS k (v, i)
+JOIN unnest($2::integer[]) WITH ORDINALITY AS s (v, i) ON s.i = k.i
+ON CONFLICT (resource) DO NOTHING
+`
+
+type LimitSeedParams struct {
+	Resources []string
+	Slots     []int32
+}
+
+// LimitSeed gives each key its limit unless it has one already: what
+// naming a limit with a task's lock does.
+func (q *Queries) LimitSeed(ctx context.Context, arg LimitSeedParams) error {
+	_, err := q.db.Exec(ctx, limitSeed, arg.Resources, arg.Slots)
+	return err
+}
+
+const limitSet = `-- name: LimitSet :one
+SELECT l.resource, l.slots, l.span, l.updated_at FROM lease_limit_set($1::text, $2::integer) AS l
+`
+
+type LimitSetParams struct {
+	Resource string
+	Slots    int32
+}
+
+// LimitSet sets a key's limit (lease_limit_set).
+func (q *Queries) LimitSet(ctx context.Context, arg LimitSetParams) (LeaseLimit, error) {
+	row := q.db.QueryRow(ctx, limitSet, arg.Resource, arg.Slots)
+	var i LeaseLimit
+	err := row.Scan(
+		&i.Resource,
+		&i.Slots,
+		&i.Span,
+		&i.UpdatedAt,
+	)
+	return i, err
+}

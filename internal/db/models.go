@@ -56,6 +56,13 @@ type LeaseEvent struct {
 	ExpiresAt time.Time
 }
 
+type LeaseLimit struct {
+	Resource  string
+	Slots     int32
+	Span      int32
+	UpdatedAt time.Time
+}
+
 type RetentionFloor struct {
 	Singleton bool
 	MinAge    pgtype.Interval

@@ -33,6 +33,9 @@ func NewStore(pool *pgxpool.Pool) *Store {
 // been leased, or its lease was released or expired. When another holder
 // holds it, the error is a *HeldError carrying that holder's lease.
 func (s *Store) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acquisition, error) {
+	if p.Slots > 0 {
+		return s.acquireSlot(ctx, p)
+	}
 	op := &groupOp{resource: p.Resource, kind: opAcquire, acquire: db.LeaseAcquireParams{
 		Resource: p.Resource, Holder: p.Holder, TTLSeconds: ttlSeconds(p.TTL),
 	}}
@@ -59,6 +62,79 @@ func (s *Store) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acqui
 	default:
 		return lease.Acquisition{Lease: l, DBNow: row.DBNow}, &lease.HeldError{Lease: l}
 	}
+}
+
+// acquireSlot takes a free slot of the key p.Resource (lease_slot_acquire):
+// not grouped, since it locks the key's limit row for the grant.
+func (s *Store) acquireSlot(ctx context.Context, p lease.AcquireParams) (lease.Acquisition, error) {
+	slots := int32(p.Slots)
+	row, err := s.q.LeaseSlotAcquire(ctx, db.LeaseSlotAcquireParams{
+		Resource: p.Resource, Holder: p.Holder, TTLSeconds: ttlSeconds(p.TTL), Slots: &slots,
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return lease.Acquisition{}, fmt.Errorf("acquire a slot of %s: the key has no limit", p.Resource)
+	case err != nil:
+		return lease.Acquisition{}, fmt.Errorf("acquire a slot of %s: %w", p.Resource, err)
+	}
+	l := lease.Lease{
+		ID: row.ID, Resource: row.Resource, Holder: row.Holder, Fence: row.Fence,
+		State: lease.StateActive, TTLSeconds: row.TTLSeconds, CreatedAt: row.CreatedAt,
+		RenewedAt: timeOf(row.RenewedAt), ReleasedAt: timeOf(row.ReleasedAt), ExpiresAt: row.ExpiresAt,
+	}
+	switch {
+	case row.Acquired:
+		return lease.Acquisition{Lease: l, New: true, DBNow: row.DBNow}, nil
+	case row.Holder == p.Holder:
+		return lease.Acquisition{Lease: l, DBNow: row.DBNow}, nil
+	default:
+		return lease.Acquisition{Lease: l, DBNow: row.DBNow}, &lease.HeldError{Lease: l}
+	}
+}
+
+// timeOf is a nullable timestamptz a function's result gave sqlc no type
+// for.
+func timeOf(v any) *time.Time {
+	if t, ok := v.(time.Time); ok {
+		return &t
+	}
+	return nil
+}
+
+// SetLimit sets the limit of key to slots: raising it wakes the tasks that
+// wait on the key at once; lowering it lets the holders above it finish.
+func (s *Store) SetLimit(ctx context.Context, key string, slots int) (lease.Limit, error) {
+	if _, err := s.q.LimitSet(ctx, db.LimitSetParams{Resource: key, Slots: int32(slots)}); err != nil {
+		return lease.Limit{}, fmt.Errorf("set the limit of %s: %w", key, err)
+	}
+	return s.Limit(ctx, key)
+}
+
+// Limit returns key's limit with its holders and waiting tasks;
+// ErrNotFound when it has none.
+func (s *Store) Limit(ctx context.Context, key string) (lease.Limit, error) {
+	r, err := s.q.LimitGet(ctx, key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return lease.Limit{}, lease.ErrNotFound
+	}
+	if err != nil {
+		return lease.Limit{}, fmt.Errorf("read the limit of %s: %w", key, err)
+	}
+	return lease.Limit{Resource: r.Resource, Slots: int(r.Slots), Held: int(r.Held), Waiting: int(r.Waiting), UpdatedAt: r.UpdatedAt}, nil
+}
+
+// Limits returns up to limit keys' limits after the key after, in name
+// order.
+func (s *Store) Limits(ctx context.Context, after string, limit int32) ([]lease.Limit, error) {
+	rows, err := s.q.LimitList(ctx, db.LimitListParams{After: after, RowLimit: limit})
+	if err != nil {
+		return nil, fmt.Errorf("list limits: %w", err)
+	}
+	out := make([]lease.Limit, len(rows))
+	for i, r := range rows {
+		out[i] = lease.Limit{Resource: r.Resource, Slots: int(r.Slots), Held: int(r.Held), Waiting: int(r.Waiting), UpdatedAt: r.UpdatedAt}
+	}
+	return out, nil
 }
 
 func ttlSeconds(d time.Duration) int32 { return int32(d / time.Second) }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/lease"
 )
 
 // Change is the payload the leases trigger NOTIFYs on the leasehold_lease
@@ -36,8 +37,13 @@ func ParseChange(payload string) (Change, error) {
 }
 
 // Frees reports whether n, a leasehold_lease notification, says that the
-// lease on resource was released or expired: the resource may be free now.
+// lease on resource, or on a slot of the key resource, was released or
+// expired: the resource, or a slot, may be free now.
 func Frees(n notify.Notification, resource string) bool {
 	c, err := ParseChange(n.Payload)
-	return err == nil && c.Resource == resource && (c.Kind == "released" || c.Kind == "expired")
+	if err != nil || (c.Kind != "released" && c.Kind != "expired") {
+		return false
+	}
+	key, slot := lease.SlotKey(c.Resource)
+	return c.Resource == resource || (slot && key == resource)
 }

@@ -65,7 +65,8 @@ func (r Leases) acquire(ctx context.Context, p lease.AcquireParams, wait time.Du
 		Holder      string `json:"holder"`
 		TTLSeconds  int64  `json:"ttl_seconds,omitempty"`
 		WaitSeconds int64  `json:"wait_seconds,omitempty"`
-	}{p.Resource, p.Holder, int64(p.TTL / time.Second), int64(wait / time.Second)}
+		Slots       int    `json:"slots,omitempty"`
+	}{p.Resource, p.Holder, int64(p.TTL / time.Second), int64(wait / time.Second), p.Slots}
 	var l lease.Lease
 	status, err := r.C.Waiting(wait).Do(ctx, http.MethodPost, "/api/leases", nil, body, &l, leaseRefusals(http.StatusConflict))
 	if err != nil {
@@ -158,6 +159,43 @@ func (r Leases) Events(ctx context.Context, p lease.EventsParams) ([]lease.Event
 	var events []lease.Event
 	_, err := r.C.Do(ctx, http.MethodGet, "/api/leases/events", q, nil, &events, nil)
 	return events, err
+}
+
+// SetLimit sets a key's limit (PUT /api/limits/{key}).
+func (r Leases) SetLimit(ctx context.Context, key string, slots int) (lease.Limit, error) {
+	body := struct {
+		Slots int `json:"slots"`
+	}{slots}
+	var l lease.Limit
+	_, err := r.C.Do(ctx, http.MethodPut, "/api/limits/"+url.PathEscape(key), nil, body, &l, nil)
+	return l, err
+}
+
+// Limit reads a key's limit (GET /api/limits/{key}); lease.ErrNotFound
+// when it has none.
+func (r Leases) Limit(ctx context.Context, key string) (lease.Limit, error) {
+	var l lease.Limit
+	_, err := r.C.Do(ctx, http.MethodGet, "/api/limits/"+url.PathEscape(key), nil, nil, &l, func(status int, _ ErrorBody) error {
+		if status == http.StatusNotFound {
+			return lease.ErrNotFound
+		}
+		return nil
+	})
+	return l, err
+}
+
+// Limits reads a page of the limited keys (GET /api/limits).
+func (r Leases) Limits(ctx context.Context, after string, limit int32) ([]lease.Limit, error) {
+	q := url.Values{}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if limit != 0 {
+		q.Set("limit", strconv.FormatInt(int64(limit), 10))
+	}
+	var limits []lease.Limit
+	_, err := r.C.Do(ctx, http.MethodGet, "/api/limits", q, nil, &limits, nil)
+	return limits, err
 }
 
 // leaseRefusals maps the refusals of the lease routes: 409 with the

@@ -50,6 +50,7 @@ type newTaskBody struct {
 	Priority    int16             `json:"priority,omitempty"`
 	UniqueKey   string            `json:"unique_key,omitempty"`
 	Lock        string            `json:"lock,omitempty"`
+	LockLimit   int               `json:"lock_limit,omitempty"`
 	TTLSeconds  int64             `json:"ttl_seconds,omitempty"`
 	ScheduledAt string            `json:"scheduled_at,omitempty"`
 	MaxAttempts int32             `json:"max_attempts,omitempty"`
@@ -59,7 +60,7 @@ type newTaskBody struct {
 func bodyOf(nt taskstore.NewTask) newTaskBody {
 	b := newTaskBody{
 		TaskData: nt.TaskData, Kind: nt.Kind, Queue: nt.Queue, Priority: nt.Priority, UniqueKey: nt.UniqueKey,
-		TTLSeconds: int64(nt.TTL / time.Second), MaxAttempts: nt.MaxAttempts, Lock: nt.Lock, Metadata: nt.Metadata,
+		TTLSeconds: int64(nt.TTL / time.Second), MaxAttempts: nt.MaxAttempts, Lock: nt.Lock, LockLimit: nt.LockLimit, Metadata: nt.Metadata,
 	}
 	if !nt.ScheduledAt.IsZero() {
 		b.ScheduledAt = apitime.Format(nt.ScheduledAt)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/internal/leasestore"
+	"github.com/leasehold/leasehold/internal/name"
 	"github.com/leasehold/leasehold/lease"
 )
 
@@ -20,11 +21,29 @@ type acquireRequest struct {
 	Holder      string `json:"holder"`
 	TTLSeconds  *int64 `json:"ttl_seconds,omitempty"`
 	WaitSeconds *int64 `json:"wait_seconds,omitempty"`
+	// Slots makes resource a key of that many slots: the lease is a free
+	// slot's (lease.AcquireParams.Slots).
+	Slots *int64 `json:"slots,omitempty"`
 }
 
 func (q acquireRequest) validate() error {
 	return firstError(checkResource("resource", q.Resource), checkName("holder", q.Holder),
-		checkTTL(q.TTLSeconds), checkWait(q.WaitSeconds))
+		checkTTL(q.TTLSeconds), checkWait(q.WaitSeconds), checkSlots("slots", q.Resource, q.Slots))
+}
+
+// checkSlots validates an optional number of slots of key: 1 to
+// lease.MaxSlots, and a key short enough for its slots' names.
+func checkSlots(field, key string, slots *int64) error {
+	if slots == nil {
+		return nil
+	}
+	if *slots < 1 || *slots > lease.MaxSlots {
+		return badRequestf("%q is %d; it must be from 1 to %d", field, *slots, lease.MaxSlots)
+	}
+	if n := len(lease.SlotName(key, lease.MaxSlots)); n > name.MaxBytes {
+		return badRequestf("the key %q is %d bytes too long for its slots' names (KEY#N, at most %d bytes); shorten it", key, n-name.MaxBytes, name.MaxBytes)
+	}
+	return nil
 }
 
 // maxWaitSeconds bounds the wait_seconds of one acquisition: a client that
@@ -54,7 +73,7 @@ func handleLeaseAcquire(d Deps) http.Handler {
 		if req.TTLSeconds != nil {
 			ttl = time.Duration(*req.TTLSeconds) * time.Second
 		}
-		p := lease.AcquireParams{Resource: req.Resource, Holder: req.Holder, TTL: ttl}
+		p := lease.AcquireParams{Resource: req.Resource, Holder: req.Holder, TTL: ttl, Slots: int(deref(req.Slots))}
 		var acq lease.Acquisition
 		if wait := deref(req.WaitSeconds); wait > 0 {
 			acq, err = acquireWaiting(w, r, d, p, time.Duration(wait)*time.Second)

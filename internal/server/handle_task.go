@@ -60,6 +60,7 @@ type newTaskRequest struct {
 	Priority    opt[int64]      `json:"priority,omitzero"`
 	UniqueKey   opt[string]     `json:"unique_key,omitzero"`
 	Lock        opt[string]     `json:"lock,omitzero"`
+	LockLimit   *int64          `json:"lock_limit,omitempty"`
 	TTLSeconds  opt[int64]      `json:"ttl_seconds,omitzero"`
 	ScheduledAt *string         `json:"scheduled_at,omitempty"`
 	MaxAttempts *int64          `json:"max_attempts,omitempty"`
@@ -103,6 +104,7 @@ func (q newTaskRequest) newTask() (taskstore.NewTask, error) {
 		q.Queue.present("queue", func(v string) error { return checkName("queue", v) }),
 		q.UniqueKey.present("unique_key", func(v string) error { return checkName("unique_key", v) }),
 		q.Lock.present("lock", func(v string) error { return checkResource("lock", v) }),
+		checkLockLimit(q.Lock.v, q.LockLimit),
 		q.Priority.present("priority", func(v int64) error {
 			if v < minPriority || v > maxPriority {
 				return badRequestf(`"priority" is %d; it must be between %d and %d (lower runs first; 0 is the default)`, v, minPriority, maxPriority)
@@ -119,7 +121,8 @@ func (q newTaskRequest) newTask() (taskstore.NewTask, error) {
 	nt := taskstore.NewTask{
 		TaskData: data, Kind: q.Kind.v, Queue: q.Queue.v, Priority: int16(q.Priority.v),
 		UniqueKey: q.UniqueKey.v, TTL: time.Duration(q.TTLSeconds.v) * time.Second, Lock: q.Lock.v,
-		Metadata: q.Metadata,
+		LockLimit: int(deref(q.LockLimit)),
+		Metadata:  q.Metadata,
 	}
 	if q.ScheduledAt != nil {
 		at, err := time.Parse(time.RFC3339Nano, *q.ScheduledAt)
@@ -1121,4 +1124,12 @@ func numericFits(n string) bool {
 		return true // zero
 	}
 	return int64(len(intPart)-1-lead)+exp < maxNumericDigitsBefore
+}
+
+// checkLockLimit validates an optional lock_limit, which needs a lock.
+func checkLockLimit(lock string, limit *int64) error {
+	if limit != nil && lock == "" {
+		return badRequestf(`"lock_limit" is %d without a "lock"; name the key it limits in "lock"`, *limit)
+	}
+	return checkSlots("lock_limit", lock, limit)
 }

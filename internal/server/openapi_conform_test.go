@@ -309,6 +309,19 @@ func conformLeases(c *conformance, b bundle) {
 	send(events, "/api/leases/events?resource=report:nightly&after=0&limit=100", "", http.StatusOK)
 	bad(events, "/api/leases/events?after=-1", "")
 	bad(events, "/api/leases/events?limit=abc", "")
+
+	// A key of slots: a slot, a full key's refusal, its limit.
+	send(acquire, "/api/leases", `{"resource": "imports", "holder": "a", "slots": 1}`, http.StatusCreated)
+	send(acquire, "/api/leases", `{"resource": "imports", "holder": "b", "slots": 1}`, http.StatusConflict)
+	bad(acquire, "/api/leases", `{"resource": "imports", "holder": "b", "slots": 0}`)
+	const getLimit, setLimit = "GET /api/limits/{key}", "PUT /api/limits/{key}"
+	send(getLimit, "/api/limits/imports", "", http.StatusOK)
+	send(getLimit, "/api/limits/exports", "", http.StatusNotFound)
+	bad(getLimit, "/api/limits/a%0Ab", "")
+	send(setLimit, "/api/limits/imports", `{"slots": 2}`, http.StatusOK)
+	bad(setLimit, "/api/limits/imports", `{"slots": 1001}`)
+	send("GET /api/limits", "/api/limits?limit=10", "", http.StatusOK)
+	bad("GET /api/limits", "/api/limits?limit=0", "")
 }
 
 // conformTasks: the task routes' successes, 204, conflicts, 404s and bad input.

@@ -33,6 +33,10 @@ func addRoutes(mux *http.ServeMux, d Deps, ts tokens) {
 	mux.Handle("GET /api/leases/{id}", need(ScopeRead, handleLeaseGet(d)))
 	mux.Handle("DELETE /api/leases/{id}", need(ScopeLease, handleLeaseRelease(d, true)))
 
+	mux.Handle("GET /api/limits", need(ScopeRead, handleLimitList(d)))
+	mux.Handle("GET /api/limits/{key}", need(ScopeRead, handleLimitGet(d)))
+	mux.Handle("PUT /api/limits/{key}", need(ScopeAdmin, handleLimitSet(d)))
+
 	mux.Handle("POST /api/tasks", need(ScopeProduce, handleTaskCreate(d)))
 	mux.Handle("GET /api/tasks", need(ScopeRead, handleTaskList(d, listAll)))
 	mux.Handle("GET /api/tasks/processed", need(ScopeRead, handleTaskList(d, listProcessed)))

@@ -82,6 +82,9 @@ type NewTask struct {
 	MaxAttempts int32         // zero: task.DefaultMaxAttempts
 	// Lock, when set, gates the task on that resource's lease (task.Task.Lock).
 	Lock string
+	// LockLimit, when not zero, makes Lock a key of that many slots if it
+	// has no limit yet (lease.AcquireParams.Slots).
+	LockLimit int
 	// Metadata travels with the task (task.Task.Metadata); nil for none.
 	Metadata map[string]string
 }
@@ -106,6 +109,9 @@ func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, tasks []NewTask) ([]Ins
 }
 
 func insert(ctx context.Context, q *db.Queries, tasks []NewTask) ([]Inserted, error) {
+	if err := seedLimits(ctx, q, tasks); err != nil {
+		return nil, err
+	}
 	n := len(tasks)
 	p := db.TaskInsertParams{
 		TaskData: make([][]byte, n), Kinds: make([]string, n), Queues: make([]string, n),
@@ -742,15 +748,36 @@ func TasksOf(ins []Inserted, err error) ([]task.Task, error) {
 // defaults (scheduled_at: now, by the database clock, unless copyScheduled).
 var copyColumns = []string{"task_data", "kind", "queue", "priority", "ttl_seconds", "max_attempts", "lock_resource", "metadata"}
 
+// seedLimits gives the locks of tasks with a LockLimit that limit, unless
+// they have one already: in the caller's transaction when q has one.
+func seedLimits(ctx context.Context, q *db.Queries, tasks []NewTask) error {
+	var p db.LimitSeedParams
+	for _, t := range tasks {
+		if t.Lock != "" && t.LockLimit > 0 {
+			p.Resources = append(p.Resources, t.Lock)
+			p.Slots = append(p.Slots, int32(t.LockLimit))
+		}
+	}
+	if len(p.Resources) == 0 {
+		return nil
+	}
+	if err := q.LimitSeed(ctx, p); err != nil {
+		return fmt.Errorf("insert tasks: set the limits of their locks: %w", err)
+	}
+	return nil
+}
+
 // CopyInsert adds tasks with COPY, in one statement per group (those with a
 // ScheduledAt of their own, those without): the fastest way in for a large
 // batch. The tasks may have no UniqueKey (COPY cannot skip a row). It
 // returns how many it inserted. The insert trigger runs once per statement:
 // waiting workers are woken as for Insert. q runs in the caller's
 // transaction when it has one (Tx), so that all groups go in together.
-func CopyInsert(ctx context.Context, conn interface {
-	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
-}, tasks []NewTask) (int64, error) {
+func CopyInsert(ctx context.Context, tx pgx.Tx, tasks []NewTask) (int64, error) {
+	if err := seedLimits(ctx, db.New(tx), tasks); err != nil {
+		return 0, err
+	}
+	conn := tx
 	var now, later [][]any
 	for _, t := range tasks {
 		var meta any

@@ -36,6 +36,13 @@ CREATE TABLE lease_events (
     expires_at timestamp with time zone NOT NULL
 );
 
+CREATE TABLE lease_limits (
+    resource text NOT NULL,
+    slots integer NOT NULL,
+    span integer NOT NULL,
+    updated_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
 CREATE TABLE leasehold_migrations (
     version bigint NOT NULL,
     name text NOT NULL,
@@ -139,6 +146,12 @@ ALTER TABLE lease_events ADD CONSTRAINT lease_events_kind_check CHECK ((kind = A
 
 ALTER TABLE lease_events ADD CONSTRAINT lease_events_pkey PRIMARY KEY (id);
 
+ALTER TABLE lease_limits ADD CONSTRAINT lease_limits_check CHECK (((span >= slots) AND (span <= 1000)));
+
+ALTER TABLE lease_limits ADD CONSTRAINT lease_limits_pkey PRIMARY KEY (resource);
+
+ALTER TABLE lease_limits ADD CONSTRAINT lease_limits_slots_check CHECK (((slots >= 1) AND (slots <= 1000)));
+
 ALTER TABLE leasehold_migrations ADD CONSTRAINT leasehold_migrations_pkey PRIMARY KEY (version);
 
 ALTER TABLE leases ADD CONSTRAINT leases_pkey PRIMARY KEY (id);
@@ -200,6 +213,8 @@ CREATE INDEX lease_events_non_task_idx ON public.lease_events USING btree (id) W
 CREATE INDEX lease_events_resource_idx ON public.lease_events USING btree (resource, id);
 
 CREATE INDEX leases_ended_idx ON public.leases USING btree (COALESCE(released_at, expired_at)) WHERE ((resource !~~ 'task:%'::text) AND ((released_at IS NOT NULL) OR (expired_at IS NOT NULL)));
+
+CREATE INDEX leases_fence_idx ON public.leases USING btree (fence);
 
 CREATE INDEX leases_unannounced_idx ON public.leases USING btree (id) WHERE ((released_at IS NULL) AND (expired_at IS NULL));
 
@@ -297,6 +312,148 @@ AS $function$
 BEGIN
     PERFORM pg_notify('leasehold_generator', CASE WHEN NEW.started THEN 'STARTED' ELSE 'STOPPED' END);
     RETURN NULL;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.lease_limit_set(key text, slots integer)
+ RETURNS lease_limits
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lim lease_limits;
+BEGIN
+    INSERT INTO lease_limits AS ll (resource, slots, span) VALUES (key, slots, slots)
+    ON CONFLICT (resource) DO UPDATE
+    SET slots = excluded.slots, span = greatest(ll.span, excluded.slots), updated_at = now()
+    RETURNING ll.* INTO lim;
+    IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    RETURN lim;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.lease_slot_acquire(key text, who text, ttl integer, want_slots integer)
+ RETURNS TABLE(id bigint, resource text, holder text, fence bigint, ttl_seconds integer, created_at timestamp with time zone, renewed_at timestamp with time zone, released_at timestamp with time zone, expires_at timestamp with time zone, expired_at timestamp with time zone, acquired boolean, db_now timestamp with time zone)
+ LANGUAGE plpgsql
+ ROWS 1
+AS $function$
+#variable_conflict use_column
+DECLARE
+    lim lease_limits;
+    got leases;
+BEGIN
+    IF want_slots IS NOT NULL THEN
+        INSERT INTO lease_limits AS ll (resource, slots, span) VALUES (key, want_slots, want_slots)
+        ON CONFLICT (resource) DO NOTHING;
+    END IF;
+    SELECT ll.* INTO lim FROM lease_limits AS ll WHERE ll.resource = key FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- The holder's own live slot: an idempotent retry.
+    RETURN QUERY
+    SELECT l.id, l.resource, l.holder, l.fence, l.ttl_seconds, l.created_at, l.renewed_at,
+           l.released_at, l.expires_at, l.expired_at, false, now()
+    FROM leases AS l
+    WHERE l.resource = ANY (lease_slot_names(key, lim.span)) AND l.holder = who
+      AND l.released_at IS NULL AND l.expires_at > now()
+    ORDER BY l.fence
+    LIMIT 1;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT t.* INTO got FROM lease_slot_take(key, lim.slots, lim.span, who, ttl) AS t;
+    IF got.id IS NOT NULL THEN
+        RETURN QUERY SELECT got.id, got.resource, got.holder, got.fence, got.ttl_seconds, got.created_at,
+                            got.renewed_at, got.released_at, got.expires_at, got.expired_at, true, now();
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT l.id, l.resource, l.holder, l.fence, l.ttl_seconds, l.created_at, l.renewed_at,
+           l.released_at, l.expires_at, l.expired_at, false, now()
+    FROM leases AS l
+    WHERE l.resource = ANY (lease_slot_names(key, lim.span))
+      AND l.released_at IS NULL AND l.expires_at > now()
+    ORDER BY l.expires_at
+    LIMIT 1;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.lease_slot_freed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF EXISTS (SELECT 1 FROM tasks AS t
+               WHERE t.state = 'pending'
+                 AND t.lock_resource = substring(NEW.resource FROM '^(.*)#[0-9]+$')) THEN
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    RETURN NULL;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.lease_slot_names(key text, n integer)
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+RETURN ARRAY(SELECT ((lease_slot_names.key || '#'::text) || i.i) FROM generate_series(1, lease_slot_names.n) i(i) ORDER BY i.i)
+
+CREATE OR REPLACE FUNCTION public.lease_slot_take(key text, slots integer, span integer, holder text, ttl integer)
+ RETURNS SETOF leases
+ LANGUAGE plpgsql
+ ROWS 1
+AS $function$
+DECLARE
+    live  integer;
+    above integer;
+    name  text;
+    got   leases;
+BEGIN
+    IF span > slots THEN
+        UPDATE leases AS l
+        SET expired_at = now()
+        WHERE l.resource = ANY (lease_slot_names(key, span))
+          AND l.released_at IS NULL AND l.expired_at IS NULL AND l.expires_at <= now();
+        SELECT count(*), count(*) FILTER (WHERE l.resource <> ALL (lease_slot_names(key, slots)))
+        INTO live, above
+        FROM leases AS l
+        WHERE l.resource = ANY (lease_slot_names(key, span))
+          AND l.released_at IS NULL AND l.expires_at > now();
+        IF above = 0 THEN
+            UPDATE lease_limits AS ll SET span = ll.slots WHERE ll.resource = key;
+        END IF;
+        IF live >= slots THEN
+            RETURN;
+        END IF;
+    END IF;
+    FOR i IN 1 .. slots LOOP
+        name := key || '#' || i;
+        -- A live slot is passed by with a read, not a row lock: its holder
+        -- renews it undisturbed.
+        CONTINUE WHEN EXISTS (SELECT 1 FROM leases AS l
+                              WHERE l.resource = name AND l.released_at IS NULL AND l.expires_at > now());
+        INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
+        VALUES (name, holder, nextval('lease_fence_seq'), ttl, clock_timestamp() + make_interval(secs => ttl))
+        ON CONFLICT (resource) DO UPDATE
+        SET holder      = excluded.holder,
+            -- As LeaseAcquire: a fence drawn under the row lock, a holding
+            -- that begins after the previous one ended.
+            fence       = nextval('lease_fence_seq'),
+            ttl_seconds = excluded.ttl_seconds,
+            created_at  = clock_timestamp(),
+            renewed_at  = NULL,
+            released_at = NULL,
+            expired_at  = NULL,
+            expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
+        WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
+        RETURNING l.* INTO got;
+        IF FOUND THEN
+            RETURN NEXT got;
+            RETURN;
+        END IF;
+    END LOOP;
 END;
 $function$
 
@@ -775,14 +932,16 @@ BEGIN
         UPDATE leases AS l
         SET released_at = least(clock_timestamp(), l.expires_at),
             expires_at  = least(clock_timestamp(), l.expires_at)
-        WHERE l.resource = OLD.lock_resource AND l.fence = OLD.fence
+        WHERE l.fence = OLD.fence
+          AND (l.resource = OLD.lock_resource OR starts_with(l.resource, OLD.lock_resource || '#'))
           AND l.released_at IS NULL AND l.expires_at > now();
     ELSIF NEW.must_heartbeat_before IS DISTINCT FROM OLD.must_heartbeat_before THEN
         UPDATE leases AS l
         SET renewed_at  = now(),
             ttl_seconds = NEW.ttl_seconds,
             expires_at  = NEW.must_heartbeat_before
-        WHERE l.resource = NEW.lock_resource AND l.fence = NEW.fence
+        WHERE l.fence = NEW.fence
+          AND (l.resource = NEW.lock_resource OR starts_with(l.resource, NEW.lock_resource || '#'))
           AND l.released_at IS NULL AND l.expired_at IS NULL AND l.expires_at > now();
         IF NOT FOUND THEN
             RAISE EXCEPTION 'the lease of the lock % of task % under fence % is no longer held', NEW.lock_resource, NEW.id, NEW.fence
@@ -1174,15 +1333,17 @@ CREATE OR REPLACE FUNCTION public.tasks_gated(want_queues text[], want_kinds tex
  SET jit TO 'off'
 AS $function$
 DECLARE
-    cur       text;
-    next      integer := 1;
-    tid       bigint;
-    ttl       integer;
-    holder    text;
+    cur        text;
+    next       integer := 1;
+    tid        bigint;
+    ttl        integer;
+    holder     text;
     lock_fence bigint;
-    acquired  timestamptz;
-    expiry    timestamptz;
-    claimed   tasks;
+    acquired   timestamptz;
+    expiry     timestamptz;
+    claimed    tasks;
+    lim        lease_limits;
+    slot       leases;
 BEGIN
     IF coalesce(cardinality(processors), 0) = 0 THEN
         RETURN;
@@ -1191,8 +1352,47 @@ BEGIN
     WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
     ORDER BY t.lock_resource LIMIT 1;
     WHILE cur IS NOT NULL AND next <= cardinality(processors) LOOP
-        IF NOT EXISTS (SELECT 1 FROM leases AS l
-                       WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
+        lim := NULL;
+        IF EXISTS (SELECT 1 FROM lease_limits AS ll WHERE ll.resource = cur) THEN
+            SELECT ll.* INTO lim FROM lease_limits AS ll WHERE ll.resource = cur FOR UPDATE SKIP LOCKED;
+            -- Locked by another claim or acquisition: passed by (lim stays
+            -- NULL). Full: passed by too, before any of its tasks is read.
+            IF lim.resource IS NOT NULL
+               AND (SELECT count(*) FROM leases AS l
+                    WHERE l.resource = ANY (lease_slot_names(cur, lim.span))
+                      AND l.released_at IS NULL AND l.expires_at > now()) >= lim.slots THEN
+                lim := NULL;
+            END IF;
+            WHILE lim.resource IS NOT NULL AND next <= cardinality(processors) LOOP
+                SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
+                WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
+                  AND (want_queues IS NULL OR c.queue = ANY (want_queues))
+                  AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+                ORDER BY c.priority, c.scheduled_at, c.id
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED;
+                EXIT WHEN NOT FOUND;
+                slot := NULL;
+                SELECT s.* INTO slot FROM lease_slot_take(cur, lim.slots, lim.span, processors[next], ttl) AS s;
+                EXIT WHEN slot.id IS NULL;
+                -- The span may have come down to the limit.
+                lim.span := (SELECT ll.span FROM lease_limits AS ll WHERE ll.resource = cur);
+                UPDATE tasks AS t
+                SET state = 'running',
+                    processor = slot.holder,
+                    fence = slot.fence,
+                    ttl_seconds = ttl,
+                    attempts = t.attempts + 1,
+                    started_at = slot.created_at,
+                    last_heartbeat_at = slot.created_at,
+                    must_heartbeat_before = slot.expires_at
+                WHERE t.id = tid
+                RETURNING t.* INTO claimed;
+                RETURN NEXT claimed;
+                next := next + 1;
+            END LOOP;
+        ELSIF NOT EXISTS (SELECT 1 FROM leases AS l
+                          WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
             SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
             WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
               AND (want_queues IS NULL OR c.queue = ANY (want_queues))
@@ -1206,8 +1406,6 @@ BEGIN
                         clock_timestamp() + make_interval(secs => ttl))
                 ON CONFLICT (resource) DO UPDATE
                 SET holder      = excluded.holder,
-                    -- Drawn now, under the row lock, and the holding begins
-                    -- after the previous one ended (as LeaseAcquire).
                     fence       = nextval('lease_fence_seq'),
                     ttl_seconds = excluded.ttl_seconds,
                     created_at  = clock_timestamp(),
@@ -1219,7 +1417,6 @@ BEGIN
                 RETURNING l.holder, l.fence, l.created_at, l.expires_at
                 INTO holder, lock_fence, acquired, expiry;
                 IF FOUND THEN
-                    -- The assignment of TaskClaim, for a pending task.
                     UPDATE tasks AS t
                     SET state = 'running',
                         processor = holder,
@@ -1349,6 +1546,8 @@ $function$
 -- Triggers
 
 CREATE TRIGGER generator_state_changed AFTER UPDATE ON public.generator_state FOR EACH ROW EXECUTE FUNCTION generator_state_changed();
+
+CREATE TRIGGER lease_slot_freed AFTER UPDATE ON public.leases FOR EACH ROW WHEN (((((new.released_at IS NOT NULL) AND (old.released_at IS NULL)) OR ((new.expired_at IS NOT NULL) AND (old.expired_at IS NULL))) AND (new.resource ~~ '%#%'::text))) EXECUTE FUNCTION lease_slot_freed();
 
 CREATE TRIGGER leases_changed AFTER INSERT OR UPDATE ON public.leases FOR EACH ROW EXECUTE FUNCTION leases_changed();
 

@@ -1,0 +1,475 @@
+-- +goose Up
+
+-- Keys of k slots: a limited resource (a semaphore). A key with a limit is
+-- held through its slots, each a lease of its own named KEY#1 .. KEY#k,
+-- with its own fence from the one sequence: a holder that lost its slot is
+-- refused by whatever its fence guards, as any lease holder is. A slot's
+-- lease is acquired, renewed, released and expires as every lease does, in
+-- the leases table, and its history is the lease history.
+--
+-- lease_limits holds each key's limit. slots is what grants obey now;
+-- span is the highest slot that may still be live, which is more than
+-- slots only after the limit was lowered while slots above it were held:
+-- those holders finish, and no slot is granted until fewer than slots are
+-- live. Grants on a key take its row's lock, so that two cannot both see
+-- the last slot free; renewals and releases never touch it.
+CREATE TABLE lease_limits (
+    resource   text        PRIMARY KEY,
+    slots      integer     NOT NULL CHECK (slots BETWEEN 1 AND 1000),
+    span       integer     NOT NULL CHECK (span >= slots AND span <= 1000),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- A gated task's lease is found by its fence (task_lock_follow): a slot's
+-- resource is not the task's lock. Fences change only on acquisition, so a
+-- renewal stays a heap-only update.
+CREATE INDEX leases_fence_idx ON leases (fence);
+
+-- lease_slot_names is the resources of slots 1 .. n of key.
+CREATE FUNCTION lease_slot_names(key text, n integer) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN ARRAY(SELECT key || '#' || i FROM generate_series(1, n) AS i ORDER BY i);
+
+-- lease_slot_take grants one free slot of key to holder for ttl seconds
+-- and returns its lease, or nothing when the key's slots are all held. The
+-- caller holds the key's lease_limits row lock, and passes its slots and
+-- span as read under it.
+--   * With span = slots the slots are the only leases that can be live,
+--     and each is taken over in its own row exactly as LeaseAcquire takes
+--     a lease: at most slots holders by construction.
+--   * With span > slots (the limit was lowered) the live slots are
+--     counted first. A renewal is decided by its statement's start time,
+--     so one begun before a slot's expiry could still renew it after the
+--     count read it as free: the expired slots are marked expired first
+--     (as the reaper would announce them), a write that such a renewal
+--     waits for and then finds the slot gone. When no slot above the
+--     limit is live any more, span comes down to slots.
+CREATE FUNCTION lease_slot_take(key text, slots integer, span integer, holder text, ttl integer)
+RETURNS SETOF leases
+LANGUAGE plpgsql VOLATILE
+ROWS 1
+AS $$
+DECLARE
+    live  integer;
+    above integer;
+    name  text;
+    got   leases;
+BEGIN
+    IF span > slots THEN
+        UPDATE leases AS l
+        SET expired_at = now()
+        WHERE l.resource = ANY (lease_slot_names(key, span))
+          AND l.released_at IS NULL AND l.expired_at IS NULL AND l.expires_at <= now();
+        SELECT count(*), count(*) FILTER (WHERE l.resource <> ALL (lease_slot_names(key, slots)))
+        INTO live, above
+        FROM leases AS l
+        WHERE l.resource = ANY (lease_slot_names(key, span))
+          AND l.released_at IS NULL AND l.expires_at > now();
+        IF above = 0 THEN
+            UPDATE lease_limits AS ll SET span = ll.slots WHERE ll.resource = key;
+        END IF;
+        IF live >= slots THEN
+            RETURN;
+        END IF;
+    END IF;
+    FOR i IN 1 .. slots LOOP
+        name := key || '#' || i;
+        -- A live slot is passed by with a read, not a row lock: its holder
+        -- renews it undisturbed.
+        CONTINUE WHEN EXISTS (SELECT 1 FROM leases AS l
+                              WHERE l.resource = name AND l.released_at IS NULL AND l.expires_at > now());
+        INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
+        VALUES (name, holder, nextval('lease_fence_seq'), ttl, clock_timestamp() + make_interval(secs => ttl))
+        ON CONFLICT (resource) DO UPDATE
+        SET holder      = excluded.holder,
+            -- As LeaseAcquire: a fence drawn under the row lock, a holding
+            -- that begins after the previous one ended.
+            fence       = nextval('lease_fence_seq'),
+            ttl_seconds = excluded.ttl_seconds,
+            created_at  = clock_timestamp(),
+            renewed_at  = NULL,
+            released_at = NULL,
+            expired_at  = NULL,
+            expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
+        WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
+        RETURNING l.* INTO got;
+        IF FOUND THEN
+            RETURN NEXT got;
+            RETURN;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- lease_slot_acquire takes a slot of key for who, the acquisition of the
+-- lease API with slots. want_slots, when given, is the key's limit if it
+-- has none yet (a key's limit, once set, changes only by lease_limit_set).
+-- One row comes back, shaped as LeaseAcquire's: the slot granted
+-- (acquired), the slot who already holds (not acquired: an idempotent
+-- retry), or, when every slot is held, the held slot that expires first
+-- (not acquired, another holder's). No row: the key has no limit.
+CREATE FUNCTION lease_slot_acquire(key text, who text, ttl integer, want_slots integer)
+RETURNS TABLE (id bigint, resource text, holder text, fence bigint, ttl_seconds integer,
+               created_at timestamptz, renewed_at timestamptz, released_at timestamptz,
+               expires_at timestamptz, expired_at timestamptz, acquired boolean, db_now timestamptz)
+LANGUAGE plpgsql VOLATILE
+ROWS 1
+AS $$
+#variable_conflict use_column
+DECLARE
+    lim lease_limits;
+    got leases;
+BEGIN
+    IF want_slots IS NOT NULL THEN
+        INSERT INTO lease_limits AS ll (resource, slots, span) VALUES (key, want_slots, want_slots)
+        ON CONFLICT (resource) DO NOTHING;
+    END IF;
+    SELECT ll.* INTO lim FROM lease_limits AS ll WHERE ll.resource = key FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- The holder's own live slot: an idempotent retry.
+    RETURN QUERY
+    SELECT l.id, l.resource, l.holder, l.fence, l.ttl_seconds, l.created_at, l.renewed_at,
+           l.released_at, l.expires_at, l.expired_at, false, now()
+    FROM leases AS l
+    WHERE l.resource = ANY (lease_slot_names(key, lim.span)) AND l.holder = who
+      AND l.released_at IS NULL AND l.expires_at > now()
+    ORDER BY l.fence
+    LIMIT 1;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT t.* INTO got FROM lease_slot_take(key, lim.slots, lim.span, who, ttl) AS t;
+    IF got.id IS NOT NULL THEN
+        RETURN QUERY SELECT got.id, got.resource, got.holder, got.fence, got.ttl_seconds, got.created_at,
+                            got.renewed_at, got.released_at, got.expires_at, got.expired_at, true, now();
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT l.id, l.resource, l.holder, l.fence, l.ttl_seconds, l.created_at, l.renewed_at,
+           l.released_at, l.expires_at, l.expired_at, false, now()
+    FROM leases AS l
+    WHERE l.resource = ANY (lease_slot_names(key, lim.span))
+      AND l.released_at IS NULL AND l.expires_at > now()
+    ORDER BY l.expires_at
+    LIMIT 1;
+END;
+$$;
+
+-- lease_limit_set sets key's limit to slots. Raising it wakes the claims
+-- of tasks waiting on the key at once; lowering it lets the holders above
+-- it finish and grants no slot until fewer than slots are held.
+CREATE FUNCTION lease_limit_set(key text, slots integer) RETURNS lease_limits
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    lim lease_limits;
+BEGIN
+    INSERT INTO lease_limits AS ll (resource, slots, span) VALUES (key, slots, slots)
+    ON CONFLICT (resource) DO UPDATE
+    SET slots = excluded.slots, span = greatest(ll.span, excluded.slots), updated_at = now()
+    RETURNING ll.* INTO lim;
+    IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    RETURN lim;
+END;
+$$;
+
+-- A slot freed (released or expired) wakes the claimers when a task waits
+-- on its key, as leases_changed does for an unlimited lock's lease. Its
+-- WHEN is false for every other change of a lease.
+CREATE FUNCTION lease_slot_freed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM tasks AS t
+               WHERE t.state = 'pending'
+                 AND t.lock_resource = substring(NEW.resource FROM '^(.*)#[0-9]+$')) THEN
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER lease_slot_freed
+AFTER UPDATE ON leases
+FOR EACH ROW
+WHEN (((NEW.released_at IS NOT NULL AND OLD.released_at IS NULL)
+       OR (NEW.expired_at IS NOT NULL AND OLD.expired_at IS NULL))
+      AND NEW.resource LIKE '%#%')
+EXECUTE FUNCTION lease_slot_freed();
+
+-- task_lock_follow as in schema/0014, finding the lock's lease by its
+-- fence: for a limited key that lease is a slot's.
+CREATE OR REPLACE FUNCTION task_lock_follow() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state <> 'running' OR NEW.fence IS DISTINCT FROM OLD.fence THEN
+        UPDATE leases AS l
+        SET released_at = least(clock_timestamp(), l.expires_at),
+            expires_at  = least(clock_timestamp(), l.expires_at)
+        WHERE l.fence = OLD.fence
+          AND (l.resource = OLD.lock_resource OR starts_with(l.resource, OLD.lock_resource || '#'))
+          AND l.released_at IS NULL AND l.expires_at > now();
+    ELSIF NEW.must_heartbeat_before IS DISTINCT FROM OLD.must_heartbeat_before THEN
+        UPDATE leases AS l
+        SET renewed_at  = now(),
+            ttl_seconds = NEW.ttl_seconds,
+            expires_at  = NEW.must_heartbeat_before
+        WHERE l.fence = NEW.fence
+          AND (l.resource = NEW.lock_resource OR starts_with(l.resource, NEW.lock_resource || '#'))
+          AND l.released_at IS NULL AND l.expired_at IS NULL AND l.expires_at > now();
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the lease of the lock % of task % under fence % is no longer held', NEW.lock_resource, NEW.id, NEW.fence
+                USING ERRCODE = 'LH001';
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- tasks_gated as in schema/0014, with limited keys: a key with a limit
+-- grants as many of its tasks as it has free slots (lease_slot_take), each
+-- task's attempt the holding of its slot, under the slot's fence. Its
+-- limit row is locked with SKIP LOCKED: a key another claim is granting
+-- right now is passed by, and that claim serves it. A full key costs a
+-- claim its limit row and one read of its slots, however many tasks wait
+-- on it.
+DROP FUNCTION tasks_gated(text[], text[], text[], integer);
+CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], processors text[], ttl_default integer)
+RETURNS SETOF tasks
+LANGUAGE plpgsql VOLATILE
+ROWS 1
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    cur        text;
+    next       integer := 1;
+    tid        bigint;
+    ttl        integer;
+    holder     text;
+    lock_fence bigint;
+    acquired   timestamptz;
+    expiry     timestamptz;
+    claimed    tasks;
+    lim        lease_limits;
+    slot       leases;
+BEGIN
+    IF coalesce(cardinality(processors), 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT t.lock_resource INTO cur FROM tasks AS t
+    WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
+    ORDER BY t.lock_resource LIMIT 1;
+    WHILE cur IS NOT NULL AND next <= cardinality(processors) LOOP
+        lim := NULL;
+        IF EXISTS (SELECT 1 FROM lease_limits AS ll WHERE ll.resource = cur) THEN
+            SELECT ll.* INTO lim FROM lease_limits AS ll WHERE ll.resource = cur FOR UPDATE SKIP LOCKED;
+            -- Locked by another claim or acquisition: passed by (lim stays
+            -- NULL). Full: passed by too, before any of its tasks is read.
+            IF lim.resource IS NOT NULL
+               AND (SELECT count(*) FROM leases AS l
+                    WHERE l.resource = ANY (lease_slot_names(cur, lim.span))
+                      AND l.released_at IS NULL AND l.expires_at > now()) >= lim.slots THEN
+                lim := NULL;
+            END IF;
+            WHILE lim.resource IS NOT NULL AND next <= cardinality(processors) LOOP
+                SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
+                WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
+                  AND (want_queues IS NULL OR c.queue = ANY (want_queues))
+                  AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+                ORDER BY c.priority, c.scheduled_at, c.id
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED;
+                EXIT WHEN NOT FOUND;
+                slot := NULL;
+                SELECT s.* INTO slot FROM lease_slot_take(cur, lim.slots, lim.span, processors[next], ttl) AS s;
+                EXIT WHEN slot.id IS NULL;
+                -- The span may have come down to the limit.
+                lim.span := (SELECT ll.span FROM lease_limits AS ll WHERE ll.resource = cur);
+                UPDATE tasks AS t
+                SET state = 'running',
+                    processor = slot.holder,
+                    fence = slot.fence,
+                    ttl_seconds = ttl,
+                    attempts = t.attempts + 1,
+                    started_at = slot.created_at,
+                    last_heartbeat_at = slot.created_at,
+                    must_heartbeat_before = slot.expires_at
+                WHERE t.id = tid
+                RETURNING t.* INTO claimed;
+                RETURN NEXT claimed;
+                next := next + 1;
+            END LOOP;
+        ELSIF NOT EXISTS (SELECT 1 FROM leases AS l
+                          WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
+            SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
+            WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
+              AND (want_queues IS NULL OR c.queue = ANY (want_queues))
+              AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+            ORDER BY c.priority, c.scheduled_at, c.id
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
+                VALUES (cur, processors[next], nextval('lease_fence_seq'), ttl,
+                        clock_timestamp() + make_interval(secs => ttl))
+                ON CONFLICT (resource) DO UPDATE
+                SET holder      = excluded.holder,
+                    fence       = nextval('lease_fence_seq'),
+                    ttl_seconds = excluded.ttl_seconds,
+                    created_at  = clock_timestamp(),
+                    renewed_at  = NULL,
+                    released_at = NULL,
+                    expired_at  = NULL,
+                    expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
+                WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
+                RETURNING l.holder, l.fence, l.created_at, l.expires_at
+                INTO holder, lock_fence, acquired, expiry;
+                IF FOUND THEN
+                    UPDATE tasks AS t
+                    SET state = 'running',
+                        processor = holder,
+                        fence = lock_fence,
+                        ttl_seconds = ttl,
+                        attempts = t.attempts + 1,
+                        started_at = acquired,
+                        last_heartbeat_at = acquired,
+                        must_heartbeat_before = expiry
+                    WHERE t.id = tid
+                    RETURNING t.* INTO claimed;
+                    RETURN NEXT claimed;
+                    next := next + 1;
+                END IF;
+            END IF;
+        END IF;
+        SELECT t.lock_resource INTO cur FROM tasks AS t
+        WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL AND t.lock_resource > cur
+        ORDER BY t.lock_resource LIMIT 1;
+    END LOOP;
+END;
+$$;
+
+-- +goose Down
+DROP FUNCTION tasks_gated(text[], text[], text[], integer);
+-- schema/0014's.
+CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], processors text[], ttl_default integer)
+RETURNS SETOF tasks
+LANGUAGE plpgsql VOLATILE
+ROWS 1
+-- As in schema/0012: the claims call it only while a gated task is pending.
+-- Sorts are off as in tasks_gated_waiting: both of its reads of tasks are
+-- in tasks_gated_idx's order, which only that index gives without a sort,
+-- so no statistics can make it walk the pending tasks of tasks_filter_idx.
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    cur       text;
+    next      integer := 1;
+    tid       bigint;
+    ttl       integer;
+    holder    text;
+    lock_fence bigint;
+    acquired  timestamptz;
+    expiry    timestamptz;
+    claimed   tasks;
+BEGIN
+    IF coalesce(cardinality(processors), 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT t.lock_resource INTO cur FROM tasks AS t
+    WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
+    ORDER BY t.lock_resource LIMIT 1;
+    WHILE cur IS NOT NULL AND next <= cardinality(processors) LOOP
+        IF NOT EXISTS (SELECT 1 FROM leases AS l
+                       WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
+            SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
+            WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
+              AND (want_queues IS NULL OR c.queue = ANY (want_queues))
+              AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+            ORDER BY c.priority, c.scheduled_at, c.id
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
+                VALUES (cur, processors[next], nextval('lease_fence_seq'), ttl,
+                        clock_timestamp() + make_interval(secs => ttl))
+                ON CONFLICT (resource) DO UPDATE
+                SET holder      = excluded.holder,
+                    -- Drawn now, under the row lock, and the holding begins
+                    -- after the previous one ended (as LeaseAcquire).
+                    fence       = nextval('lease_fence_seq'),
+                    ttl_seconds = excluded.ttl_seconds,
+                    created_at  = clock_timestamp(),
+                    renewed_at  = NULL,
+                    released_at = NULL,
+                    expired_at  = NULL,
+                    expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
+                WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
+                RETURNING l.holder, l.fence, l.created_at, l.expires_at
+                INTO holder, lock_fence, acquired, expiry;
+                IF FOUND THEN
+                    -- The assignment of TaskClaim, for a pending task.
+                    UPDATE tasks AS t
+                    SET state = 'running',
+                        processor = holder,
+                        fence = lock_fence,
+                        ttl_seconds = ttl,
+                        attempts = t.attempts + 1,
+                        started_at = acquired,
+                        last_heartbeat_at = acquired,
+                        must_heartbeat_before = expiry
+                    WHERE t.id = tid
+                    RETURNING t.* INTO claimed;
+                    RETURN NEXT claimed;
+                    next := next + 1;
+                END IF;
+            END IF;
+        END IF;
+        SELECT t.lock_resource INTO cur FROM tasks AS t
+        WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL AND t.lock_resource > cur
+        ORDER BY t.lock_resource LIMIT 1;
+    END LOOP;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION task_lock_follow() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state <> 'running' OR NEW.fence IS DISTINCT FROM OLD.fence THEN
+        UPDATE leases AS l
+        SET released_at = least(clock_timestamp(), l.expires_at),
+            expires_at  = least(clock_timestamp(), l.expires_at)
+        WHERE l.resource = OLD.lock_resource AND l.fence = OLD.fence
+          AND l.released_at IS NULL AND l.expires_at > now();
+    ELSIF NEW.must_heartbeat_before IS DISTINCT FROM OLD.must_heartbeat_before THEN
+        UPDATE leases AS l
+        SET renewed_at  = now(),
+            ttl_seconds = NEW.ttl_seconds,
+            expires_at  = NEW.must_heartbeat_before
+        WHERE l.resource = NEW.lock_resource AND l.fence = NEW.fence
+          AND l.released_at IS NULL AND l.expired_at IS NULL AND l.expires_at > now();
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the lease of the lock % of task % under fence % is no longer held', NEW.lock_resource, NEW.id, NEW.fence
+                USING ERRCODE = 'LH001';
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+DROP TRIGGER lease_slot_freed ON leases;
+DROP FUNCTION lease_slot_freed();
+DROP FUNCTION lease_limit_set(text, integer);
+DROP FUNCTION lease_slot_acquire(text, text, integer, integer);
+DROP FUNCTION lease_slot_take(text, integer, integer, text, integer);
+DROP FUNCTION lease_slot_names(text, integer);
+DROP INDEX leases_fence_idx;
+DROP TABLE lease_limits;
