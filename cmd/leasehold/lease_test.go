@@ -221,7 +221,7 @@ func TestLeaseCommandsRejectBadUsage(t *testing.T) {
 		want []string
 	}{
 		{[]string{"lease"}, []string{"usage"}},
-		{[]string{"lease", "steal"}, []string{`"steal"`, "acquire, renew, release, get or list"}},
+		{[]string{"lease", "steal"}, []string{`"steal"`, "acquire, renew, release, get, list, limit or limits"}},
 		{[]string{"lease", "acquire"}, []string{"--resource is required"}},
 		{[]string{"lease", "acquire", "--resource", "r", "--ttl", "1500ms"}, []string{`--ttl "1500ms"`, "whole seconds"}},
 		{[]string{"lease", "acquire", "--resource", "r", "--ttl", "2h"}, []string{`--ttl "2h"`, "between 1s and 1h"}},
