@@ -574,6 +574,10 @@ func (s storeLeases) SetLimit(ctx context.Context, key string, slots int) (lease
 	return s.store.SetLimit(ctx, key, slots)
 }
 
+func (s storeLeases) SetRate(ctx context.Context, key string, starts int, period time.Duration) (lease.Limit, error) {
+	return s.store.SetRate(ctx, key, starts, period)
+}
+
 func (s storeLeases) Limit(ctx context.Context, key string) (lease.Limit, error) {
 	return s.store.Limit(ctx, key)
 }

@@ -21,6 +21,7 @@ type leaseService interface {
 	List(ctx context.Context, p lease.ListParams) ([]lease.Lease, error)
 	Events(ctx context.Context, p lease.EventsParams) ([]lease.Event, error)
 	SetLimit(ctx context.Context, key string, slots int) (lease.Limit, error)
+	SetRate(ctx context.Context, key string, starts int, period time.Duration) (lease.Limit, error)
 	Limit(ctx context.Context, key string) (lease.Limit, error)
 	Limits(ctx context.Context, after string, limit int32) ([]lease.Limit, error)
 }
@@ -259,6 +260,30 @@ func (l *Leases) SetLimit(ctx context.Context, key string, slots int) (lease.Lim
 		return lease.Limit{}, err
 	}
 	return l.svc.SetLimit(ctx, key, slots)
+}
+
+// MaxRatePeriod is the longest period of a rate.
+const MaxRatePeriod = 24 * time.Hour
+
+// SetRate gives key a rate: at most starts of its tasks (those whose Lock
+// is key) start in any period, by the database clock, however many
+// processes claim; starts 0 removes the rate. The claim that finds the
+// rate spent leaves the key's tasks pending, and idle workers wake when
+// the next start is allowed (no polling). A key with no limit yet gets the
+// most slots, lease.MaxSlots: a rate alone bounds how often its tasks
+// start, not how many run. starts 1 to lease.MaxSlots, period whole
+// seconds from 1s to MaxRatePeriod.
+func (l *Leases) SetRate(ctx context.Context, key string, starts int, period time.Duration) (lease.Limit, error) {
+	if err := checkResource("key", key); err != nil {
+		return lease.Limit{}, err
+	}
+	if starts < 0 || starts > lease.MaxSlots {
+		return lease.Limit{}, fmt.Errorf("%w: rate starts %d must be from 1 to %d (0: no rate)", ErrInvalidArgument, starts, lease.MaxSlots)
+	}
+	if starts > 0 && (period < time.Second || period > MaxRatePeriod || period%time.Second != 0) {
+		return lease.Limit{}, fmt.Errorf("%w: rate period %s must be whole seconds from 1s to %s", ErrInvalidArgument, period, MaxRatePeriod)
+	}
+	return l.svc.SetRate(ctx, key, starts, period)
 }
 
 // Limit returns key's limit, with its live slots and waiting tasks;

@@ -215,28 +215,76 @@ func SlotKey(resource string) (string, bool) {
 }
 
 // Limit is a key's limit: how many holders may hold its slots at once,
-// with how many hold one now and how many tasks wait on it.
+// and how often its tasks may start, with how many hold one now and how
+// many tasks wait on it.
 type Limit struct {
-	Resource string `json:"resource"`
+	Resource string
 	// Slots is the limit.
-	Slots int `json:"slots"`
+	Slots int
 	// Held is the number of live slots, which may exceed Slots for a while
 	// after the limit was lowered: those holders finish, and no slot is
 	// granted until fewer than Slots are held.
-	Held int `json:"held"`
+	Held int
 	// Waiting is the number of pending tasks whose lock is the key
 	// (counted up to 10,000).
-	Waiting   int       `json:"waiting"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Waiting int
+	// RateStarts and RatePeriod are the key's rate: at most RateStarts of
+	// its tasks start in any RatePeriod, by the database clock. Zero: no
+	// rate.
+	RateStarts int
+	RatePeriod time.Duration
+	// RateSpent is the starts within the last RatePeriod.
+	RateSpent int
+	// RateNextAt, when not nil, is when the rate lets the next task
+	// start; nil: it lets one start now.
+	RateNextAt *time.Time
+	UpdatedAt  time.Time
 }
 
-// MarshalJSON writes UpdatedAt as the API writes every time.
+// limitJSON is Limit as the API shows it.
+type limitJSON struct {
+	Resource          string  `json:"resource"`
+	Slots             int     `json:"slots"`
+	Held              int     `json:"held"`
+	Waiting           int     `json:"waiting"`
+	RateStarts        int     `json:"rate_starts"`
+	RatePeriodSeconds int64   `json:"rate_period_seconds"`
+	RateSpent         int     `json:"rate_spent"`
+	RateNextAt        *string `json:"rate_next_at"`
+	UpdatedAt         string  `json:"updated_at"`
+}
+
+// MarshalJSON writes the limit as the API shows it: the rate's period in
+// seconds, times as RFC 3339 UTC with milliseconds.
 func (l Limit) MarshalJSON() ([]byte, error) {
-	type plain Limit
-	return json.Marshal(struct {
-		plain
-		UpdatedAt string `json:"updated_at"`
-	}{plain: plain(l), UpdatedAt: apitime.Format(l.UpdatedAt)})
+	return json.Marshal(limitJSON{
+		Resource: l.Resource, Slots: l.Slots, Held: l.Held, Waiting: l.Waiting,
+		RateStarts: l.RateStarts, RatePeriodSeconds: int64(l.RatePeriod / time.Second), RateSpent: l.RateSpent,
+		RateNextAt: apitime.FormatPtr(l.RateNextAt), UpdatedAt: apitime.Format(l.UpdatedAt),
+	})
+}
+
+// UnmarshalJSON reads the limit as the API shows it.
+func (l *Limit) UnmarshalJSON(b []byte) error {
+	var j limitJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	updated, err := time.Parse(time.RFC3339Nano, j.UpdatedAt)
+	if err != nil {
+		return fmt.Errorf("limit updated_at: %w", err)
+	}
+	*l = Limit{Resource: j.Resource, Slots: j.Slots, Held: j.Held, Waiting: j.Waiting,
+		RateStarts: j.RateStarts, RatePeriod: time.Duration(j.RatePeriodSeconds) * time.Second,
+		RateSpent: j.RateSpent, UpdatedAt: updated}
+	if j.RateNextAt != nil {
+		next, err := time.Parse(time.RFC3339Nano, *j.RateNextAt)
+		if err != nil {
+			return fmt.Errorf("limit rate_next_at: %w", err)
+		}
+		l.RateNextAt = &next
+	}
+	return nil
 }
 
 // Acquisition is the outcome of an Acquire that did not fail.

@@ -239,7 +239,11 @@ SELECT ll.resource, ll.slots, ll.updated_at,
           AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
        (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
                               WHERE t.state = 'pending' AND t.lock_resource = ll.resource
-                              LIMIT 10000) AS w)::integer AS waiting
+                              LIMIT 10000) AS w)::integer AS waiting,
+       coalesce(ll.rate_starts, 0)::integer AS rate_starts,
+       coalesce(extract(epoch FROM ll.rate_period), 0)::integer AS rate_period_seconds,
+       (SELECT count(*) FROM unnest(ll.rate_recent) AS r (at) WHERE r.at > now() - ll.rate_period)::integer AS rate_spent,
+       CASE WHEN ll.rate_starts IS NULL THEN NULL ELSE lease_rate_next(ll, now()) END AS rate_next
 FROM lease_limits AS ll
 WHERE ll.resource > @after::text
 ORDER BY ll.resource
@@ -253,6 +257,15 @@ SELECT ll.resource, ll.slots, ll.updated_at,
           AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
        (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
                               WHERE t.state = 'pending' AND t.lock_resource = ll.resource
-                              LIMIT 10000) AS w)::integer AS waiting
+                              LIMIT 10000) AS w)::integer AS waiting,
+       coalesce(ll.rate_starts, 0)::integer AS rate_starts,
+       coalesce(extract(epoch FROM ll.rate_period), 0)::integer AS rate_period_seconds,
+       (SELECT count(*) FROM unnest(ll.rate_recent) AS r (at) WHERE r.at > now() - ll.rate_period)::integer AS rate_spent,
+       CASE WHEN ll.rate_starts IS NULL THEN NULL ELSE lease_rate_next(ll, now()) END AS rate_next
 FROM lease_limits AS ll
 WHERE ll.resource = @resource::text;
+
+-- name: RateSet :exec
+-- RateSet sets a key's rate, starts per period (NULL: none; lease_rate_set).
+SELECT lease_rate_set(@resource::text, sqlc.narg(starts)::integer,
+                      make_interval(secs => sqlc.narg(period_seconds)::integer)) IS NOT NULL AS set;

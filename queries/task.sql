@@ -62,7 +62,7 @@ RETURNING *;
 -- and kinds given (NULL: all), lowest (priority, scheduled_at, id) first,
 -- each under a new lease held in the task's row (a new fence from
 -- lease_fence_seq, drawn under the row lock; the task's TTL, or
--- ttl_seconds when it has none): due pending tasks (tasks_claimable,
+-- ttl_seconds when it has none): due pending tasks of queues not paused (tasks_claim_pick: tasks_claimable,
 -- schema/0011, with the claimer's hints) and, with with_lapsed, running
 -- tasks whose lease lapsed before a reaper put them back (the claim counts
 -- an attempt either way, and records the lapsed one in earlier_attempts);
@@ -108,7 +108,7 @@ gated AS (
 ),
 due AS (
     SELECT d.id, d.priority, d.scheduled_at
-    FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[],
+    FROM tasks_claim_pick(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[],
                          cardinality(@processors::text[]) - (SELECT count(*)::integer FROM gated),
                          @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
                          @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS d (id, priority, scheduled_at)
@@ -119,6 +119,7 @@ lapsed AS (
       AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
       -- A gated task goes back through the reaper, and its lock with it.
       AND r.lock_resource IS NULL
+      AND r.queue <> ALL (queues_paused())
       AND (sqlc.narg(want_queues)::text[] IS NULL OR r.queue = ANY (sqlc.narg(want_queues)::text[]))
       AND (sqlc.narg(want_kinds)::text[] IS NULL OR r.kind = ANY (sqlc.narg(want_kinds)::text[]))
     LIMIT cardinality(@processors::text[]) - (SELECT count(*) FROM due) - (SELECT count(*) FROM gated)
@@ -372,7 +373,7 @@ SELECT task_counts_fold()::bigint AS folded;
 -- queues and kinds (NULL: all) falls due (scheduled in the future, e.g. a
 -- retry's backoff); an hour from now when none is (a new task arrives by
 -- NOTIFY).
-SELECT coalesce(tasks_next_due(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[]),
+SELECT coalesce(tasks_next_wake(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[]),
                 now() + interval '1 hour')::timestamptz AS next_due,
        now()::timestamptz AS db_now;
 
@@ -432,7 +433,7 @@ gated AS (
 ),
 picked AS (
     SELECT d.id, (SELECT count(*) FROM gated) + row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
-    FROM tasks_claimable(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[],
+    FROM tasks_claim_pick(sqlc.narg(want_queues)::text[], sqlc.narg(want_kinds)::text[],
                          cardinality(@claim_for::text[]) - (SELECT count(*)::integer FROM gated),
                          @hint_queues::text[], @hint_kinds::text[], @hint_priorities::smallint[],
                          @hint_at::timestamptz[], @hint_ids::bigint[], @discover::boolean) AS d (id, priority, scheduled_at)
@@ -488,3 +489,21 @@ SELECT (CASE WHEN claimed.id IS NULL OR claimed.id = (SELECT min(f.id) FROM clai
        claimed.metadata
 FROM (SELECT coalesce(array_agg(completed.id), '{}') AS ids FROM completed) AS done
 LEFT JOIN claimed ON true;
+
+-- name: QueuePause :one
+-- QueuePause pauses a queue, until a time or (NULL) until resumed; a
+-- second pause replaces the first's until and reason.
+INSERT INTO queue_pauses AS p (queue, until, reason)
+VALUES (@queue::text, sqlc.narg(until)::timestamptz, @reason::text)
+ON CONFLICT (queue) DO UPDATE SET until = excluded.until, reason = excluded.reason, paused_at = now()
+RETURNING p.queue, p.paused_at, p.until, p.reason;
+
+-- name: QueueResume :one
+-- QueueResume lifts a queue's pause and wakes the claimers (queue_resume).
+SELECT queue_resume(@queue::text)::boolean AS resumed;
+
+-- name: QueuePauses :many
+-- QueuePauses lists the queues paused now, in name order.
+SELECT p.queue, p.paused_at, p.until, p.reason FROM queue_pauses AS p
+WHERE p.until IS NULL OR p.until > now()
+ORDER BY p.queue;

@@ -28,7 +28,7 @@ usage:
   leasehold lease release --resource R [--holder H] [--fence N] [--json]
   leasehold lease get     ID | --resource R [--json]
   leasehold lease list    [--state all|active|expired|released|renewed] [--prefix P] [--limit N] [--after-id N] [--json]
-  leasehold lease limit   --resource R [--slots K] [--json]
+  leasehold lease limit   --resource R [--slots K] [--rate N/PERIOD] [--json]
   leasehold lease limits  [--after R] [--limit N] [--json]
 
 With --slots K, acquire takes a free slot of R, a key of K slots (up to K
@@ -497,11 +497,12 @@ func runLeaseLimit(ctx context.Context, cmd string, args []string, getenv func(s
 	fs := flag.NewFlagSet("leasehold lease "+cmd, flag.ContinueOnError)
 	cf := addClientFlags(fs, getenv)
 	asJSON := fs.Bool("json", false, "print the API's JSON instead of a table")
-	var resource, after string
+	var resource, after, rate string
 	var slots, limit int
 	if cmd == "limit" {
 		fs.StringVar(&resource, "resource", "", "the key, e.g. imports:acme (required)")
 		fs.IntVar(&slots, "slots", 0, "set the key's limit to this many slots, 1 to 1000 (default: only show it)")
+		fs.StringVar(&rate, "rate", "", "set the key's rate: at most N of its tasks start in any period, as N/PERIOD, e.g. 50/1m; none removes it")
 	} else {
 		fs.StringVar(&after, "after", "", "only keys after this one: the next page after the last key shown")
 		fs.IntVar(&limit, "limit", 100, "at most this many keys, 1 to 1000")
@@ -519,6 +520,10 @@ func runLeaseLimit(ctx context.Context, cmd string, args []string, getenv func(s
 	if limit < 0 || limit > 1000 {
 		errs = append(errs, fmt.Errorf("--limit %d must be from 1 to 1000", limit))
 	}
+	starts, period, rateErr := rateFlag(rate)
+	if rateErr != nil {
+		errs = append(errs, rateErr)
+	}
 	if err := joinUsage(errs); err != nil {
 		return err
 	}
@@ -531,9 +536,14 @@ func runLeaseLimit(ctx context.Context, cmd string, args []string, getenv func(s
 	switch {
 	case cmd == "limits":
 		limits, err = client.Limits(ctx, after, limit)
-	case slots > 0:
+	case slots > 0 || rate != "":
 		var l lease.Limit
-		l, err = client.SetLimit(ctx, resource, slots)
+		if slots > 0 {
+			l, err = client.SetLimit(ctx, resource, slots)
+		}
+		if err == nil && rate != "" {
+			l, err = client.SetRate(ctx, resource, starts, period)
+		}
 		limits = []lease.Limit{l}
 	default:
 		var l lease.Limit
@@ -556,9 +566,34 @@ func runLeaseLimit(ctx context.Context, cmd string, args []string, getenv func(s
 		return json.NewEncoder(stdout).Encode(limits)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tSLOTS\tHELD\tWAITING\tUPDATED_AT")
+	fmt.Fprintln(tw, "KEY\tSLOTS\tHELD\tWAITING\tRATE\tSPENT\tUPDATED_AT")
 	for _, l := range limits {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", l.Resource, l.Slots, l.Held, l.Waiting, apitime.Format(l.UpdatedAt))
+		r, spent := "-", "-"
+		if l.RateStarts > 0 {
+			r, spent = fmt.Sprintf("%d/%s", l.RateStarts, l.RatePeriod), strconv.Itoa(l.RateSpent)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", l.Resource, l.Slots, l.Held, l.Waiting, r, spent, apitime.Format(l.UpdatedAt))
 	}
 	return tw.Flush()
+}
+
+// rateFlag parses --rate N/PERIOD ("none": no rate; "": not given).
+func rateFlag(raw string) (int, time.Duration, error) {
+	if raw == "" || raw == "none" {
+		return 0, 0, nil
+	}
+	bad := fmt.Errorf("--rate %q must be N/PERIOD, at most N task starts in any PERIOD (N 1 to 1000, PERIOD whole seconds from 1s to 24h), e.g. 50/1m; or none", raw)
+	n, p, ok := strings.Cut(raw, "/")
+	if !ok {
+		return 0, 0, bad
+	}
+	starts, err := strconv.Atoi(n)
+	if err != nil || starts < 1 || starts > lease.MaxSlots {
+		return 0, 0, bad
+	}
+	period, err := time.ParseDuration(p)
+	if err != nil || period < time.Second || period > 24*time.Hour || period%time.Second != 0 {
+		return 0, 0, bad
+	}
+	return starts, period, nil
 }

@@ -22,11 +22,12 @@ usage:
   leasehold demo     [flags]   a local PostgreSQL (unless DATABASE_URL is set), 3 replicas and a round-robin front door on :8080
                                (leasehold demo replica [flags] is one of its replicas: serve with the demo's roles and faults)
   leasehold bench    [flags]   measure the hot paths on your database (see docs/guide/cli.md)
-  leasehold lease    CMD [flags]   acquire, renew, release, get or list leases over a server's REST API (see docs/guide/cli.md)
+  leasehold lease    CMD [flags]   acquire, renew, release, get or list leases, and set keys' limits, over a server's REST API (see docs/guide/cli.md)
   leasehold exec     [flags] -- CMD ARGS...   run CMD only while holding a lease: leasehold exec --resource R -- CMD ARGS...
   leasehold work     [flags] -- CMD ARGS...   a task worker for any program: leasehold work --kind K -- CMD ARGS... runs CMD for each task of kind K
   leasehold task     CMD [flags]   add, get, list, cancel or retry tasks over a server's REST API (see docs/guide/cli.md)
   leasehold schedule CMD [flags]   add, replace, get, list or remove schedules (a task per cron tick) over a server's REST API
+  leasehold queue    CMD [flags]   pause, resume or list paused queues over a server's REST API
   leasehold localdb  [--stop]  start or reuse the local development PostgreSQL and print its URL; --stop stops it
   leasehold version            print the version
 
@@ -113,6 +114,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runTask(ctx, rest, getenv, stdout, stderr)
 	case "schedule":
 		return runSchedule(ctx, rest, getenv, stdout, stderr)
+	case "queue":
+		return runQueue(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil

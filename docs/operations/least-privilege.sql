@@ -26,6 +26,9 @@ GRANT SELECT, INSERT, UPDATE ON leases, tasks TO :"role";
 -- A key's limit is set by the first acquisition or task that names one
 -- and changed in place (leasehold limit set); never deleted.
 GRANT SELECT, INSERT, UPDATE ON lease_limits TO :"role";
+
+-- Queues are paused and resumed in place (a resume ends the pause now).
+GRANT SELECT, INSERT, UPDATE ON queue_pauses TO :"role";
 -- The audit history is written by leasehold's trigger alone, which runs as
 -- its owner: the runtime role only reads it, and can neither
 -- add, change nor delete an event (the REVOKE makes sure of it, whatever

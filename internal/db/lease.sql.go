@@ -558,17 +558,25 @@ SELECT ll.resource, ll.slots, ll.updated_at,
           AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
        (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
                               WHERE t.state = 'pending' AND t.lock_resource = ll.resource
-                              LIMIT 10000) AS w)::integer AS waiting
+                              LIMIT 10000) AS w)::integer AS waiting,
+       coalesce(ll.rate_starts, 0)::integer AS rate_starts,
+       coalesce(extract(epoch FROM ll.rate_period), 0)::integer AS rate_period_seconds,
+       (SELECT count(*) FROM unnest(ll.rate_recent) AS r (at) WHERE r.at > now() - ll.rate_period)::integer AS rate_spent,
+       CASE WHEN ll.rate_starts IS NULL THEN NULL ELSE lease_rate_next(ll, now()) END AS rate_next
 FROM lease_limits AS ll
 WHERE ll.resource = $1::text
 `
 
 type LimitGetRow struct {
-	Resource  string
-	Slots     int32
-	UpdatedAt time.Time
-	Held      int32
-	Waiting   int32
+	Resource          string
+	Slots             int32
+	UpdatedAt         time.Time
+	Held              int32
+	Waiting           int32
+	RateStarts        int32
+	RatePeriodSeconds int32
+	RateSpent         int32
+	RateNext          interface{}
 }
 
 // LimitGet is one limited key, as LimitList.
@@ -581,6 +589,10 @@ func (q *Queries) LimitGet(ctx context.Context, resource string) (LimitGetRow, e
 		&i.UpdatedAt,
 		&i.Held,
 		&i.Waiting,
+		&i.RateStarts,
+		&i.RatePeriodSeconds,
+		&i.RateSpent,
+		&i.RateNext,
 	)
 	return i, err
 }
@@ -592,7 +604,11 @@ SELECT ll.resource, ll.slots, ll.updated_at,
           AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
        (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
                               WHERE t.state = 'pending' AND t.lock_resource = ll.resource
-                              LIMIT 10000) AS w)::integer AS waiting
+                              LIMIT 10000) AS w)::integer AS waiting,
+       coalesce(ll.rate_starts, 0)::integer AS rate_starts,
+       coalesce(extract(epoch FROM ll.rate_period), 0)::integer AS rate_period_seconds,
+       (SELECT count(*) FROM unnest(ll.rate_recent) AS r (at) WHERE r.at > now() - ll.rate_period)::integer AS rate_spent,
+       CASE WHEN ll.rate_starts IS NULL THEN NULL ELSE lease_rate_next(ll, now()) END AS rate_next
 FROM lease_limits AS ll
 WHERE ll.resource > $1::text
 ORDER BY ll.resource
@@ -605,11 +621,15 @@ type LimitListParams struct {
 }
 
 type LimitListRow struct {
-	Resource  string
-	Slots     int32
-	UpdatedAt time.Time
-	Held      int32
-	Waiting   int32
+	Resource          string
+	Slots             int32
+	UpdatedAt         time.Time
+	Held              int32
+	Waiting           int32
+	RateStarts        int32
+	RatePeriodSeconds int32
+	RateSpent         int32
+	RateNext          interface{}
 }
 
 // LimitList is a page of the limited keys in name order, each with its
@@ -629,6 +649,10 @@ func (q *Queries) LimitList(ctx context.Context, arg LimitListParams) ([]LimitLi
 			&i.UpdatedAt,
 			&i.Held,
 			&i.Waiting,
+			&i.RateStarts,
+			&i.RatePeriodSeconds,
+			&i.RateSpent,
+			&i.RateNext,
 		); err != nil {
 			return nil, err
 		}
@@ -669,10 +693,17 @@ type LimitSetParams struct {
 	Slots    int32
 }
 
+type LimitSetRow struct {
+	Resource  string
+	Slots     int32
+	Span      int32
+	UpdatedAt time.Time
+}
+
 // LimitSet sets a key's limit (lease_limit_set).
-func (q *Queries) LimitSet(ctx context.Context, arg LimitSetParams) (LeaseLimit, error) {
+func (q *Queries) LimitSet(ctx context.Context, arg LimitSetParams) (LimitSetRow, error) {
 	row := q.db.QueryRow(ctx, limitSet, arg.Resource, arg.Slots)
-	var i LeaseLimit
+	var i LimitSetRow
 	err := row.Scan(
 		&i.Resource,
 		&i.Slots,
@@ -680,4 +711,21 @@ func (q *Queries) LimitSet(ctx context.Context, arg LimitSetParams) (LeaseLimit,
 		&i.UpdatedAt,
 	)
 	return i, err
+}
+
+const rateSet = `-- name: RateSet :exec
+SELECT lease_rate_set($1::text, $2::integer,
+                      make_interval(secs => $3::integer)) IS NOT NULL AS set
+`
+
+type RateSetParams struct {
+	Resource      string
+	Starts        *int32
+	PeriodSeconds *int32
+}
+
+// RateSet sets a key's rate, starts per period (NULL: none; lease_rate_set).
+func (q *Queries) RateSet(ctx context.Context, arg RateSetParams) error {
+	_, err := q.db.Exec(ctx, rateSet, arg.Resource, arg.Starts, arg.PeriodSeconds)
+	return err
 }

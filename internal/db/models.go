@@ -57,10 +57,20 @@ type LeaseEvent struct {
 }
 
 type LeaseLimit struct {
-	Resource  string
-	Slots     int32
-	Span      int32
-	UpdatedAt time.Time
+	Resource   string
+	Slots      int32
+	Span       int32
+	UpdatedAt  time.Time
+	RateStarts *int32
+	RatePeriod pgtype.Interval
+	RateRecent []time.Time
+}
+
+type QueuePause struct {
+	Queue    string
+	PausedAt time.Time
+	Until    *time.Time
+	Reason   string
 }
 
 type RetentionFloor struct {

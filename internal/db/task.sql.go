@@ -10,6 +10,77 @@ import (
 	"time"
 )
 
+const queuePause = `-- name: QueuePause :one
+INSERT INTO queue_pauses AS p (queue, until, reason)
+VALUES ($1::text, $2::timestamptz, $3::text)
+ON CONFLICT (queue) DO UPDATE SET until = excluded.until, reason = excluded.reason, paused_at = now()
+RETURNING p.queue, p.paused_at, p.until, p.reason
+`
+
+type QueuePauseParams struct {
+	Queue  string
+	Until  *time.Time
+	Reason string
+}
+
+// QueuePause pauses a queue, until a time or (NULL) until resumed; a
+// second pause replaces the first's until and reason.
+func (q *Queries) QueuePause(ctx context.Context, arg QueuePauseParams) (QueuePause, error) {
+	row := q.db.QueryRow(ctx, queuePause, arg.Queue, arg.Until, arg.Reason)
+	var i QueuePause
+	err := row.Scan(
+		&i.Queue,
+		&i.PausedAt,
+		&i.Until,
+		&i.Reason,
+	)
+	return i, err
+}
+
+const queuePauses = `-- name: QueuePauses :many
+SELECT p.queue, p.paused_at, p.until, p.reason FROM queue_pauses AS p
+WHERE p.until IS NULL OR p.until > now()
+ORDER BY p.queue
+`
+
+// QueuePauses lists the queues paused now, in name order.
+func (q *Queries) QueuePauses(ctx context.Context) ([]QueuePause, error) {
+	rows, err := q.db.Query(ctx, queuePauses)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []QueuePause{}
+	for rows.Next() {
+		var i QueuePause
+		if err := rows.Scan(
+			&i.Queue,
+			&i.PausedAt,
+			&i.Until,
+			&i.Reason,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const queueResume = `-- name: QueueResume :one
+SELECT queue_resume($1::text)::boolean AS resumed
+`
+
+// QueueResume lifts a queue's pause and wakes the claimers (queue_resume).
+func (q *Queries) QueueResume(ctx context.Context, queue string) (bool, error) {
+	row := q.db.QueryRow(ctx, queueResume, queue)
+	var resumed bool
+	err := row.Scan(&resumed)
+	return resumed, err
+}
+
 const taskCancel = `-- name: TaskCancel :one
 UPDATE tasks AS t
 SET state = 'cancelled',
@@ -107,7 +178,7 @@ gated AS (
 ),
 due AS (
     SELECT d.id, d.priority, d.scheduled_at
-    FROM tasks_claimable($2::text[], $3::text[],
+    FROM tasks_claim_pick($2::text[], $3::text[],
                          cardinality($4::text[]) - (SELECT count(*)::integer FROM gated),
                          $6::text[], $7::text[], $8::smallint[],
                          $9::timestamptz[], $10::bigint[], $11::boolean) AS d (id, priority, scheduled_at)
@@ -118,6 +189,7 @@ lapsed AS (
       AND r.state = 'running' AND r.must_heartbeat_before <= now() AND r.attempts < r.max_attempts
       -- A gated task goes back through the reaper, and its lock with it.
       AND r.lock_resource IS NULL
+      AND r.queue <> ALL (queues_paused())
       AND ($2::text[] IS NULL OR r.queue = ANY ($2::text[]))
       AND ($3::text[] IS NULL OR r.kind = ANY ($3::text[]))
     LIMIT cardinality($4::text[]) - (SELECT count(*) FROM due) - (SELECT count(*) FROM gated)
@@ -210,7 +282,7 @@ type TaskClaimRow struct {
 // and kinds given (NULL: all), lowest (priority, scheduled_at, id) first,
 // each under a new lease held in the task's row (a new fence from
 // lease_fence_seq, drawn under the row lock; the task's TTL, or
-// ttl_seconds when it has none): due pending tasks (tasks_claimable,
+// ttl_seconds when it has none): due pending tasks of queues not paused (tasks_claim_pick: tasks_claimable,
 // schema/0011, with the claimer's hints) and, with with_lapsed, running
 // tasks whose lease lapsed before a reaper put them back (the claim counts
 // an attempt either way, and records the lapsed one in earlier_attempts);
@@ -382,7 +454,7 @@ gated AS (
 ),
 picked AS (
     SELECT d.id, (SELECT count(*) FROM gated) + row_number() OVER (ORDER BY d.priority, d.scheduled_at, d.id) AS n
-    FROM tasks_claimable($5::text[], $6::text[],
+    FROM tasks_claim_pick($5::text[], $6::text[],
                          cardinality($7::text[]) - (SELECT count(*)::integer FROM gated),
                          $9::text[], $10::text[], $11::smallint[],
                          $12::timestamptz[], $13::bigint[], $14::boolean) AS d (id, priority, scheduled_at)
@@ -1202,7 +1274,7 @@ func (q *Queries) TaskListRunning(ctx context.Context, rowLimit int32) ([]Task, 
 }
 
 const taskNextDue = `-- name: TaskNextDue :one
-SELECT coalesce(tasks_next_due($1::text[], $2::text[]),
+SELECT coalesce(tasks_next_wake($1::text[], $2::text[]),
                 now() + interval '1 hour')::timestamptz AS next_due,
        now()::timestamptz AS db_now
 `

@@ -110,7 +110,24 @@ func (s *Store) SetLimit(ctx context.Context, key string, slots int) (lease.Limi
 	return s.Limit(ctx, key)
 }
 
-// Limit returns key's limit with its holders and waiting tasks;
+// SetRate gives key a rate: at most starts of its tasks start in any
+// period (starts 0: no rate). A key without a limit gets the most slots,
+// lease.MaxSlots: a rate alone bounds how often its tasks start, not how
+// many run.
+func (s *Store) SetRate(ctx context.Context, key string, starts int, period time.Duration) (lease.Limit, error) {
+	var p db.RateSetParams
+	p.Resource = key
+	if starts > 0 {
+		n, secs := int32(starts), int32(period/time.Second)
+		p.Starts, p.PeriodSeconds = &n, &secs
+	}
+	if err := s.q.RateSet(ctx, p); err != nil {
+		return lease.Limit{}, fmt.Errorf("set the rate of %s: %w", key, err)
+	}
+	return s.Limit(ctx, key)
+}
+
+// Limit returns key's limit with its holders, waiting tasks and rate;
 // ErrNotFound when it has none.
 func (s *Store) Limit(ctx context.Context, key string) (lease.Limit, error) {
 	r, err := s.q.LimitGet(ctx, key)
@@ -120,7 +137,7 @@ func (s *Store) Limit(ctx context.Context, key string) (lease.Limit, error) {
 	if err != nil {
 		return lease.Limit{}, fmt.Errorf("read the limit of %s: %w", key, err)
 	}
-	return lease.Limit{Resource: r.Resource, Slots: int(r.Slots), Held: int(r.Held), Waiting: int(r.Waiting), UpdatedAt: r.UpdatedAt}, nil
+	return limitOf(db.LimitListRow(r)), nil
 }
 
 // Limits returns up to limit keys' limits after the key after, in name
@@ -132,9 +149,17 @@ func (s *Store) Limits(ctx context.Context, after string, limit int32) ([]lease.
 	}
 	out := make([]lease.Limit, len(rows))
 	for i, r := range rows {
-		out[i] = lease.Limit{Resource: r.Resource, Slots: int(r.Slots), Held: int(r.Held), Waiting: int(r.Waiting), UpdatedAt: r.UpdatedAt}
+		out[i] = limitOf(r)
 	}
 	return out, nil
+}
+
+func limitOf(r db.LimitListRow) lease.Limit {
+	return lease.Limit{
+		Resource: r.Resource, Slots: int(r.Slots), Held: int(r.Held), Waiting: int(r.Waiting),
+		RateStarts: int(r.RateStarts), RatePeriod: time.Duration(r.RatePeriodSeconds) * time.Second,
+		RateSpent: int(r.RateSpent), RateNextAt: timeOf(r.RateNext), UpdatedAt: r.UpdatedAt,
+	}
 }
 
 func ttlSeconds(d time.Duration) int32 { return int32(d / time.Second) }

@@ -171,6 +171,20 @@ func (r Leases) SetLimit(ctx context.Context, key string, slots int) (lease.Limi
 	return l, err
 }
 
+// SetRate sets a key's rate (PUT /api/limits/{key}); starts 0 removes it.
+func (r Leases) SetRate(ctx context.Context, key string, starts int, period time.Duration) (lease.Limit, error) {
+	body := struct {
+		Starts int   `json:"rate_starts"`
+		Period int64 `json:"rate_period_seconds"`
+	}{starts, int64(period / time.Second)}
+	if starts == 0 {
+		body.Period = 1 // given with rate_starts always; ignored when it is 0
+	}
+	var l lease.Limit
+	_, err := r.C.Do(ctx, http.MethodPut, "/api/limits/"+url.PathEscape(key), nil, body, &l, nil)
+	return l, err
+}
+
 // Limit reads a key's limit (GET /api/limits/{key}); lease.ErrNotFound
 // when it has none.
 func (r Leases) Limit(ctx context.Context, key string) (lease.Limit, error) {

@@ -3,6 +3,7 @@ package restclient
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -413,4 +414,47 @@ func (r Tasks) Wait(ctx context.Context, id int64) (task.Task, error) {
 			}
 		}
 	}
+}
+
+// PauseQueue pauses a queue (PUT /api/queues/{queue}/pause); a zero until:
+// until resumed.
+func (r Tasks) PauseQueue(ctx context.Context, queue string, until time.Time, reason string) (task.QueuePause, error) {
+	body := struct {
+		Until  string `json:"until,omitempty"`
+		Reason string `json:"reason,omitempty"`
+	}{Reason: reason}
+	if !until.IsZero() {
+		body.Until = until.UTC().Format(time.RFC3339Nano)
+	}
+	var p task.QueuePause
+	_, err := r.C.Do(ctx, http.MethodPut, "/api/queues/"+url.PathEscape(queue)+"/pause", nil, body, &p, nil)
+	return p, err
+}
+
+// ResumeQueue resumes a paused queue (DELETE /api/queues/{queue}/pause);
+// false when it was not paused.
+func (r Tasks) ResumeQueue(ctx context.Context, queue string) (bool, error) {
+	notPaused := false
+	_, err := r.C.Do(ctx, http.MethodDelete, "/api/queues/"+url.PathEscape(queue)+"/pause", nil, nil, nil,
+		func(status int, _ ErrorBody) error {
+			if status == http.StatusNotFound {
+				notPaused = true
+				return errNotPaused
+			}
+			return nil
+		})
+	if notPaused {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// errNotPaused is the 404 of a resume, which ResumeQueue answers false.
+var errNotPaused = errors.New("the queue is not paused")
+
+// PausedQueues lists the paused queues (GET /api/queues/paused).
+func (r Tasks) PausedQueues(ctx context.Context) ([]task.QueuePause, error) {
+	var ps []task.QueuePause
+	_, err := r.C.Do(ctx, http.MethodGet, "/api/queues/paused", nil, nil, &ps, nil)
+	return ps, err
 }

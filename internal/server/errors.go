@@ -38,6 +38,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		bad    *badRequest
 		tooBig *http.MaxBytesError
 		large  *payloadTooLarge
+		absent *notFound
 		held   *lease.HeldError
 		exists *schedule.ExistsError
 	)
@@ -46,6 +47,8 @@ func writeError(w http.ResponseWriter, r *http.Request, log zerolog.Logger, err 
 		encode(w, http.StatusBadRequest, errorBody{Error: bad.msg})
 	case errors.As(err, &denied):
 		encode(w, http.StatusForbidden, errorBody{Error: denied.msg})
+	case errors.As(err, &absent):
+		encode(w, http.StatusNotFound, errorBody{Error: absent.msg})
 	case errors.As(err, &large):
 		encode(w, http.StatusRequestEntityTooLarge, errorBody{Error: large.msg})
 	case errors.As(err, &tooBig):
@@ -109,6 +112,15 @@ func (e *forbidden) Error() string { return e.msg }
 
 func forbiddenf(format string, args ...any) error {
 	return &forbidden{msg: fmt.Sprintf(format, args...)}
+}
+
+// notFound is a 404 that says what was not found and what to do.
+type notFound struct{ msg string }
+
+func (e *notFound) Error() string { return e.msg }
+
+func notFoundf(format string, args ...any) error {
+	return &notFound{msg: fmt.Sprintf(format, args...)}
 }
 
 // unavailable reports errors that mean the database cannot serve now but

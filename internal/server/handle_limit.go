@@ -1,19 +1,34 @@
 package server
 
 import (
+	"errors"
 	"net/http"
+	"time"
 
 	"github.com/leasehold/leasehold/lease"
 )
 
-// limitRequest is the body of PUT /api/limits/{key}.
+// limitRequest is the body of PUT /api/limits/{key}: a new limit, a new
+// rate (rate_starts 0: none), or both; neither changes nothing.
 type limitRequest struct {
-	Slots int64 `json:"slots"`
+	Slots             *int64 `json:"slots,omitempty"`
+	RateStarts        *int64 `json:"rate_starts,omitempty"`
+	RatePeriodSeconds *int64 `json:"rate_period_seconds,omitempty"`
 }
 
+// maxRatePeriod bounds a rate's period.
+const maxRatePeriod = 24 * time.Hour
+
 func (q limitRequest) validate() error {
-	if q.Slots < 1 || q.Slots > lease.MaxSlots {
-		return badRequestf(`"slots" is %d; it must be from 1 to %d`, q.Slots, lease.MaxSlots)
+	switch {
+	case q.Slots != nil && (*q.Slots < 1 || *q.Slots > lease.MaxSlots):
+		return badRequestf(`"slots" is %d; it must be from 1 to %d`, *q.Slots, lease.MaxSlots)
+	case (q.RateStarts == nil) != (q.RatePeriodSeconds == nil):
+		return badRequestf(`give "rate_starts" and "rate_period_seconds" together, e.g. {"rate_starts": 50, "rate_period_seconds": 60} (rate_starts 0 removes the rate)`)
+	case q.RateStarts != nil && (*q.RateStarts < 0 || *q.RateStarts > lease.MaxSlots):
+		return badRequestf(`"rate_starts" is %d; it must be from 1 to %d (0: no rate)`, *q.RateStarts, lease.MaxSlots)
+	case q.RatePeriodSeconds != nil && (*q.RatePeriodSeconds < 1 || *q.RatePeriodSeconds > int64(maxRatePeriod/time.Second)):
+		return badRequestf(`"rate_period_seconds" is %d; it must be from 1 to %d`, *q.RatePeriodSeconds, int64(maxRatePeriod/time.Second))
 	}
 	return nil
 }
@@ -38,7 +53,7 @@ func handleLimitSet(d Deps) http.Handler {
 		}
 		req, err := decode[limitRequest](w, r)
 		if err == nil {
-			err = checkSlots("slots", key, &req.Slots)
+			err = checkSlots("slots", key, req.Slots)
 		}
 		if t := principal(r); err == nil && t != nil && !within(t.Resources, key) {
 			err = forbiddenf("the token %q may not limit %q: its resources begin with %q", t.Name, key, t.Resources)
@@ -47,7 +62,18 @@ func handleLimitSet(d Deps) http.Handler {
 			writeError(w, r, d.Log, err)
 			return
 		}
-		l, err := d.Leases.SetLimit(r.Context(), key, int(req.Slots))
+		var l lease.Limit
+		if req.Slots != nil {
+			l, err = d.Leases.SetLimit(r.Context(), key, int(*req.Slots))
+		}
+		if err == nil && req.RateStarts != nil {
+			l, err = d.Leases.SetRate(r.Context(), key, int(*req.RateStarts), time.Duration(deref(req.RatePeriodSeconds))*time.Second)
+		}
+		if err == nil && req.Slots == nil && req.RateStarts == nil { // nothing to set: the limit as it is
+			if l, err = d.Leases.Limit(r.Context(), key); errors.Is(err, lease.ErrNotFound) {
+				err = notFoundf("the key %q has no limit; give slots or a rate to set one", key)
+			}
+		}
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return
@@ -66,6 +92,9 @@ func handleLimitGet(d Deps) http.Handler {
 			return
 		}
 		l, err := d.Leases.Limit(r.Context(), key)
+		if errors.Is(err, lease.ErrNotFound) {
+			err = notFoundf("the key %q has no limit; set one with PUT /api/limits/{key}", key)
+		}
 		if err != nil {
 			writeError(w, r, d.Log, err)
 			return

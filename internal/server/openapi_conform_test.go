@@ -307,6 +307,15 @@ func conformLeases(c *conformance, b bundle) {
 	const events = "GET /api/leases/events"
 	send(events, "/api/leases/events", "", http.StatusOK)
 	send(events, "/api/leases/events?resource=report:nightly&after=0&limit=100", "", http.StatusOK)
+
+	// Queue pauses, beside the leases for want of a section of their own.
+	const pause, resume, paused = "PUT /api/queues/{queue}/pause", "DELETE /api/queues/{queue}/pause", "GET /api/queues/paused"
+	send(pause, "/api/queues/imports/pause", `{"reason": "a bug", "until": "2030-01-02T15:04:05Z"}`, http.StatusOK)
+	bad(pause, "/api/queues/imports/pause", `{"until": "tomorrow"}`)
+	send(paused, "/api/queues/paused", "", http.StatusOK)
+	send(resume, "/api/queues/imports/pause", "", http.StatusNoContent)
+	send(resume, "/api/queues/imports/pause", "", http.StatusNotFound)
+	bad(resume, "/api/queues/a%0Ab/pause", "")
 	bad(events, "/api/leases/events?after=-1", "")
 	bad(events, "/api/leases/events?limit=abc", "")
 
@@ -320,6 +329,10 @@ func conformLeases(c *conformance, b bundle) {
 	bad(getLimit, "/api/limits/a%0Ab", "")
 	send(setLimit, "/api/limits/imports", `{"slots": 2}`, http.StatusOK)
 	bad(setLimit, "/api/limits/imports", `{"slots": 1001}`)
+	send(setLimit, "/api/limits/imports", `{"rate_starts": 10, "rate_period_seconds": 60}`, http.StatusOK)
+	bad(setLimit, "/api/limits/imports", `{"rate_starts": 10}`)
+	send(setLimit, "/api/limits/imports", `{}`, http.StatusOK)
+	send(setLimit, "/api/limits/exports", `{}`, http.StatusNotFound)
 	send("GET /api/limits", "/api/limits?limit=10", "", http.StatusOK)
 	bad("GET /api/limits", "/api/limits?limit=0", "")
 }

@@ -37,6 +37,10 @@ func addRoutes(mux *http.ServeMux, d Deps, ts tokens) {
 	mux.Handle("GET /api/limits/{key}", need(ScopeRead, handleLimitGet(d)))
 	mux.Handle("PUT /api/limits/{key}", need(ScopeAdmin, handleLimitSet(d)))
 
+	mux.Handle("GET /api/queues/paused", need(ScopeRead, handleQueuePaused(d)))
+	mux.Handle("PUT /api/queues/{queue}/pause", need(ScopeAdmin, handleQueuePause(d)))
+	mux.Handle("DELETE /api/queues/{queue}/pause", need(ScopeAdmin, handleQueueResume(d)))
+
 	mux.Handle("POST /api/tasks", need(ScopeProduce, handleTaskCreate(d)))
 	mux.Handle("GET /api/tasks", need(ScopeRead, handleTaskList(d, listAll)))
 	mux.Handle("GET /api/tasks/processed", need(ScopeRead, handleTaskList(d, listProcessed)))

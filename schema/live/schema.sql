@@ -40,7 +40,10 @@ CREATE TABLE lease_limits (
     resource text NOT NULL,
     slots integer NOT NULL,
     span integer NOT NULL,
-    updated_at timestamp with time zone NOT NULL DEFAULT now()
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    rate_starts integer,
+    rate_period interval,
+    rate_recent timestamp with time zone[] NOT NULL DEFAULT '{}'::timestamp with time zone[]
 );
 
 CREATE TABLE leasehold_migrations (
@@ -60,6 +63,13 @@ CREATE TABLE leases (
     released_at timestamp with time zone,
     expires_at timestamp with time zone NOT NULL,
     expired_at timestamp with time zone
+);
+
+CREATE TABLE queue_pauses (
+    queue text NOT NULL,
+    paused_at timestamp with time zone NOT NULL DEFAULT now(),
+    until timestamp with time zone,
+    reason text NOT NULL DEFAULT ''::text
 );
 
 CREATE TABLE retention_floor (
@@ -148,7 +158,13 @@ ALTER TABLE lease_events ADD CONSTRAINT lease_events_pkey PRIMARY KEY (id);
 
 ALTER TABLE lease_limits ADD CONSTRAINT lease_limits_check CHECK (((span >= slots) AND (span <= 1000)));
 
+ALTER TABLE lease_limits ADD CONSTRAINT lease_limits_check1 CHECK (((rate_starts IS NULL) = (rate_period IS NULL)));
+
 ALTER TABLE lease_limits ADD CONSTRAINT lease_limits_pkey PRIMARY KEY (resource);
+
+ALTER TABLE lease_limits ADD CONSTRAINT lease_limits_rate_period_check CHECK (((rate_period >= '00:00:01'::interval) AND (rate_period <= '1 day'::interval)));
+
+ALTER TABLE lease_limits ADD CONSTRAINT lease_limits_rate_starts_check CHECK (((rate_starts >= 1) AND (rate_starts <= 1000)));
 
 ALTER TABLE lease_limits ADD CONSTRAINT lease_limits_slots_check CHECK (((slots >= 1) AND (slots <= 1000)));
 
@@ -159,6 +175,8 @@ ALTER TABLE leases ADD CONSTRAINT leases_pkey PRIMARY KEY (id);
 ALTER TABLE leases ADD CONSTRAINT leases_resource_key UNIQUE (resource);
 
 ALTER TABLE leases ADD CONSTRAINT leases_ttl_seconds_check CHECK (((ttl_seconds >= 1) AND (ttl_seconds <= 3600)));
+
+ALTER TABLE queue_pauses ADD CONSTRAINT queue_pauses_pkey PRIMARY KEY (queue);
 
 ALTER TABLE retention_floor ADD CONSTRAINT retention_floor_min_age_check CHECK ((min_age >= '00:01:00'::interval));
 
@@ -211,6 +229,8 @@ ALTER TABLE tasks ADD CONSTRAINT tasks_unique_key_check CHECK (((octet_length(un
 CREATE INDEX lease_events_non_task_idx ON public.lease_events USING btree (id) WHERE (resource !~~ 'task:%'::text);
 
 CREATE INDEX lease_events_resource_idx ON public.lease_events USING btree (resource, id);
+
+CREATE INDEX lease_limits_rated_idx ON public.lease_limits USING btree (resource) WHERE (rate_starts IS NOT NULL);
 
 CREATE INDEX leases_ended_idx ON public.leases USING btree (COALESCE(released_at, expired_at)) WHERE ((resource !~~ 'task:%'::text) AND ((released_at IS NOT NULL) OR (expired_at IS NOT NULL)));
 
@@ -325,6 +345,31 @@ BEGIN
     INSERT INTO lease_limits AS ll (resource, slots, span) VALUES (key, slots, slots)
     ON CONFLICT (resource) DO UPDATE
     SET slots = excluded.slots, span = greatest(ll.span, excluded.slots), updated_at = now()
+    RETURNING ll.* INTO lim;
+    IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    RETURN lim;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.lease_rate_next(lim lease_limits, at timestamp with time zone)
+ RETURNS timestamp with time zone
+ LANGUAGE sql
+ IMMUTABLE
+RETURN CASE WHEN (((lim).rate_starts IS NOT NULL) AND (cardinality((lim).rate_recent) >= (lim).rate_starts) AND ((lim).rate_recent[((cardinality((lim).rate_recent) - (lim).rate_starts) + 1)] > (at - (lim).rate_period))) THEN ((lim).rate_recent[((cardinality((lim).rate_recent) - (lim).rate_starts) + 1)] + (lim).rate_period) ELSE NULL::timestamp with time zone END
+
+CREATE OR REPLACE FUNCTION public.lease_rate_set(key text, starts integer, period interval)
+ RETURNS lease_limits
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lim lease_limits;
+BEGIN
+    INSERT INTO lease_limits AS ll (resource, slots, span, rate_starts, rate_period)
+    VALUES (key, 1000, 1000, starts, period)
+    ON CONFLICT (resource) DO UPDATE
+    SET rate_starts = excluded.rate_starts, rate_period = excluded.rate_period, updated_at = now()
     RETURNING ll.* INTO lim;
     IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
         PERFORM pg_notify('leasehold_task', 'requeued');
@@ -650,6 +695,27 @@ BEGIN
                   ORDER BY k.id);
 END;
 $function$
+
+CREATE OR REPLACE FUNCTION public.queue_resume(q text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    UPDATE queue_pauses AS p SET until = now()
+    WHERE p.queue = q AND (p.until IS NULL OR p.until > now());
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_notify('leasehold_task', 'requeued');
+    RETURN true;
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.queues_paused()
+ RETURNS text[]
+ LANGUAGE sql
+ STABLE
+RETURN ARRAY(SELECT p.queue FROM queue_pauses p WHERE ((p.until IS NULL) OR (p.until > now())))
 
 CREATE OR REPLACE FUNCTION public.retention_check(age interval, batch integer, after_id bigint DEFAULT 0)
  RETURNS void
@@ -1104,6 +1170,46 @@ BEGIN
 END;
 $function$
 
+CREATE OR REPLACE FUNCTION public.tasks_claim_pick(want_queues text[], want_kinds text[], max_tasks integer, hint_queues text[], hint_kinds text[], hint_priorities smallint[], hint_at timestamp with time zone[], hint_ids bigint[], discover boolean)
+ RETURNS TABLE(id bigint, priority smallint, scheduled_at timestamp with time zone)
+ LANGUAGE plpgsql
+ ROWS 10
+AS $function$
+#variable_conflict use_column
+DECLARE
+    paused text[] := queues_paused();
+    keep   boolean[];
+BEGIN
+    IF cardinality(paused) > 0 THEN
+        IF want_queues IS NULL THEN
+            want_queues := ARRAY(SELECT DISTINCT br.queue
+                                 FROM task_branches(NULL, want_kinds, NULL, NULL, NULL, NULL, NULL) AS br
+                                 WHERE br.queue <> ALL (paused));
+        ELSE
+            want_queues := ARRAY(SELECT q FROM unnest(want_queues) AS q WHERE q <> ALL (paused));
+        END IF;
+        IF cardinality(want_queues) = 0 THEN
+            RETURN;
+        END IF;
+        keep := ARRAY(SELECT hq <> ALL (paused) FROM unnest(hint_queues) AS hq);
+        SELECT array_agg(h.q ORDER BY h.i), array_agg(h.k ORDER BY h.i), array_agg(h.p ORDER BY h.i),
+               array_agg(h.at ORDER BY h.i), array_agg(h.id ORDER BY h.i)
+        INTO hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids
+        FROM unnest(hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids) WITH ORDINALITY AS h (q, k, p, at, id, i)
+        WHERE keep[h.i];
+        hint_queues := coalesce(hint_queues, '{}');
+        hint_kinds := coalesce(hint_kinds, '{}');
+        hint_priorities := coalesce(hint_priorities, '{}');
+        hint_at := coalesce(hint_at, '{}');
+        hint_ids := coalesce(hint_ids, '{}');
+    END IF;
+    RETURN QUERY
+    SELECT o.id, o.priority, o.scheduled_at
+    FROM tasks_claimable(want_queues, want_kinds, max_tasks, hint_queues, hint_kinds, hint_priorities,
+                         hint_at, hint_ids, discover) AS o;
+END;
+$function$
+
 CREATE OR REPLACE FUNCTION public.tasks_claimable(want_queues text[], want_kinds text[], max_tasks integer, hint_queues text[], hint_kinds text[], hint_priorities smallint[], hint_at timestamp with time zone[], hint_ids bigint[], discover boolean)
  RETURNS TABLE(id bigint, priority smallint, scheduled_at timestamp with time zone)
  LANGUAGE plpgsql
@@ -1344,6 +1450,8 @@ DECLARE
     claimed    tasks;
     lim        lease_limits;
     slot       leases;
+    paused     text[] := queues_paused();
+    left_over  boolean := false;
 BEGIN
     IF coalesce(cardinality(processors), 0) = 0 THEN
         RETURN;
@@ -1356,11 +1464,13 @@ BEGIN
         IF EXISTS (SELECT 1 FROM lease_limits AS ll WHERE ll.resource = cur) THEN
             SELECT ll.* INTO lim FROM lease_limits AS ll WHERE ll.resource = cur FOR UPDATE SKIP LOCKED;
             -- Locked by another claim or acquisition: passed by (lim stays
-            -- NULL). Full: passed by too, before any of its tasks is read.
+            -- NULL). Full, or out of starts for now: passed by too, before
+            -- any of its tasks is read.
             IF lim.resource IS NOT NULL
-               AND (SELECT count(*) FROM leases AS l
-                    WHERE l.resource = ANY (lease_slot_names(cur, lim.span))
-                      AND l.released_at IS NULL AND l.expires_at > now()) >= lim.slots THEN
+               AND ((SELECT count(*) FROM leases AS l
+                     WHERE l.resource = ANY (lease_slot_names(cur, lim.span))
+                       AND l.released_at IS NULL AND l.expires_at > now()) >= lim.slots
+                    OR lease_rate_next(lim, clock_timestamp()) IS NOT NULL) THEN
                 lim := NULL;
             END IF;
             WHILE lim.resource IS NOT NULL AND next <= cardinality(processors) LOOP
@@ -1368,15 +1478,24 @@ BEGIN
                 WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
                   AND (want_queues IS NULL OR c.queue = ANY (want_queues))
                   AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+                  AND c.queue <> ALL (paused)
                 ORDER BY c.priority, c.scheduled_at, c.id
                 LIMIT 1
                 FOR UPDATE SKIP LOCKED;
                 EXIT WHEN NOT FOUND;
+                -- The rate, decided by the clock now: the task starts later
+                -- (its slot's acquisition), so no window ending at its start
+                -- holds more than the rate allows.
+                EXIT WHEN lease_rate_next(lim, clock_timestamp()) IS NOT NULL;
                 slot := NULL;
                 SELECT s.* INTO slot FROM lease_slot_take(cur, lim.slots, lim.span, processors[next], ttl) AS s;
                 EXIT WHEN slot.id IS NULL;
                 -- The span may have come down to the limit.
                 lim.span := (SELECT ll.span FROM lease_limits AS ll WHERE ll.resource = cur);
+                IF lim.rate_starts IS NOT NULL THEN
+                    lim.rate_recent := (lim.rate_recent || slot.created_at)[greatest(1, cardinality(lim.rate_recent) + 2 - lim.rate_starts):];
+                    UPDATE lease_limits AS ll SET rate_recent = lim.rate_recent WHERE ll.resource = cur;
+                END IF;
                 UPDATE tasks AS t
                 SET state = 'running',
                     processor = slot.holder,
@@ -1390,6 +1509,10 @@ BEGIN
                 RETURNING t.* INTO claimed;
                 RETURN NEXT claimed;
                 next := next + 1;
+                -- Out of processors with the key perhaps able to start
+                -- more: other claims passed it by while this one held it,
+                -- and may be idle now.
+                left_over := left_over OR next > cardinality(processors);
             END LOOP;
         ELSIF NOT EXISTS (SELECT 1 FROM leases AS l
                           WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
@@ -1397,6 +1520,7 @@ BEGIN
             WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
               AND (want_queues IS NULL OR c.queue = ANY (want_queues))
               AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+              AND c.queue <> ALL (paused)
             ORDER BY c.priority, c.scheduled_at, c.id
             LIMIT 1
             FOR UPDATE SKIP LOCKED;
@@ -1437,6 +1561,11 @@ BEGIN
         WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL AND t.lock_resource > cur
         ORDER BY t.lock_resource LIMIT 1;
     END LOOP;
+    IF left_over THEN
+        -- Sent at commit, when the key's row is free again: the idle
+        -- claimers look again.
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
 END;
 $function$
 
@@ -1497,6 +1626,37 @@ BEGIN
     ) AS f;
     RETURN least(due, (SELECT min(g.scheduled_at) FROM tasks AS g
                        WHERE g.state = 'pending' AND g.lock_resource IS NOT NULL AND g.scheduled_at > now()));
+END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.tasks_next_wake(want_queues text[], want_kinds text[])
+ RETURNS timestamp with time zone
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    paused text[] := queues_paused();
+    due    timestamptz;
+BEGIN
+    IF cardinality(paused) > 0 THEN
+        IF want_queues IS NULL THEN
+            want_queues := ARRAY(SELECT DISTINCT br.queue
+                                 FROM task_branches(NULL, want_kinds, NULL, NULL, NULL, NULL, NULL) AS br
+                                 WHERE br.queue <> ALL (paused));
+        ELSE
+            want_queues := ARRAY(SELECT q FROM unnest(want_queues) AS q WHERE q <> ALL (paused));
+        END IF;
+    END IF;
+    IF cardinality(want_queues) IS DISTINCT FROM 0 THEN
+        due := tasks_next_due(want_queues, want_kinds);
+    END IF;
+    RETURN least(due,
+                 (SELECT min(p.until) FROM queue_pauses AS p WHERE p.until > now()),
+                 (SELECT min(lease_rate_next(ll, now())) FROM lease_limits AS ll
+                  WHERE ll.rate_starts IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM tasks AS t
+                                WHERE t.state = 'pending' AND t.lock_resource = ll.resource
+                                  AND t.scheduled_at <= now())));
 END;
 $function$
 

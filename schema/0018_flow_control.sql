@@ -13,12 +13,149 @@
 -- those holders finish, and no slot is granted until fewer than slots are
 -- live. Grants on a key take its row's lock, so that two cannot both see
 -- the last slot free; renewals and releases never touch it.
+--
+-- A key may also have a rate: at most rate_starts task starts in any
+-- rate_period, by the database clock. rate_recent holds the start times of
+-- the key's last rate_starts tasks, oldest first, written by the claim that
+-- starts them, under the row lock, in its own transaction: a task starts
+-- only when fewer than rate_starts of them lie within the period before its
+-- start, so no window of the period ever holds more, however many replicas
+-- claim.
 CREATE TABLE lease_limits (
-    resource   text        PRIMARY KEY,
-    slots      integer     NOT NULL CHECK (slots BETWEEN 1 AND 1000),
-    span       integer     NOT NULL CHECK (span >= slots AND span <= 1000),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    resource    text          PRIMARY KEY,
+    slots       integer       NOT NULL CHECK (slots BETWEEN 1 AND 1000),
+    span        integer       NOT NULL CHECK (span >= slots AND span <= 1000),
+    updated_at  timestamptz   NOT NULL DEFAULT now(),
+    rate_starts integer       CHECK (rate_starts BETWEEN 1 AND 1000),
+    rate_period interval      CHECK (rate_period BETWEEN interval '1 second' AND interval '1 day'),
+    rate_recent timestamptz[] NOT NULL DEFAULT '{}',
+    CHECK ((rate_starts IS NULL) = (rate_period IS NULL))
 );
+
+-- lease_rate_next is when key's rate lets the next task start: NULL when
+-- it lets one start now (or the key has no rate).
+CREATE FUNCTION lease_rate_next(lim lease_limits, at timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+RETURN CASE WHEN lim.rate_starts IS NOT NULL
+             AND cardinality(lim.rate_recent) >= lim.rate_starts
+             AND lim.rate_recent[cardinality(lim.rate_recent) - lim.rate_starts + 1] > at - lim.rate_period
+            THEN lim.rate_recent[cardinality(lim.rate_recent) - lim.rate_starts + 1] + lim.rate_period
+       END;
+
+-- The keys with a rate, which an idle claimer looks at (tasks_next_wake).
+CREATE INDEX lease_limits_rated_idx ON lease_limits (resource) WHERE rate_starts IS NOT NULL;
+
+-- Paused queues: their pending tasks are not claimed (their running ones
+-- finish), until the pause is lifted or its until passes. Resuming wakes
+-- the claimers at once; a pause with an until wakes them then, through
+-- tasks_next_wake.
+CREATE TABLE queue_pauses (
+    queue     text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL DEFAULT now(),
+    until     timestamptz,
+    reason    text        NOT NULL DEFAULT ''
+);
+
+-- queues_paused is the queues paused now.
+CREATE FUNCTION queues_paused() RETURNS text[]
+LANGUAGE sql STABLE
+RETURN ARRAY(SELECT p.queue FROM queue_pauses AS p WHERE p.until IS NULL OR p.until > now());
+
+-- queue_resume lifts queue's pause (it ends now; the row stays for the
+-- next pause) and wakes the claimers; false when it was not paused.
+CREATE FUNCTION queue_resume(q text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    UPDATE queue_pauses AS p SET until = now()
+    WHERE p.queue = q AND (p.until IS NULL OR p.until > now());
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_notify('leasehold_task', 'requeued');
+    RETURN true;
+END;
+$$;
+
+-- tasks_claim_pick is the claims' pick of due ungated tasks:
+-- tasks_claimable (schema/0012) of the queues not paused. With
+-- no pause (the usual case) it costs one probe of queue_pauses. With some,
+-- want_queues (all: NULL) becomes the queues with pending tasks but the
+-- paused ones, and hints of paused queues are dropped.
+CREATE FUNCTION tasks_claim_pick(want_queues text[], want_kinds text[], max_tasks integer,
+                                 hint_queues text[], hint_kinds text[], hint_priorities smallint[],
+                                 hint_at timestamptz[], hint_ids bigint[], discover boolean)
+RETURNS TABLE (id bigint, priority smallint, scheduled_at timestamptz)
+LANGUAGE plpgsql VOLATILE
+ROWS 10
+AS $$
+#variable_conflict use_column
+DECLARE
+    paused text[] := queues_paused();
+    keep   boolean[];
+BEGIN
+    IF cardinality(paused) > 0 THEN
+        IF want_queues IS NULL THEN
+            want_queues := ARRAY(SELECT DISTINCT br.queue
+                                 FROM task_branches(NULL, want_kinds, NULL, NULL, NULL, NULL, NULL) AS br
+                                 WHERE br.queue <> ALL (paused));
+        ELSE
+            want_queues := ARRAY(SELECT q FROM unnest(want_queues) AS q WHERE q <> ALL (paused));
+        END IF;
+        IF cardinality(want_queues) = 0 THEN
+            RETURN;
+        END IF;
+        keep := ARRAY(SELECT hq <> ALL (paused) FROM unnest(hint_queues) AS hq);
+        SELECT array_agg(h.q ORDER BY h.i), array_agg(h.k ORDER BY h.i), array_agg(h.p ORDER BY h.i),
+               array_agg(h.at ORDER BY h.i), array_agg(h.id ORDER BY h.i)
+        INTO hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids
+        FROM unnest(hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids) WITH ORDINALITY AS h (q, k, p, at, id, i)
+        WHERE keep[h.i];
+        hint_queues := coalesce(hint_queues, '{}');
+        hint_kinds := coalesce(hint_kinds, '{}');
+        hint_priorities := coalesce(hint_priorities, '{}');
+        hint_at := coalesce(hint_at, '{}');
+        hint_ids := coalesce(hint_ids, '{}');
+    END IF;
+    RETURN QUERY
+    SELECT o.id, o.priority, o.scheduled_at
+    FROM tasks_claimable(want_queues, want_kinds, max_tasks, hint_queues, hint_kinds, hint_priorities,
+                         hint_at, hint_ids, discover) AS o;
+END;
+$$;
+
+-- tasks_next_wake is when an idle claimer of want_queues and want_kinds
+-- should look again: the next task to fall due in a queue not paused, the
+-- end of a pause with an until, the moment a rate lets a waiting task of
+-- its key start, whichever comes first.
+CREATE FUNCTION tasks_next_wake(want_queues text[], want_kinds text[]) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    paused text[] := queues_paused();
+    due    timestamptz;
+BEGIN
+    IF cardinality(paused) > 0 THEN
+        IF want_queues IS NULL THEN
+            want_queues := ARRAY(SELECT DISTINCT br.queue
+                                 FROM task_branches(NULL, want_kinds, NULL, NULL, NULL, NULL, NULL) AS br
+                                 WHERE br.queue <> ALL (paused));
+        ELSE
+            want_queues := ARRAY(SELECT q FROM unnest(want_queues) AS q WHERE q <> ALL (paused));
+        END IF;
+    END IF;
+    IF cardinality(want_queues) IS DISTINCT FROM 0 THEN
+        due := tasks_next_due(want_queues, want_kinds);
+    END IF;
+    RETURN least(due,
+                 (SELECT min(p.until) FROM queue_pauses AS p WHERE p.until > now()),
+                 (SELECT min(lease_rate_next(ll, now())) FROM lease_limits AS ll
+                  WHERE ll.rate_starts IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM tasks AS t
+                                WHERE t.state = 'pending' AND t.lock_resource = ll.resource
+                                  AND t.scheduled_at <= now())));
+END;
+$$;
 
 -- A gated task's lease is found by its fence (task_lock_follow): a slot's
 -- resource is not the task's lock. Fences change only on acquisition, so a
@@ -177,6 +314,29 @@ BEGIN
 END;
 $$;
 
+-- lease_rate_set gives key a rate of starts per period (NULL: none),
+-- creating its limit with the most slots (lease.MaxSlots) when it has
+-- none: a rate alone bounds how often its tasks start, not how many run.
+-- It wakes the claims of tasks waiting on the key, which a new rate may
+-- let start.
+CREATE FUNCTION lease_rate_set(key text, starts integer, period interval) RETURNS lease_limits
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    lim lease_limits;
+BEGIN
+    INSERT INTO lease_limits AS ll (resource, slots, span, rate_starts, rate_period)
+    VALUES (key, 1000, 1000, starts, period)
+    ON CONFLICT (resource) DO UPDATE
+    SET rate_starts = excluded.rate_starts, rate_period = excluded.rate_period, updated_at = now()
+    RETURNING ll.* INTO lim;
+    IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    RETURN lim;
+END;
+$$;
+
 -- A slot freed (released or expired) wakes the claimers when a task waits
 -- on its key, as leases_changed does for an unlimited lock's lease. Its
 -- WHEN is false for every other change of a lease.
@@ -229,13 +389,17 @@ BEGIN
 END;
 $$;
 
--- tasks_gated as in schema/0014, with limited keys: a key with a limit
--- grants as many of its tasks as it has free slots (lease_slot_take), each
--- task's attempt the holding of its slot, under the slot's fence. Its
--- limit row is locked with SKIP LOCKED: a key another claim is granting
--- right now is passed by, and that claim serves it. A full key costs a
--- claim its limit row and one read of its slots, however many tasks wait
--- on it.
+-- tasks_gated as in schema/0014, with limited keys and paused queues: a
+-- key with a limit grants as many of its tasks as it has free slots
+-- (lease_slot_take) and its rate allows, each task's attempt the holding
+-- of its slot, under the slot's fence. Its limit row is locked with SKIP
+-- LOCKED: a key another claim is granting right now is passed by, and that
+-- claim serves it; when it runs out of processors first, it announces
+-- (requeued, at its commit) that the key may have more to start, so that
+-- claimers that passed it by and went idle look again. A full key, or one
+-- whose rate is spent, costs a claim its limit row and one read of its
+-- slots, however many tasks wait on it. Tasks of paused queues are not
+-- taken.
 DROP FUNCTION tasks_gated(text[], text[], text[], integer);
 CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], processors text[], ttl_default integer)
 RETURNS SETOF tasks
@@ -258,6 +422,8 @@ DECLARE
     claimed    tasks;
     lim        lease_limits;
     slot       leases;
+    paused     text[] := queues_paused();
+    left_over  boolean := false;
 BEGIN
     IF coalesce(cardinality(processors), 0) = 0 THEN
         RETURN;
@@ -270,11 +436,13 @@ BEGIN
         IF EXISTS (SELECT 1 FROM lease_limits AS ll WHERE ll.resource = cur) THEN
             SELECT ll.* INTO lim FROM lease_limits AS ll WHERE ll.resource = cur FOR UPDATE SKIP LOCKED;
             -- Locked by another claim or acquisition: passed by (lim stays
-            -- NULL). Full: passed by too, before any of its tasks is read.
+            -- NULL). Full, or out of starts for now: passed by too, before
+            -- any of its tasks is read.
             IF lim.resource IS NOT NULL
-               AND (SELECT count(*) FROM leases AS l
-                    WHERE l.resource = ANY (lease_slot_names(cur, lim.span))
-                      AND l.released_at IS NULL AND l.expires_at > now()) >= lim.slots THEN
+               AND ((SELECT count(*) FROM leases AS l
+                     WHERE l.resource = ANY (lease_slot_names(cur, lim.span))
+                       AND l.released_at IS NULL AND l.expires_at > now()) >= lim.slots
+                    OR lease_rate_next(lim, clock_timestamp()) IS NOT NULL) THEN
                 lim := NULL;
             END IF;
             WHILE lim.resource IS NOT NULL AND next <= cardinality(processors) LOOP
@@ -282,15 +450,24 @@ BEGIN
                 WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
                   AND (want_queues IS NULL OR c.queue = ANY (want_queues))
                   AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+                  AND c.queue <> ALL (paused)
                 ORDER BY c.priority, c.scheduled_at, c.id
                 LIMIT 1
                 FOR UPDATE SKIP LOCKED;
                 EXIT WHEN NOT FOUND;
+                -- The rate, decided by the clock now: the task starts later
+                -- (its slot's acquisition), so no window ending at its start
+                -- holds more than the rate allows.
+                EXIT WHEN lease_rate_next(lim, clock_timestamp()) IS NOT NULL;
                 slot := NULL;
                 SELECT s.* INTO slot FROM lease_slot_take(cur, lim.slots, lim.span, processors[next], ttl) AS s;
                 EXIT WHEN slot.id IS NULL;
                 -- The span may have come down to the limit.
                 lim.span := (SELECT ll.span FROM lease_limits AS ll WHERE ll.resource = cur);
+                IF lim.rate_starts IS NOT NULL THEN
+                    lim.rate_recent := (lim.rate_recent || slot.created_at)[greatest(1, cardinality(lim.rate_recent) + 2 - lim.rate_starts):];
+                    UPDATE lease_limits AS ll SET rate_recent = lim.rate_recent WHERE ll.resource = cur;
+                END IF;
                 UPDATE tasks AS t
                 SET state = 'running',
                     processor = slot.holder,
@@ -304,6 +481,10 @@ BEGIN
                 RETURNING t.* INTO claimed;
                 RETURN NEXT claimed;
                 next := next + 1;
+                -- Out of processors with the key perhaps able to start
+                -- more: other claims passed it by while this one held it,
+                -- and may be idle now.
+                left_over := left_over OR next > cardinality(processors);
             END LOOP;
         ELSIF NOT EXISTS (SELECT 1 FROM leases AS l
                           WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
@@ -311,6 +492,7 @@ BEGIN
             WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
               AND (want_queues IS NULL OR c.queue = ANY (want_queues))
               AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+              AND c.queue <> ALL (paused)
             ORDER BY c.priority, c.scheduled_at, c.id
             LIMIT 1
             FOR UPDATE SKIP LOCKED;
@@ -351,10 +533,21 @@ BEGIN
         WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL AND t.lock_resource > cur
         ORDER BY t.lock_resource LIMIT 1;
     END LOOP;
+    IF left_over THEN
+        -- Sent at commit, when the key's row is free again: the idle
+        -- claimers look again.
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
 END;
 $$;
 
 -- +goose Down
+DROP FUNCTION tasks_next_wake(text[], text[]);
+DROP FUNCTION tasks_claim_pick(text[], text[], integer, text[], text[], smallint[], timestamptz[], bigint[], boolean);
+DROP FUNCTION queue_resume(text);
+DROP FUNCTION queues_paused();
+DROP TABLE queue_pauses;
+DROP FUNCTION lease_rate_set(text, integer, interval);
 DROP FUNCTION tasks_gated(text[], text[], text[], integer);
 -- schema/0014's.
 CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], processors text[], ttl_default integer)
@@ -472,4 +665,5 @@ DROP FUNCTION lease_slot_acquire(text, text, integer, integer);
 DROP FUNCTION lease_slot_take(text, integer, integer, text, integer);
 DROP FUNCTION lease_slot_names(text, integer);
 DROP INDEX leases_fence_idx;
+DROP FUNCTION lease_rate_next(lease_limits, timestamptz);
 DROP TABLE lease_limits;

@@ -1,0 +1,170 @@
+package leasehold_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/leasehold/leasehold"
+	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/leasestore"
+	"github.com/leasehold/leasehold/internal/server"
+	"github.com/leasehold/leasehold/internal/taskstore"
+	"github.com/leasehold/leasehold/task"
+)
+
+// TestRateAcrossClients: two clients, three workers each, run tasks of a
+// key with a rate of 4 starts a second: by the tasks' started_at, no
+// second holds more than 4 starts, and all of them ran. Idle workers wake
+// when the rate allows the next start, or when another client's claim
+// leaves some: no test poll drives them.
+func TestRateAcrossClients(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	const rate, tasks = 4, 14
+	done := make(chan int64, tasks)
+	workers := func() *leasehold.Workers {
+		w := leasehold.NewWorkers()
+		if err := leasehold.AddWorker(w, leasehold.WorkFunc(func(ctx context.Context, tk *leasehold.Task[emailArgs]) error {
+			done <- tk.ID
+			return nil
+		}), leasehold.KindConfig{}); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	cfg := func() leasehold.Config {
+		return leasehold.Config{Workers: workers(), Queues: map[string]leasehold.QueueConfig{task.DefaultQueue: {MaxWorkers: 3}}}
+	}
+	a := started(t, db, cfg())
+	started(t, db, cfg())
+	if _, err := a.Leases().SetRate(t.Context(), "mail-provider", rate, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var ps []leasehold.InsertParams
+	for range tasks {
+		ps = append(ps, leasehold.InsertParams{Args: emailArgs{To: "a@example.com"}, Opts: &leasehold.InsertOpts{Lock: "mail-provider"}})
+	}
+	if _, err := a.InsertMany(t.Context(), ps); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(giveUp)
+	for range tasks {
+		select {
+		case <-done:
+		case <-timeout:
+			t.Fatalf("not every task ran within %s", giveUp)
+		}
+	}
+	rows, err := db.Pool.Query(t.Context(), `SELECT started_at FROM tasks WHERE lock_resource = 'mail-provider' ORDER BY started_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	if err != nil {
+		t.Fatal(err)
+	}
+	most := 0
+	for i := range starts {
+		n := 0
+		for j := i; j < len(starts) && starts[j].Sub(starts[i]) < time.Second; j++ {
+			n++
+		}
+		most = max(most, n)
+	}
+	if len(starts) != tasks || most > rate {
+		t.Errorf("%d tasks started, at most %d in one second; want %d, at most %d", len(starts), most, tasks, rate)
+	}
+	t.Logf("%d tasks by two clients over %s, at most %d starts in a second (rate %d/s)", len(starts), starts[len(starts)-1].Sub(starts[0]), most, rate)
+}
+
+// TestPauseQueue: a paused queue's task waits while another queue's runs,
+// embedded and remote alike; resumed, it runs, its worker woken by the
+// resume. A second resume says it was not paused; bad input is refused.
+func TestPauseQueue(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ran := make(chan string, 4)
+	w := leasehold.NewWorkers()
+	if err := leasehold.AddWorker(w, leasehold.WorkFunc(func(ctx context.Context, tk *leasehold.Task[emailArgs]) error {
+		ran <- tk.Queue
+		return nil
+	}), leasehold.KindConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	worker := started(t, db, leasehold.Config{Workers: w, Queues: map[string]leasehold.QueueConfig{"bulk": {MaxWorkers: 2}, "urgent": {MaxWorkers: 2}}})
+	remote := startClientServerOn(t, db)
+	for name, c := range map[string]*leasehold.Client{"embedded": worker, "remote": remote} {
+		until := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+		p, err := c.PauseQueue(t.Context(), "bulk", until, "a bug in the importer")
+		if err != nil || p.Queue != "bulk" || p.Until == nil || !p.Until.Equal(until) {
+			t.Fatalf("%s: pause %+v, %v; want bulk until %s", name, p, err, until)
+		}
+		bulk, err := c.Insert(t.Context(), emailArgs{To: "b@example.com"}, &leasehold.InsertOpts{Queue: "bulk"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Insert(t.Context(), emailArgs{To: "u@example.com"}, &leasehold.InsertOpts{Queue: "urgent"}); err != nil {
+			t.Fatal(err)
+		}
+		if q := recv(t, ran); q != "urgent" {
+			t.Fatalf("%s: a task of %s ran while bulk was paused", name, q)
+		}
+		if got, err := c.Get(t.Context(), bulk.Task.ID); err != nil || got.State != task.StatePending {
+			t.Fatalf("%s: the paused queue's task %+v, %v; want pending", name, got, err)
+		}
+		if ps, err := c.PausedQueues(t.Context()); err != nil || len(ps) != 1 || ps[0].Reason != "a bug in the importer" {
+			t.Errorf("%s: paused queues %+v, %v", name, ps, err)
+		}
+		if resumed, err := c.ResumeQueue(t.Context(), "bulk"); err != nil || !resumed {
+			t.Fatalf("%s: resume %v, %v", name, resumed, err)
+		}
+		if q := recv(t, ran); q != "bulk" {
+			t.Fatalf("%s: after the resume a task of %s ran, want bulk's", name, q)
+		}
+		if resumed, err := c.ResumeQueue(t.Context(), "bulk"); err != nil || resumed {
+			t.Errorf("%s: a second resume %v, %v; want false", name, resumed, err)
+		}
+		if _, err := c.PauseQueue(t.Context(), "bad\x00queue", time.Time{}, ""); err == nil {
+			t.Errorf("%s: a bad queue name was paused", name)
+		}
+	}
+}
+
+// startClientServerOn serves the REST API on db and returns a remote
+// client of it.
+func startClientServerOn(t *testing.T, db pgtest.DB) *leasehold.Client {
+	t.Helper()
+	h := server.NewServer(server.Deps{
+		Leases:     leasestore.NewStore(db.Pool),
+		Tasks:      taskstore.NewStore(db.Pool),
+		DefaultTTL: 30 * time.Second,
+		Log:        zerolog.Nop(),
+		Metrics:    server.NewMetrics(func() bool { return true }, func() int64 { return 0 }),
+		Ready:      func(context.Context) error { return nil },
+		Instance:   server.Instance{ID: "test"},
+	})
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c, err := leasehold.NewRemoteClient(leasehold.RemoteConfig{URL: srv.URL, HTTPClient: srv.Client()}, leasehold.Config{AllowUnknownKinds: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// recv receives from c, failing the test after giveUp.
+func recv[T any](t *testing.T, c <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(giveUp):
+		t.Fatalf("nothing came within %s", giveUp)
+		panic("unreachable")
+	}
+}
