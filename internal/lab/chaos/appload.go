@@ -59,9 +59,9 @@ func (s *soak) createAppTasks(ctx context.Context) {
 }
 
 // controlTasks is an operator at work: now and then it cancels one of the applications'
-// recent tasks, or one of the recent lease-gated tasks (whether pending or running: a
-// running one's worker must stop, and its lock is freed) and, half the time, retries it
-// a moment later.
+// recent tasks, or one of the recent lease-gated tasks or tasks on a key of k slots
+// (whether pending or running: a running one's worker must stop, and its lock or slot is
+// freed) and, half the time, retries it a moment later.
 func (s *soak) controlTasks(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(s.opts.Seed, 4))
 	for {
@@ -74,6 +74,9 @@ func (s *soak) controlTasks(ctx context.Context) {
 		recent := s.appCreated
 		if rng.IntN(3) == 0 {
 			recent = s.gated
+			if rng.IntN(2) == 0 {
+				recent = s.slotted
+			}
 		}
 		n := len(recent)
 		var id int64

@@ -1,8 +1,10 @@
 // Package chaos is a soak of leasehold as it runs in production: replicas of the real
 // binary, each a process of its own, on a PostgreSQL cluster of their own, loaded by the
 // generator, by schedules, by API clients creating tasks (lease-gated ones among them, on
-// locks that lease clients contend for too) and by lease clients contending for shared
-// resources, while faults are injected at random intervals, one at a time:
+// locks that lease clients contend for too, and tasks on keys of 1 and 3 slots, whose
+// slots slot clients take too, as leasehold exec --slots does) and by lease clients
+// contending for shared resources, while faults are injected at random intervals, one at
+// a time:
 //
 //	kill        kill -9 of a replica, preferably one running tasks; measures how long until
 //	            each task it was running is claimed again by a worker
@@ -31,9 +33,10 @@
 // platform would. At the end the faults and the load stop, the schedules are removed once
 // the scheduler has made every tick due, the replicas drain the queue and stop, and
 // internal/lab/checker verifies leasehold's guarantees (those of leases and tasks, of schedules and
-// lease-gated tasks) over the whole history the database recorded. The lease clients also check mutual exclusion from
-// the outside: no client is granted a resource while another could rightly believe, by
-// its own clock, that it still holds it.
+// lease-gated tasks, and never more holders of a key of k slots than k) over the whole
+// history the database recorded. The lease clients also check mutual exclusion from
+// the outside: no client is granted a resource (a slot, for the slot clients) while
+// another could rightly believe, by its own clock, that it still holds it.
 package chaos
 
 import (
@@ -323,8 +326,9 @@ type soak struct {
 	appCreated []int64
 	appStats   AppStats
 	grants     []grant // the lease clients' acquisitions
-	// gated are the ids of the lease-gated tasks the soak created, answered 201.
-	gated []int64
+	// gated are the ids of the lease-gated tasks the soak created, answered 201;
+	// slotted, of the tasks on the keys of k slots.
+	gated, slotted []int64
 	// schedules are the soak's schedules as the checker judges them: from their
 	// creation, then from their removal.
 	schedules []checker.Schedule
@@ -465,8 +469,12 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	wg.Go(func() { s.createAppTasks(phase) })
 	wg.Go(func() { s.controlTasks(phase) })
 	wg.Go(func() { s.createGatedTasks(phase) })
+	wg.Go(func() { s.createSlotTasks(phase) })
 	for i := range leaseClients {
 		wg.Go(func() { s.leaseClient(phase, i) })
+	}
+	for i := range slotClients {
+		wg.Go(func() { s.slotClient(phase, i) })
 	}
 	ranOut := s.endPhase(phase, endPhase, forcedIn)
 	wg.Wait() // a fault under way is finished: a paused replica continued, PostgreSQL up
@@ -505,6 +513,9 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	if err := s.countTasks(endCtx); err != nil {
 		s.problem("count the tasks: %v", err)
 	}
+	if err := s.countSlots(endCtx); err != nil {
+		s.problem("count the tasks on the keys of k slots: %v", err)
+	}
 	if err := s.checkApps(endCtx); err != nil {
 		s.problem("check the applications' tasks: %v", err)
 	}
@@ -516,6 +527,7 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 		Outages:         slices.Clone(s.report.Outages),
 		ExpectedTasks:   slices.Clone(s.created),
 		AllowUnfinished: interrupted,
+		Limits:          slotLimits(),
 	}
 	for _, r := range s.members() {
 		opts.Exits = append(opts.Exits, r.exitsAs()...)

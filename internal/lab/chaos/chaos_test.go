@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/leasehold/leasehold/internal/lab/checker"
 	"github.com/leasehold/leasehold/internal/lab/testkit"
 )
 
@@ -126,6 +128,22 @@ func TestChaosShort(t *testing.T) {
 		if made != rep.Gated.ScheduleTasks {
 			t.Errorf("checker: %d tasks of the soak's schedules, the soak counted %d", made, rep.Gated.ScheduleTasks)
 		}
+		if len(rep.Slots) != len(slotKeys) {
+			t.Errorf("figures of %d key(s) of k slots, want the soak's %d: %+v", len(rep.Slots), len(slotKeys), rep.Slots)
+		}
+		for _, st := range rep.Slots {
+			i := slices.IndexFunc(c.SlotKeys, func(k checker.SlotKey) bool { return k.Key == st.Key })
+			if i < 0 {
+				t.Errorf("checker: no figures of %s, a key of %d slot(s): it judged %+v", st.Key, st.Limit, c.SlotKeys)
+				continue
+			}
+			// Each task done held a slot, and each grant to a slot client was one.
+			if k := c.SlotKeys[i]; st.Done == 0 || st.Grants == 0 || k.Limit != st.Limit ||
+				k.Holdings < st.Done+st.Grants || k.Attempts < st.Done || k.MostAtOnce < 1 {
+				t.Errorf("%s: the soak counted %+v, the checker %+v; want tasks done and slots granted, each a holding of the checker's",
+					st.Key, st, k)
+			}
+		}
 	}
 
 	var md bytes.Buffer
@@ -133,7 +151,8 @@ func TestChaosShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"# Chaos soak: ", "## Violations", "## Faults", "| kill |", "| db-restart | PostgreSQL |",
-		"| schedule chaos-every-1s: ticks expected / made / missed / skipped | ", "| lease-gated tasks | "} {
+		"| schedule chaos-every-1s: ticks expected / made / missed / skipped | ", "| lease-gated tasks | ",
+		"| key chaos:limit-3 of 3 slot(s) | "} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("markdown report: no %q in\n%s", want, md.String())
 		}

@@ -129,7 +129,8 @@ func (g *grant) tell(what string, sent time.Time, status int, err error) {
 }
 
 type leaseJSON struct {
-	Fence int64 `json:"fence"`
+	Resource string `json:"resource"`
+	Fence    int64  `json:"fence"`
 }
 
 // leaseClient acquires, renews and releases the shared resources over the API of random
@@ -137,71 +138,86 @@ type leaseJSON struct {
 func (s *soak) leaseClient(ctx context.Context, n int) {
 	rng := rand.New(rand.NewPCG(s.opts.Seed, 10+uint64(n)))
 	holder := fmt.Sprintf("chaos-client-%d", n+1)
-	ttl := s.opts.LeaseTTL
-	ttlSeconds := int(ttl / time.Second)
-	pause := func(d time.Duration) bool {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(d):
-			return true
-		}
-	}
-	for pause(jitter(rng, 300*time.Millisecond)) {
+	for sleepFor(ctx, jitter(rng, 300*time.Millisecond)) {
 		addr := s.anyReplica(rng.IntN(len(s.replicas)))
 		if addr == "" {
 			continue
 		}
-		resource := sharedResource(1 + rng.IntN(sharedResources))
-		var l leaseJSON
-		sent := time.Now()
-		status, err := s.call(ctx, addr, http.MethodPost, "/api/leases",
-			map[string]any{"resource": resource, "holder": holder, "ttl_seconds": ttlSeconds}, &l)
-		if err != nil || (status != http.StatusCreated && status != http.StatusOK) {
-			continue // 409: held by another; no answer: it may have been granted, and expires
+		s.holdLease(ctx, rng, addr, holder, sharedResource(1+rng.IntN(sharedResources)), 0)
+	}
+}
+
+// holdLease asks the replica at addr for resource for holder, or, with slots, for a slot
+// of the key resource of that many slots (as leasehold exec --slots does), and when it is
+// granted holds the lease for a while, renewing it now and then, sometimes past the point
+// where a renewal is refused, and releases it; it records the grant.
+func (s *soak) holdLease(ctx context.Context, rng *rand.Rand, addr, holder, resource string, slots int) {
+	ttl := s.opts.LeaseTTL
+	ttlSeconds := int(ttl / time.Second)
+	ask := map[string]any{"resource": resource, "holder": holder, "ttl_seconds": ttlSeconds}
+	if slots > 0 {
+		ask["slots"] = slots
+	}
+	var l leaseJSON
+	sent := time.Now()
+	status, err := s.call(ctx, addr, http.MethodPost, "/api/leases", ask, &l)
+	if err != nil || (status != http.StatusCreated && status != http.StatusOK) {
+		return // 409: held by another (every slot, for a key); no answer: it may have been granted, and expires
+	}
+	if l.Resource != "" {
+		resource = l.Resource // a slot's name, KEY#n, for a key
+	}
+	if status == http.StatusOK {
+		// Already ours: an earlier request that seemed to fail was granted. Its start
+		// is unknown, so it counts for nothing; hand it back.
+		s.call(ctx, addr, http.MethodDelete, "/api/leases/release", //nolint:errcheck // it expires anyway
+			map[string]any{"resource": resource, "holder": holder, "fence": l.Fence}, nil)
+		return
+	}
+	g := grant{resource: resource, holder: holder, fence: l.Fence, granted: time.Now(), until: sent.Add(ttl)}
+	g.tell("acquire", sent, status, nil)
+	// Hold it for a while, renewing now and then, sometimes past the point where a
+	// renewal is refused.
+	held := true
+	for range rng.IntN(4) {
+		if !sleepFor(ctx, jitter(rng, ttl*2/3)) {
+			break
 		}
-		if status == http.StatusOK {
-			// Already ours: an earlier request that seemed to fail was granted. Its start
-			// is unknown, so it counts for nothing; hand it back.
-			s.call(ctx, addr, http.MethodDelete, "/api/leases/release", //nolint:errcheck // it expires anyway
-				map[string]any{"resource": resource, "holder": holder, "fence": l.Fence}, nil)
+		addr := s.anyReplica(rng.IntN(len(s.replicas)))
+		if addr == "" {
 			continue
 		}
-		g := grant{resource: resource, holder: holder, fence: l.Fence, granted: time.Now(), until: sent.Add(ttl)}
-		g.tell("acquire", sent, status, nil)
-		// Hold it for a while, renewing now and then, sometimes past the point where a
-		// renewal is refused.
-		held := true
-		for range rng.IntN(4) {
-			if !pause(jitter(rng, ttl*2/3)) {
-				break
-			}
-			addr := s.anyReplica(rng.IntN(len(s.replicas)))
-			if addr == "" {
-				continue
-			}
-			sent := time.Now()
-			status, err := s.call(ctx, addr, http.MethodPut, "/api/leases/renew",
-				map[string]any{"resource": resource, "holder": holder, "fence": l.Fence, "ttl_seconds": ttlSeconds}, nil)
-			g.tell("renew", sent, status, err)
-			if err == nil && status == http.StatusOK {
-				g.until = sent.Add(ttl)
-			} else if err == nil && status == http.StatusNotFound {
-				held = false // lost: expired, and maybe taken
-				break
-			}
+		sent := time.Now()
+		status, err := s.call(ctx, addr, http.MethodPut, "/api/leases/renew",
+			map[string]any{"resource": resource, "holder": holder, "fence": l.Fence, "ttl_seconds": ttlSeconds}, nil)
+		g.tell("renew", sent, status, err)
+		if err == nil && status == http.StatusOK {
+			g.until = sent.Add(ttl)
+		} else if err == nil && status == http.StatusNotFound {
+			held = false // lost: expired, and maybe taken
+			break
 		}
-		if addr := s.anyReplica(rng.IntN(len(s.replicas))); held && addr != "" {
-			// Sending the release, the client gives the resource up, whatever the answer.
-			sent := time.Now()
-			g.until = minTime(g.until, sent)
-			status, err := s.call(context.WithoutCancel(ctx), addr, http.MethodDelete, "/api/leases/release",
-				map[string]any{"resource": resource, "holder": holder, "fence": l.Fence}, nil)
-			g.tell("release", sent, status, err)
-		}
-		s.mu.Lock()
-		s.grants = append(s.grants, g)
-		s.mu.Unlock()
+	}
+	if addr := s.anyReplica(rng.IntN(len(s.replicas))); held && addr != "" {
+		// Sending the release, the client gives the resource up, whatever the answer.
+		sent := time.Now()
+		g.until = minTime(g.until, sent)
+		status, err := s.call(context.WithoutCancel(ctx), addr, http.MethodDelete, "/api/leases/release",
+			map[string]any{"resource": resource, "holder": holder, "fence": l.Fence}, nil)
+		g.tell("release", sent, status, err)
+	}
+	s.mu.Lock()
+	s.grants = append(s.grants, g)
+	s.mu.Unlock()
+}
+
+// sleepFor waits for d, or until ctx ends; it reports whether ctx is still live.
+func sleepFor(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
 	}
 }
 

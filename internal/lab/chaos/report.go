@@ -72,7 +72,7 @@ type Report struct {
 	TasksCancelled  int  // by the soak's operator (controlTasks)
 	TasksUnfinished int  // still pending or running at the end
 	Drained         bool // every task finished before the replicas were stopped
-	LeaseGrants     int  // acquisitions (201) by the soak's lease clients
+	LeaseGrants     int  // acquisitions (201) by the soak's lease clients, the slot clients' included
 
 	// Apps is what became of the tasks of the applications on the library.
 	Apps AppStats
@@ -81,6 +81,9 @@ type Report struct {
 	Schedules []ScheduleRun
 	// Gated is what became of the lease-gated tasks.
 	Gated GatedStats
+	// Slots are what became of the soak's use of each key of k slots, in the order of
+	// slotKeys.
+	Slots []SlotStats
 
 	// Reclaim is the longest wait from a kill -9 to a task the victim was running being
 	// claimed again; Release, from a SIGTERM to the last of the victim's leases being free.
@@ -105,9 +108,9 @@ type Report struct {
 
 // GatedStats count the lease-gated tasks.
 type GatedStats struct {
-	Created int // by the soak over the API, answered 201
-	// Tasks are all of them (the gated schedules' included), Done those done,
-	// Scheduled those the gated schedules made.
+	Created int // by the soak over the API, answered 201, on the gateLocks
+	// Tasks are all of them (the gated schedules' and those on the keys of k slots
+	// included), Done those done, Scheduled those the gated schedules made.
 	Tasks, Done, Scheduled int
 	// ScheduleTasks are the tasks every schedule made, gated or not.
 	ScheduleTasks int
@@ -204,6 +207,9 @@ func (r *Report) summary() [][2]string {
 		{"queue drained", drained},
 		{"leases acquired by the soak's clients", fmt.Sprint(r.LeaseGrants)},
 		{"lease-gated tasks", r.gatedRow()},
+	}...)
+	rows = append(rows, r.slotRows()...)
+	rows = append(rows, [][2]string{
 		{"lease acquisitions in the history", acquisitions},
 		{"violations", fmt.Sprint(len(r.AllViolations()))},
 		{"longest kill -9 → its task claimed again", r.Reclaim.String()},
@@ -221,8 +227,28 @@ func (r *Report) gatedRow() string {
 		attempts = fmt.Sprint(r.Check.GatedAttempts)
 	}
 	return fmt.Sprintf("%d created over the API (201) on %s (the first two the lease clients' too), %d made by the gated schedules; "+
-		"%d in all, %d done; %s attempts, each inside a holding of its lock", r.Gated.Created, strings.Join(gateLocks, ", "),
+		"%d in all, %d done (with the keys of k slots'); %s attempts, each inside a holding of its lock (or of its slot)", r.Gated.Created, strings.Join(gateLocks, ", "),
 		r.Gated.Scheduled, r.Gated.Tasks, r.Gated.Done, attempts)
+}
+
+// slotRows are the report's figures of the keys of k slots: one row each, with its
+// slots' holdings as the checker counted them.
+func (r *Report) slotRows() [][2]string {
+	var rows [][2]string
+	for _, st := range r.Slots {
+		holdings := "not counted"
+		if r.Check != nil {
+			if i := slices.IndexFunc(r.Check.SlotKeys, func(k checker.SlotKey) bool { return k.Key == st.Key }); i >= 0 {
+				k := r.Check.SlotKeys[i]
+				holdings = fmt.Sprintf("%d slot holding(s) in the history (of %d slot(s)), at most %d at once; %d task attempt(s), each inside its slot's holding",
+					k.Holdings, k.Slots, k.MostAtOnce, k.Attempts)
+			}
+		}
+		rows = append(rows, [2]string{fmt.Sprintf("key %s of %d slot(s)", st.Key, st.Limit),
+			fmt.Sprintf("%d task(s) created over the API (201), %d in all, %d done; %d slot(s) granted to the slot clients; %s",
+				st.Created, st.Tasks, st.Done, st.Grants, holdings)})
+	}
+	return rows
 }
 
 // scheduleRows are the report's figures of the schedules: one row each, with its ticks

@@ -1,15 +1,16 @@
 // Package checker verifies leasehold's guarantees (docs/promises.md) after the fact, from what the
 // database recorded: the lease history (lease_events) and the tasks, whose rows carry their
-// own leases, and the locks and schedule ticks of the tasks.
+// own leases, the locks and schedule ticks of the tasks, and the limits of the keys of k
+// slots (lease_limits).
 //
 // Check reads the history; Verify judges it. Verify is a pure function of a
 // History, so every rule can be tested on a hand-made one. Check does not
 // build a History: it streams the rows through the same steps as Verify, one
 // resource at a time, then one task at a time, and keeps only what the
 // cross-resource rules need (the fences, the holding intervals of the
-// generator, of the reaper and of the resources that gate tasks, and the
-// schedules' ticks), so a history of millions of events and tasks
-// fits in memory.
+// generator, of the reaper, of the resources that gate tasks and of the
+// slots of the keys with a limit, and the schedules' ticks), so a history
+// of millions of events and tasks fits in memory.
 //
 // A holding interval is one acquisition of a resource, up to its release or
 // its expiry. A lease's intervals come from its events: acquired, renewed,
@@ -52,6 +53,10 @@
 //     other holder of the lock (a lease's or another gated task's) held
 //     it meanwhile. The lock's holdings are in the lease history
 //     like any lease's, so RuleOverlap judges them against each other.
+//   - RuleSlotLimit: never more holders of a key of k slots at once than
+//     k, counting the holdings of its slots (KEY#n) in the lease history,
+//     the tasks claimed into them included; a task gated by such a key
+//     runs inside its slot's holding (RuleLockHeld).
 //   - RuleScheduleDuplicate, RuleScheduleTick, RuleScheduleCount,
 //     RuleScheduleBehind: a schedule made at most one task per tick, each
 //     for one of its ticks and not before it fell due; every tick it
@@ -113,6 +118,11 @@ type Options struct {
 	// history has the tasks they made, but not when they began and ended.
 	// Every schedule's tasks are judged by RuleScheduleDuplicate.
 	Schedules []Schedule
+	// Limits are keys of k slots with the highest limit the caller set
+	// on each, for RuleSlotLimit: a key's limit in lease_limits when the
+	// history is read may be lower, had the caller lowered it. A key
+	// named here that lease_limits lacks is judged too.
+	Limits map[string]int
 }
 
 // DefaultExpiryBound is the ExpiryBound leasehold promises: an expiry is
@@ -152,7 +162,11 @@ func Check(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Report, erro
 	if err != nil {
 		return nil, fmt.Errorf("check: read the tasks' locks: %w", err)
 	}
-	v := newVerifier(opts, readAt, locks)
+	limits, err := readLimits(ctx, tx)
+	if err != nil {
+		return nil, fmt.Errorf("check: read lease_limits: %w", err)
+	}
+	v := newVerifier(opts, readAt, locks, limits)
 	if err := streamEvents(ctx, tx, v.resource); err != nil {
 		return nil, fmt.Errorf("check: read lease_events: %w", err)
 	}

@@ -49,30 +49,47 @@ func (h *lockHoldings) meeting(from, to time.Time, skip int) []int {
 }
 
 // checkLockHeld checks that attempt iv of gated task t held t's lock
-// throughout: see RuleLockHeld.
+// throughout, or a slot of it when the lock is a key of k slots: see
+// RuleLockHeld.
 func (v *verifier) checkLockHeld(t Task, iv *interval) {
 	v.rep.GatedAttempts++
+	// held is the resource whose holding the attempt is: the lock, or one
+	// of its slots; its is how a violation names it.
+	held, its := t.Lock, "its lock"
 	h := v.locks[t.Lock]
 	k, ok := -1, false
 	if h != nil {
 		k, ok = h.byFence[iv.fence]
 	}
-	if !ok {
+	limit, slotted := v.slotKeys.limit[t.Lock]
+	if slotted {
+		v.slotKeys.attempts[t.Lock]++
+		if slot, found := v.slotKeys.slotOf[t.Lock][iv.fence]; !ok && found {
+			held, its, h = slot, "its slot", v.locks[slot]
+			k, ok = h.byFence[iv.fence]
+		}
+	}
+	switch {
+	case !ok && slotted:
+		v.violate(RuleLockHeld, "%s, of a task gated by %s, a key of %d slot(s): no slot of %s was acquired with fence %d",
+			iv, t.Lock, limit, t.Lock, iv.fence)
+		return
+	case !ok:
 		v.violate(RuleLockHeld, "%s, of a task gated by %s: %s was never acquired with fence %d", iv, t.Lock, t.Lock, iv.fence)
 		return
 	}
 	lock := &h.ivs[k]
 	switch {
 	case lock.holder != iv.holder:
-		v.violate(RuleLockHeld, "%s: its lock's acquisition with that fence is another holder's, %s", iv, lock)
+		v.violate(RuleLockHeld, "%s: %s's acquisition with that fence is another holder's, %s", iv, its, lock)
 		return
 	case !lock.start.Equal(iv.start):
-		v.violate(RuleLockHeld, "%s: its lock was not acquired at the claim but at %s, %s", iv, ts(lock.start), lock)
+		v.violate(RuleLockHeld, "%s: %s was not acquired at the claim but at %s, %s", iv, its, ts(lock.start), lock)
 		return
 	case lock.end().Before(iv.end()):
-		v.violate(RuleLockHeld, "%s outlived its lock, %s", iv, lock)
+		v.violate(RuleLockHeld, "%s outlived %s, %s", iv, its, lock)
 	}
 	for _, i := range h.meeting(iv.start, iv.end(), k) {
-		v.violate(RuleLockHeld, "%s, holding %s, meets %s", iv, t.Lock, &h.ivs[i])
+		v.violate(RuleLockHeld, "%s, holding %s, meets %s", iv, held, &h.ivs[i])
 	}
 }

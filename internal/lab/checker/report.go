@@ -51,6 +51,9 @@ type Report struct {
 	// attempts, each judged by RuleLockHeld.
 	GatedTasks    int
 	GatedAttempts int
+	// SlotKeys are the keys of k slots, by key, with their slots'
+	// holdings as RuleSlotLimit counted them; nil when there is none.
+	SlotKeys []SlotKey
 	// Schedules are the ticks of each schedule of Options.Schedules, in
 	// their order.
 	Schedules  []ScheduleTicks
@@ -90,6 +93,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(bw, "tasks: done %d, dead %d, cancelled %d, other %d; generated %d\n",
 		r.TasksDone, r.TasksDead, r.TasksCancelled, r.TasksOther, r.Generated)
 	fmt.Fprintf(bw, "gated tasks %d, their attempts %d (each inside a holding of its lock)\n", r.GatedTasks, r.GatedAttempts)
+	for _, k := range r.SlotKeys {
+		fmt.Fprintln(bw, k.line())
+	}
 	for _, s := range r.Schedules {
 		fmt.Fprintf(bw, "schedule %s (%s): ticks expected %d, made %d, missed %d, skipped %d%s\n",
 			s.Name, s.Cron, s.Expected, s.Made, s.Missed, s.Skipped, s.InFlight())

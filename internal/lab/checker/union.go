@@ -26,6 +26,10 @@ func Read(ctx context.Context, pool *pgxpool.Pool) (History, error) {
 		if err := streamTasks(ctx, tx, func(t Task) { h.Tasks = append(h.Tasks, t) }); err != nil {
 			return fmt.Errorf("read tasks: %w", err)
 		}
+		var err error
+		if h.Limits, err = readLimits(ctx, tx); err != nil {
+			return fmt.Errorf("read lease_limits: %w", err)
+		}
 		return nil
 	})
 	if err != nil {
@@ -44,11 +48,16 @@ func Read(ctx context.Context, pool *pgxpool.Pool) (History, error) {
 // and time, a task attempt by the task's id and creation, its processor,
 // fence and start. One seen in several histories (made before they
 // diverged) counts once. Any fence two acquisitions share is a violation,
-// unless they are a gated task's attempt and its lock's acquisition, which
-// share one fence by design. The report counts the distinct acquisitions
-// (Acquisitions, TaskAttempts) and carries the latest ReadAt.
+// unless they are a gated task's attempt and its lock's acquisition (its
+// slot's, for a key of k slots), which share one fence by design. The
+// report counts the distinct acquisitions (Acquisitions, TaskAttempts) and
+// carries the latest ReadAt.
 func VerifyFences(hs ...History) *Report {
-	v := newVerifier(Options{}, time.Time{}, nil)
+	var limits []map[string]int
+	for _, h := range hs {
+		limits = append(limits, h.Limits)
+	}
+	v := newVerifier(Options{}, time.Time{}, nil, mergeLimits(limits...))
 	seen := map[string]bool{}
 	use := func(key string, u fenceUse) {
 		if seen[key] {

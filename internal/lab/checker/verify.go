@@ -120,7 +120,32 @@ const (
 	// against each other by RuleOverlap, as any lease's; a gated attempt
 	// and its lock's acquisition share a fence, which RuleFenceReused does
 	// not count twice.
+	//
+	// A task whose lock is a key of k slots (see RuleSlotLimit) holds one
+	// of the key's slots instead: its claim acquires a free slot KEY#n,
+	// whose lease the attempt follows as above. So the acquisition with
+	// fence f is sought among the key's slots (and the key's own lease,
+	// for an attempt made before the key had a limit), and the holdings
+	// that may not meet [s, e) are the other holdings of that slot: the
+	// key's other slots are held beside it by design, up to its limit.
 	RuleLockHeld = "lock-held"
+	// RuleSlotLimit: more holders of a key of k slots at one instant than
+	// k. A key with a limit (a row of lease_limits, or a key of
+	// Options.Limits) is held through its slots, the leases KEY#n
+	// (lease.SlotName); each holding of a slot is an interval as
+	// RuleOverlap has it, [start, end) with end = min(its release or
+	// expiry, its last expires_at), a task claimed into a slot being its
+	// slot's holding, counted once. Every slot KEY#n counts, whatever n.
+	// k is the key's highest limit: the larger of Options.Limits[key] and
+	// its lease_limits row when the history was read (the larger of its
+	// slots and its span: a lowered limit keeps its old span while
+	// holders above it may be live). Sorted by start, at each start t the
+	// holdings live at t (start <= t < end) must be at most k; each start
+	// at which they are more is a violation, naming them all. A caller
+	// that lowered a key's limit names the highest it set in
+	// Options.Limits, since lease_limits forgets it once those holders
+	// are gone.
+	RuleSlotLimit = "slot-limit"
 	// RuleScheduleDuplicate: two tasks of one schedule (tasks.schedule)
 	// carry the same schedule_tick.
 	RuleScheduleDuplicate = "schedule-duplicate"
@@ -150,7 +175,7 @@ const (
 var ruleOrder = []string{
 	RuleOverlap, RuleFenceOrder, RuleFenceReused, RuleOrphanEvent,
 	RuleTaskLost, RuleTaskUnfinished, RuleTaskCompletion, RuleTaskReclaimed,
-	RuleGeneratorFence, RuleExpiryLate, RuleExpiryEarly, RuleLockHeld,
+	RuleGeneratorFence, RuleExpiryLate, RuleExpiryEarly, RuleLockHeld, RuleSlotLimit,
 	RuleScheduleDuplicate, RuleScheduleTick, RuleScheduleCount, RuleScheduleBehind,
 }
 
@@ -173,6 +198,10 @@ type History struct {
 	// ReadAt is the database clock when the history was read: a lease whose
 	// expires_at is later had not expired then.
 	ReadAt time.Time
+	// Limits are the keys of k slots, each with its limit as lease_limits
+	// held it at ReadAt (the larger of its slots and its span): see
+	// RuleSlotLimit.
+	Limits map[string]int
 }
 
 // Task is what the checker needs of a row of tasks: its state, its lease
@@ -217,7 +246,7 @@ func Verify(h History, opts Options) *Report {
 			locks = append(locks, t.Lock)
 		}
 	}
-	v := newVerifier(opts, h.ReadAt, locks)
+	v := newVerifier(opts, h.ReadAt, locks, h.Limits)
 	events := slices.Clone(h.Events)
 	slices.SortFunc(events, func(a, b lease.Event) int {
 		return cmp.Or(strings.Compare(a.Resource, b.Resource), cmp.Compare(a.ID, b.ID))
@@ -254,8 +283,11 @@ type verifier struct {
 	expiries  []interval         // leases that ran out, judged once the reaper's intervals are known
 	attempts  []interval         // the intervals of the task at hand, reused from task to task
 	// locks are the holdings of each resource that gates a task, by
-	// resource: nil until the resource's events are read.
+	// resource: nil until the resource's events are read. The slots of
+	// the keys of slotKeys are kept here too, once read.
 	locks map[string]*lockHoldings
+	// slotKeys are the keys of k slots and their slots.
+	slotKeys *slotKeys
 	// ticks are the ticks of each schedule's tasks, by schedule, with the
 	// task that has each.
 	ticks map[string][]madeTick
@@ -329,8 +361,10 @@ func ts(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z
 
 // newVerifier returns a verifier for a history read at readAt, in which
 // locks are the resources that gate tasks (repeats allowed): their
-// holdings are kept for RuleLockHeld.
-func newVerifier(opts Options, readAt time.Time, locks []string) *verifier {
+// holdings are kept for RuleLockHeld. limits are the keys of k slots as
+// the database held them (History.Limits); with Options.Limits they say
+// which keys' slots are kept for RuleSlotLimit, and with what k.
+func newVerifier(opts Options, readAt time.Time, locks []string, limits map[string]int) *verifier {
 	v := &verifier{
 		opts:      opts,
 		bound:     opts.expiryBound(),
@@ -340,6 +374,7 @@ func newVerifier(opts Options, readAt time.Time, locks []string) *verifier {
 		generator: make(map[int64]interval),
 		locks:     make(map[string]*lockHoldings),
 		ticks:     make(map[string][]madeTick),
+		slotKeys:  newSlotKeys(mergeLimits(limits, opts.Limits)),
 	}
 	for _, id := range opts.ExpectedTasks {
 		v.expected[id] = true
@@ -375,8 +410,13 @@ func (v *verifier) resource(events []lease.Event) {
 			v.generator[iv.fence] = iv
 		}
 	}
-	if _, ok := v.locks[events[0].Resource]; ok {
-		v.locks[events[0].Resource] = newLockHoldings(ivs)
+	resource := events[0].Resource
+	if key, ok := v.slotKeys.keyOf(resource); ok {
+		h := newLockHoldings(ivs)
+		v.locks[resource] = h
+		v.slotKeys.add(key, resource, h)
+	} else if _, ok := v.locks[resource]; ok {
+		v.locks[resource] = newLockHoldings(ivs)
 	}
 }
 
@@ -665,6 +705,7 @@ func (v *verifier) checkGenerated(t Task) {
 func (v *verifier) finish() *Report {
 	v.checkFencesUnique()
 	v.judgeSchedules()
+	v.checkSlotLimits()
 	for i := range v.expiries {
 		v.judgeExpiry(&v.expiries[i])
 	}
@@ -690,9 +731,10 @@ func (v *verifier) checkFencesUnique() {
 			hi++
 		}
 		// A gated task's attempt takes the fence of its lock's
-		// acquisition, made by the same claim: one fence given once, seen
-		// from both resources (RuleLockHeld checks that they match).
-		if same := v.fences[lo:hi]; len(same) != 2 || !lockPair(same[0], same[1]) {
+		// acquisition (of a slot of its lock, for a key of k slots), made
+		// by the same claim: one fence given once, seen from both
+		// resources (RuleLockHeld checks that they match).
+		if same := v.fences[lo:hi]; len(same) != 2 || !v.lockPair(same[0], same[1]) {
 			for i := lo + 1; i < hi; i++ {
 				v.violate(RuleFenceReused, "fence %d given twice: %s and %s", v.fences[i].fence, v.fences[i-1], v.fences[i])
 			}
@@ -702,12 +744,17 @@ func (v *verifier) checkFencesUnique() {
 }
 
 // lockPair reports whether a and b are a lease's acquisition and the
-// attempt of a task gated by that lease's resource.
-func lockPair(a, b fenceUse) bool {
+// attempt of a task gated by that lease's resource, or by the key of k
+// slots whose slot that resource is.
+func (v *verifier) lockPair(a, b fenceUse) bool {
 	if a.attempt > 0 {
 		a, b = b, a
 	}
-	return a.attempt == 0 && b.attempt > 0 && b.lock != "" && b.lock == a.resource
+	if a.attempt != 0 || b.attempt == 0 || b.lock == "" {
+		return false
+	}
+	key, slot := v.slotKeys.keyOf(a.resource)
+	return b.lock == a.resource || (slot && b.lock == key)
 }
 
 // judgeExpiry judges one interval that ran out: see RuleExpiryLate.
