@@ -389,7 +389,8 @@ BEGIN
 END;
 $$;
 
--- tasks_gated as in schema/0014, with limited keys and paused queues: a
+-- tasks_gated as in schema/0014, with limited keys, paused queues and
+-- keys served in turn (gated_cursor): a
 -- key with a limit grants as many of its tasks as it has free slots
 -- (lease_slot_take) and its rate allows, each task's attempt the holding
 -- of its slot, under the slot's fence. Its limit row is locked with SKIP
@@ -401,6 +402,17 @@ $$;
 -- slots, however many tasks wait on it. Tasks of paused queues are not
 -- taken.
 DROP FUNCTION tasks_gated(text[], text[], text[], integer);
+
+-- gated_cursor is the key the last claim of gated tasks served: the next
+-- begins after it and wraps round, so that keys are served in turn, and a
+-- key early in name order with a long backlog does not take every worker
+-- while keys after it wait.
+CREATE TABLE gated_cursor (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    last_key  text
+);
+INSERT INTO gated_cursor DEFAULT VALUES;
+
 CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], processors text[], ttl_default integer)
 RETURNS SETOF tasks
 LANGUAGE plpgsql VOLATILE
@@ -424,14 +436,34 @@ DECLARE
     slot       leases;
     paused     text[] := queues_paused();
     left_over  boolean := false;
+    pivot      text := (SELECT c.last_key FROM gated_cursor AS c);
+    wrapped    boolean := false;
+    served     text;
 BEGIN
     IF coalesce(cardinality(processors), 0) = 0 THEN
         RETURN;
     END IF;
-    SELECT t.lock_resource INTO cur FROM tasks AS t
-    WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
-    ORDER BY t.lock_resource LIMIT 1;
-    WHILE cur IS NOT NULL AND next <= cardinality(processors) LOOP
+    -- The keys after the one the last claim served first, then from the
+    -- first key round to it.
+    -- (Two statements: an OR of the two cases would not bound the index
+    -- scan, and a claim would read every pending gated task before pivot.)
+    IF pivot IS NULL THEN
+        SELECT t.lock_resource INTO cur FROM tasks AS t
+        WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
+        ORDER BY t.lock_resource LIMIT 1;
+    ELSE
+        SELECT t.lock_resource INTO cur FROM tasks AS t
+        WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL AND t.lock_resource > pivot
+        ORDER BY t.lock_resource LIMIT 1;
+    END IF;
+    WHILE next <= cardinality(processors) LOOP
+        IF cur IS NULL AND pivot IS NOT NULL AND NOT wrapped THEN
+            wrapped := true;
+            SELECT t.lock_resource INTO cur FROM tasks AS t
+            WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
+            ORDER BY t.lock_resource LIMIT 1;
+        END IF;
+        EXIT WHEN cur IS NULL OR (wrapped AND cur > pivot);
         lim := NULL;
         IF EXISTS (SELECT 1 FROM lease_limits AS ll WHERE ll.resource = cur) THEN
             SELECT ll.* INTO lim FROM lease_limits AS ll WHERE ll.resource = cur FOR UPDATE SKIP LOCKED;
@@ -481,6 +513,7 @@ BEGIN
                 RETURNING t.* INTO claimed;
                 RETURN NEXT claimed;
                 next := next + 1;
+                served := cur;
                 -- Out of processors with the key perhaps able to start
                 -- more: other claims passed it by while this one held it,
                 -- and may be idle now.
@@ -526,6 +559,7 @@ BEGIN
                     RETURNING t.* INTO claimed;
                     RETURN NEXT claimed;
                     next := next + 1;
+                    served := cur;
                 END IF;
             END IF;
         END IF;
@@ -538,6 +572,13 @@ BEGIN
         -- claimers look again.
         PERFORM pg_notify('leasehold_task', 'requeued');
     END IF;
+    IF served IS NOT NULL THEN
+        -- The next claim begins after it. Passed by when another claim is
+        -- moving it: the cursor is for fairness, not for safety.
+        UPDATE gated_cursor AS c SET last_key = served
+        WHERE c.singleton AND c.last_key IS DISTINCT FROM served
+          AND c.singleton IN (SELECT l.singleton FROM gated_cursor AS l FOR UPDATE SKIP LOCKED);
+    END IF;
 END;
 $$;
 
@@ -549,6 +590,7 @@ DROP FUNCTION queues_paused();
 DROP TABLE queue_pauses;
 DROP FUNCTION lease_rate_set(text, integer, interval);
 DROP FUNCTION tasks_gated(text[], text[], text[], integer);
+DROP TABLE gated_cursor;
 -- schema/0014's.
 CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], processors text[], ttl_default integer)
 RETURNS SETOF tasks

@@ -29,6 +29,9 @@ GRANT SELECT, INSERT, UPDATE ON lease_limits TO :"role";
 
 -- Queues are paused and resumed in place (a resume ends the pause now).
 GRANT SELECT, INSERT, UPDATE ON queue_pauses TO :"role";
+
+-- Claims of gated tasks move the cursor that serves keys in turn.
+GRANT SELECT, UPDATE ON gated_cursor TO :"role";
 -- The audit history is written by leasehold's trigger alone, which runs as
 -- its owner: the runtime role only reads it, and can neither
 -- add, change nor delete an event (the REVOKE makes sure of it, whatever

@@ -170,3 +170,48 @@ func mostInWindow(times []time.Time, period time.Duration) int {
 	}
 	return most
 }
+
+// TestKeysServedInTurn: a tenant with 1,000 tasks on a key early in name
+// order and one with 10 on a key late in it, each of limit 5, claimed five
+// at a time: the small tenant's tasks all start while the large tenant's
+// backlog is still pending, claims taking the keys in turn rather than the
+// first key's backlog first.
+func TestKeysServedInTurn(t *testing.T) {
+	t.Parallel()
+	pdb := pgtest.New(t)
+	s := taskstore.NewStore(pdb.Pool)
+	ctx := context.Background()
+	if _, err := pdb.Pool.Exec(ctx, `INSERT INTO tasks (task_data, kind, lock_resource) SELECT '{}', 'k', 'tenant:a-large' FROM generate_series(1, 1000)`); err != nil {
+		t.Fatal(err)
+	}
+	var nts []taskstore.NewTask
+	for range 10 {
+		nts = append(nts, taskstore.NewTask{Kind: "k", Lock: "tenant:z-small", LockLimit: 5})
+	}
+	insert(t, s, nts...)
+	l := leasestore.NewStore(pdb.Pool)
+	if _, err := l.SetLimit(ctx, "tenant:a-large", 5); err != nil {
+		t.Fatal(err)
+	}
+	small, claims := 0, 0
+	for small < 10 && claims < 100 {
+		got := claim(t, s, taskstore.ClaimParams{Processors: []string{"w1", "w2", "w3", "w4", "w5"}, TTL: 30 * time.Second})
+		claims++
+		for _, tk := range got {
+			if tk.Lock == "tenant:z-small" {
+				small++
+			}
+			if _, err := s.Complete(ctx, tk.ID, tk.Processor, tk.Fence, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var pending int
+	if err := pdb.Pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE state = 'pending' AND lock_resource = 'tenant:a-large'`).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	if small != 10 || pending < 900 {
+		t.Errorf("after %d claims of 5: %d of the small tenant's 10 tasks ran, %d of the large one's 1,000 pending; want all 10 with at least 900 pending", claims, small, pending)
+	}
+	t.Logf("the small tenant's 10 tasks ran in %d claims of 5, with %d of the large tenant's tasks still pending", claims, pending)
+}

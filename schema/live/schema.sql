@@ -10,6 +10,11 @@ CREATE TABLE fence_epochs (
     advanced_at timestamp with time zone NOT NULL DEFAULT now()
 );
 
+CREATE TABLE gated_cursor (
+    singleton boolean NOT NULL DEFAULT true,
+    last_key text
+);
+
 CREATE TABLE generator_state (
     id integer NOT NULL DEFAULT 1,
     started boolean NOT NULL DEFAULT false,
@@ -145,6 +150,10 @@ CREATE TABLE tasks (
 -- Constraints
 
 ALTER TABLE fence_epochs ADD CONSTRAINT fence_epochs_pkey PRIMARY KEY (system_identifier, timeline);
+
+ALTER TABLE gated_cursor ADD CONSTRAINT gated_cursor_pkey PRIMARY KEY (singleton);
+
+ALTER TABLE gated_cursor ADD CONSTRAINT gated_cursor_singleton_check CHECK (singleton);
 
 ALTER TABLE generator_state ADD CONSTRAINT generator_state_id_check CHECK ((id = 1));
 
@@ -1452,14 +1461,34 @@ DECLARE
     slot       leases;
     paused     text[] := queues_paused();
     left_over  boolean := false;
+    pivot      text := (SELECT c.last_key FROM gated_cursor AS c);
+    wrapped    boolean := false;
+    served     text;
 BEGIN
     IF coalesce(cardinality(processors), 0) = 0 THEN
         RETURN;
     END IF;
-    SELECT t.lock_resource INTO cur FROM tasks AS t
-    WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
-    ORDER BY t.lock_resource LIMIT 1;
-    WHILE cur IS NOT NULL AND next <= cardinality(processors) LOOP
+    -- The keys after the one the last claim served first, then from the
+    -- first key round to it.
+    -- (Two statements: an OR of the two cases would not bound the index
+    -- scan, and a claim would read every pending gated task before pivot.)
+    IF pivot IS NULL THEN
+        SELECT t.lock_resource INTO cur FROM tasks AS t
+        WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
+        ORDER BY t.lock_resource LIMIT 1;
+    ELSE
+        SELECT t.lock_resource INTO cur FROM tasks AS t
+        WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL AND t.lock_resource > pivot
+        ORDER BY t.lock_resource LIMIT 1;
+    END IF;
+    WHILE next <= cardinality(processors) LOOP
+        IF cur IS NULL AND pivot IS NOT NULL AND NOT wrapped THEN
+            wrapped := true;
+            SELECT t.lock_resource INTO cur FROM tasks AS t
+            WHERE t.state = 'pending' AND t.lock_resource IS NOT NULL
+            ORDER BY t.lock_resource LIMIT 1;
+        END IF;
+        EXIT WHEN cur IS NULL OR (wrapped AND cur > pivot);
         lim := NULL;
         IF EXISTS (SELECT 1 FROM lease_limits AS ll WHERE ll.resource = cur) THEN
             SELECT ll.* INTO lim FROM lease_limits AS ll WHERE ll.resource = cur FOR UPDATE SKIP LOCKED;
@@ -1509,6 +1538,7 @@ BEGIN
                 RETURNING t.* INTO claimed;
                 RETURN NEXT claimed;
                 next := next + 1;
+                served := cur;
                 -- Out of processors with the key perhaps able to start
                 -- more: other claims passed it by while this one held it,
                 -- and may be idle now.
@@ -1554,6 +1584,7 @@ BEGIN
                     RETURNING t.* INTO claimed;
                     RETURN NEXT claimed;
                     next := next + 1;
+                    served := cur;
                 END IF;
             END IF;
         END IF;
@@ -1565,6 +1596,13 @@ BEGIN
         -- Sent at commit, when the key's row is free again: the idle
         -- claimers look again.
         PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    IF served IS NOT NULL THEN
+        -- The next claim begins after it. Passed by when another claim is
+        -- moving it: the cursor is for fairness, not for safety.
+        UPDATE gated_cursor AS c SET last_key = served
+        WHERE c.singleton AND c.last_key IS DISTINCT FROM served
+          AND c.singleton IN (SELECT l.singleton FROM gated_cursor AS l FOR UPDATE SKIP LOCKED);
     END IF;
 END;
 $function$
