@@ -401,7 +401,12 @@ type dbCollector struct {
 
 	up, leases, oldestExpiry, tasks, oldestDue, rows *prometheus.Desc
 	pendingByKind, oldestWait                        *prometheus.Desc
+	limitSlots, limitHeld, limitWaiting              *prometheus.Desc
+	rateStarts, rateSpent, queuePaused               *prometheus.Desc
 }
+
+// maxLimitSeries bounds the keys whose limits the gauges show.
+const maxLimitSeries = 100
 
 func newDBCollector(q *db.Queries, timeout time.Duration) *dbCollector {
 	return &dbCollector{
@@ -423,6 +428,18 @@ func newDBCollector(q *db.Queries, timeout time.Duration) *dbCollector {
 		oldestWait: prometheus.NewDesc("leasehold_task_oldest_wait_seconds",
 			"How long the longest-waiting due pending task of a queue and kind has waited (0 when none is due), by the database clock; the same series as leasehold_tasks_pending_by_kind.",
 			[]string{"queue", "kind"}, nil),
+		limitSlots: prometheus.NewDesc("leasehold_limit_slots",
+			"A limited key's limit: how many may hold its slots at once (the first 100 keys by name).", []string{"key"}, nil),
+		limitHeld: prometheus.NewDesc("leasehold_limit_held",
+			"A limited key's slots held now: its running tasks and other holders.", []string{"key"}, nil),
+		limitWaiting: prometheus.NewDesc("leasehold_limit_waiting",
+			"A limited key's pending tasks, counted up to 10000.", []string{"key"}, nil),
+		rateStarts: prometheus.NewDesc("leasehold_limit_rate_starts",
+			"A key's rate: the task starts allowed in any period of period_seconds (keys with a rate only).", []string{"key", "period_seconds"}, nil),
+		rateSpent: prometheus.NewDesc("leasehold_limit_rate_spent",
+			"A key's task starts within the last period of its rate.", []string{"key"}, nil),
+		queuePaused: prometheus.NewDesc("leasehold_queue_paused",
+			"1 for each queue paused now.", []string{"queue"}, nil),
 		rows: prometheus.NewDesc("leasehold_table_rows_estimate",
 			"The planner's estimate of a table's rows (pg_class.reltuples, refreshed by VACUUM and ANALYZE; absent before the first).",
 			[]string{"table"}, nil),
@@ -431,7 +448,8 @@ func newDBCollector(q *db.Queries, timeout time.Duration) *dbCollector {
 
 // Describe implements prometheus.Collector.
 func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.leases, c.oldestExpiry, c.tasks, c.oldestDue, c.pendingByKind, c.oldestWait, c.rows} {
+	for _, d := range []*prometheus.Desc{c.up, c.leases, c.oldestExpiry, c.tasks, c.oldestDue, c.pendingByKind, c.oldestWait, c.rows,
+		c.limitSlots, c.limitHeld, c.limitWaiting, c.rateStarts, c.rateSpent, c.queuePaused} {
 		ch <- d
 	}
 }
@@ -441,6 +459,8 @@ type dbReading struct {
 	at     time.Time
 	g      db.MetricsGaugesRow
 	byKind []db.TaskPendingSummaryRow
+	limits []db.LimitListRow
+	paused []db.QueuePause
 	err    error
 }
 
@@ -458,6 +478,12 @@ func (c *dbCollector) read() dbReading {
 	r.g, r.err = c.q.MetricsGauges(ctx, maxGaugeCount)
 	if r.err == nil {
 		r.byKind, r.err = c.q.TaskPendingSummary(ctx, maxGaugeCount)
+	}
+	if r.err == nil {
+		r.limits, r.err = c.q.LimitList(ctx, db.LimitListParams{After: "", RowLimit: maxLimitSeries})
+	}
+	if r.err == nil {
+		r.paused, r.err = c.q.QueuePauses(ctx)
 	}
 	r.at = time.Now()
 	c.last = r
@@ -486,6 +512,18 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, k := range foldKinds(byKind, maxKindSeries) {
 		gauge(c.pendingByKind, float64(k.Pending), k.Queue, k.Kind)
 		gauge(c.oldestWait, k.OldestWaitSeconds, k.Queue, k.Kind)
+	}
+	for _, l := range r.limits {
+		gauge(c.limitSlots, float64(l.Slots), l.Resource)
+		gauge(c.limitHeld, float64(l.Held), l.Resource)
+		gauge(c.limitWaiting, float64(l.Waiting), l.Resource)
+		if l.RateStarts > 0 {
+			gauge(c.rateStarts, float64(l.RateStarts), l.Resource, strconv.Itoa(int(l.RatePeriodSeconds)))
+			gauge(c.rateSpent, float64(l.RateSpent), l.Resource)
+		}
+	}
+	for _, p := range r.paused {
+		gauge(c.queuePaused, 1, p.Queue)
 	}
 	for table, n := range map[string]float64{
 		"leases": g.LeasesRowsEstimate, "lease_events": g.LeaseEventsRowsEstimate, "tasks": g.TasksRowsEstimate,

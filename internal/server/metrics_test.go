@@ -514,6 +514,14 @@ func TestMetricsCatalogue(t *testing.T) {
 	if _, err := r.db.Pool.Exec(t.Context(), "ANALYZE leases, lease_events, tasks"); err != nil {
 		t.Fatal(err)
 	}
+	// The flow-control gauges once a key has a limit and a rate and a
+	// queue is paused.
+	if _, err := leasestore.NewStore(r.db.Pool).SetRate(t.Context(), "partner-api", 10, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := taskstore.NewStore(r.db.Pool).PauseQueue(t.Context(), "bulk", time.Time{}, ""); err != nil {
+		t.Fatal(err)
+	}
 	exported := map[string]string{}
 	for name, typ := range r.scrape(t).types {
 		if strings.HasPrefix(name, "leasehold_") {
@@ -719,11 +727,57 @@ func TestMetricsDatabaseGaugesCached(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := scrape()
-	// One reading is two statements: the gauges and the pending summary.
-	if n := conn.statements.Load(); n != once || once != 2 {
-		t.Errorf("nine scrapes ran %d statements, the first eight %d; want one reading's two", n, once)
+	// One reading is four statements: the gauges, the pending summary, the
+	// limits and the paused queues.
+	if n := conn.statements.Load(); n != once || once != 4 {
+		t.Errorf("nine scrapes ran %d statements, the first eight %d; want one reading's four", n, once)
 	}
 	if !strings.Contains(got, `leasehold_tasks{state="pending"} 0`) {
 		t.Errorf("a scrape within the reading's hour shows the task inserted after it:\n%s", got)
+	}
+}
+
+// TestMetricsFlowControl scrapes a key with a limit, a key with a rate
+// and a paused queue: each limited key's slots, holders and waiting tasks,
+// each rate's starts and spend, each paused queue.
+func TestMetricsFlowControl(t *testing.T) {
+	t.Parallel()
+	b := databaseMetrics(t)
+	data := json.RawMessage(`{}`)
+	insertTasks(t, b.db,
+		taskstore.NewTask{TaskData: data, Lock: "imports", LockLimit: 3},
+		taskstore.NewTask{TaskData: data, Lock: "imports", LockLimit: 3},
+		taskstore.NewTask{TaskData: data, Lock: "partner-api"})
+	ls, ts := leasestore.NewStore(b.db.Pool), taskstore.NewStore(b.db.Pool)
+	if _, err := ls.Acquire(t.Context(), lease.AcquireParams{Resource: "imports", Holder: "script", TTL: time.Minute, Slots: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ls.SetRate(t.Context(), "partner-api", 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ts.Claim(t.Context(), taskstore.ClaimParams{Processors: []string{"p"}, TTL: time.Minute, Queues: []string{"default"}}); err != nil || len(got) != 1 {
+		t.Fatalf("claim: %d claimed, %v; want 1", len(got), err)
+	}
+	if _, err := ts.PauseQueue(t.Context(), "bulk", time.Time{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	s := b.scrape(t)
+	// The claim took one task: of imports (2 slots held then, the
+	// script's and the task's) or of partner-api (its one start spent).
+	imports, api := s.value(t, `leasehold_limit_waiting{key="imports"}`), s.value(t, `leasehold_limit_waiting{key="partner-api"}`)
+	for series, want := range map[string]float64{
+		`leasehold_limit_slots{key="imports"}`:                                 3,
+		`leasehold_limit_held{key="imports"}`:                                  3 - imports,
+		`leasehold_limit_slots{key="partner-api"}`:                             1000,
+		`leasehold_limit_rate_starts{key="partner-api",period_seconds="3600"}`: 1,
+		`leasehold_limit_rate_spent{key="partner-api"}`:                        1 - api,
+		`leasehold_queue_paused{queue="bulk"}`:                                 1,
+	} {
+		if got := s.value(t, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	if imports+api != 2 {
+		t.Errorf("waiting: %v of imports and %v of partner-api, want 2 in all after one of the three was claimed", imports, api)
 	}
 }
