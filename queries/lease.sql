@@ -231,39 +231,17 @@ JOIN unnest(@slots::integer[]) WITH ORDINALITY AS s (v, i) ON s.i = k.i
 ON CONFLICT (resource) DO NOTHING;
 
 -- name: LimitList :many
--- LimitList is a page of the limited keys in name order, each with its
--- live slots and its pending tasks (counted up to 10,000).
-SELECT ll.resource, ll.slots, ll.updated_at,
-       (SELECT count(*) FROM leases AS l
-        WHERE l.resource = ANY (lease_slot_names(ll.resource, ll.span))
-          AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
-       (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
-                              WHERE t.state = 'pending' AND t.lock_resource = ll.resource
-                              LIMIT 10000) AS w)::integer AS waiting,
-       coalesce(ll.rate_starts, 0)::integer AS rate_starts,
-       coalesce(extract(epoch FROM ll.rate_period), 0)::integer AS rate_period_seconds,
-       (SELECT count(*) FROM unnest(ll.rate_recent) AS r (at) WHERE r.at > now() - ll.rate_period)::integer AS rate_spent,
-       CASE WHEN ll.rate_starts IS NULL THEN NULL ELSE lease_rate_next(ll, now()) END AS rate_next
-FROM lease_limits AS ll
-WHERE ll.resource > @after::text
-ORDER BY ll.resource
+-- LimitList is a page of the limited keys in name order
+-- (lease_limit_status).
+SELECT s.* FROM lease_limit_status AS s
+WHERE s.resource > @after::text
+ORDER BY s.resource
 LIMIT @row_limit::integer;
 
 -- name: LimitGet :one
 -- LimitGet is one limited key, as LimitList.
-SELECT ll.resource, ll.slots, ll.updated_at,
-       (SELECT count(*) FROM leases AS l
-        WHERE l.resource = ANY (lease_slot_names(ll.resource, ll.span))
-          AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
-       (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
-                              WHERE t.state = 'pending' AND t.lock_resource = ll.resource
-                              LIMIT 10000) AS w)::integer AS waiting,
-       coalesce(ll.rate_starts, 0)::integer AS rate_starts,
-       coalesce(extract(epoch FROM ll.rate_period), 0)::integer AS rate_period_seconds,
-       (SELECT count(*) FROM unnest(ll.rate_recent) AS r (at) WHERE r.at > now() - ll.rate_period)::integer AS rate_spent,
-       CASE WHEN ll.rate_starts IS NULL THEN NULL ELSE lease_rate_next(ll, now()) END AS rate_next
-FROM lease_limits AS ll
-WHERE ll.resource = @resource::text;
+SELECT s.* FROM lease_limit_status AS s
+WHERE s.resource = @resource::text;
 
 -- name: RateSet :exec
 -- RateSet sets a key's rate, starts per period (NULL: none; lease_rate_set).

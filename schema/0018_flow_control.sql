@@ -294,6 +294,23 @@ BEGIN
 END;
 $$;
 
+-- lease_limit_status is each limited key with what the API shows of it:
+-- its live slots, its pending tasks (counted up to 10,000), and its rate's
+-- spend and next start.
+CREATE VIEW lease_limit_status AS
+SELECT ll.resource, ll.slots, ll.updated_at,
+       (SELECT count(*) FROM leases AS l
+        WHERE l.resource = ANY (lease_slot_names(ll.resource, ll.span))
+          AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
+       (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
+                              WHERE t.state = 'pending' AND t.lock_resource = ll.resource
+                              LIMIT 10000) AS w)::integer AS waiting,
+       coalesce(ll.rate_starts, 0)::integer AS rate_starts,
+       coalesce(extract(epoch FROM ll.rate_period), 0)::integer AS rate_period_seconds,
+       (SELECT count(*) FROM unnest(ll.rate_recent) AS r (at) WHERE r.at > now() - ll.rate_period)::integer AS rate_spent,
+       lease_rate_next(ll, now()) AS rate_next
+FROM lease_limits AS ll;
+
 -- lease_limit_set sets key's limit to slots. Raising it wakes the claims
 -- of tasks waiting on the key at once; lowering it lets the holders above
 -- it finish and grants no slot until fewer than slots are held.
@@ -703,6 +720,7 @@ $$;
 DROP TRIGGER lease_slot_freed ON leases;
 DROP FUNCTION lease_slot_freed();
 DROP FUNCTION lease_limit_set(text, integer);
+DROP VIEW lease_limit_status;
 DROP FUNCTION lease_slot_acquire(text, text, integer, integer);
 DROP FUNCTION lease_slot_take(text, integer, integer, text, integer);
 DROP FUNCTION lease_slot_names(text, integer);

@@ -26,6 +26,7 @@ GRANT SELECT, INSERT, UPDATE ON leases, tasks TO :"role";
 -- A key's limit is set by the first acquisition or task that names one
 -- and changed in place (leasehold limit set); never deleted.
 GRANT SELECT, INSERT, UPDATE ON lease_limits TO :"role";
+GRANT SELECT ON lease_limit_status TO :"role";
 
 -- Queues are paused and resumed in place (a resume ends the pause now).
 GRANT SELECT, INSERT, UPDATE ON queue_pauses TO :"role";

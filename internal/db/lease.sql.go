@@ -552,37 +552,14 @@ func (q *Queries) LeaseSlotAcquire(ctx context.Context, arg LeaseSlotAcquirePara
 }
 
 const limitGet = `-- name: LimitGet :one
-SELECT ll.resource, ll.slots, ll.updated_at,
-       (SELECT count(*) FROM leases AS l
-        WHERE l.resource = ANY (lease_slot_names(ll.resource, ll.span))
-          AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
-       (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
-                              WHERE t.state = 'pending' AND t.lock_resource = ll.resource
-                              LIMIT 10000) AS w)::integer AS waiting,
-       coalesce(ll.rate_starts, 0)::integer AS rate_starts,
-       coalesce(extract(epoch FROM ll.rate_period), 0)::integer AS rate_period_seconds,
-       (SELECT count(*) FROM unnest(ll.rate_recent) AS r (at) WHERE r.at > now() - ll.rate_period)::integer AS rate_spent,
-       CASE WHEN ll.rate_starts IS NULL THEN NULL ELSE lease_rate_next(ll, now()) END AS rate_next
-FROM lease_limits AS ll
-WHERE ll.resource = $1::text
+SELECT s.resource, s.slots, s.updated_at, s.held, s.waiting, s.rate_starts, s.rate_period_seconds, s.rate_spent, s.rate_next FROM lease_limit_status AS s
+WHERE s.resource = $1::text
 `
 
-type LimitGetRow struct {
-	Resource          string
-	Slots             int32
-	UpdatedAt         time.Time
-	Held              int32
-	Waiting           int32
-	RateStarts        int32
-	RatePeriodSeconds int32
-	RateSpent         int32
-	RateNext          interface{}
-}
-
 // LimitGet is one limited key, as LimitList.
-func (q *Queries) LimitGet(ctx context.Context, resource string) (LimitGetRow, error) {
+func (q *Queries) LimitGet(ctx context.Context, resource string) (LeaseLimitStatus, error) {
 	row := q.db.QueryRow(ctx, limitGet, resource)
-	var i LimitGetRow
+	var i LeaseLimitStatus
 	err := row.Scan(
 		&i.Resource,
 		&i.Slots,
@@ -598,20 +575,9 @@ func (q *Queries) LimitGet(ctx context.Context, resource string) (LimitGetRow, e
 }
 
 const limitList = `-- name: LimitList :many
-SELECT ll.resource, ll.slots, ll.updated_at,
-       (SELECT count(*) FROM leases AS l
-        WHERE l.resource = ANY (lease_slot_names(ll.resource, ll.span))
-          AND l.released_at IS NULL AND l.expires_at > now())::integer AS held,
-       (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
-                              WHERE t.state = 'pending' AND t.lock_resource = ll.resource
-                              LIMIT 10000) AS w)::integer AS waiting,
-       coalesce(ll.rate_starts, 0)::integer AS rate_starts,
-       coalesce(extract(epoch FROM ll.rate_period), 0)::integer AS rate_period_seconds,
-       (SELECT count(*) FROM unnest(ll.rate_recent) AS r (at) WHERE r.at > now() - ll.rate_period)::integer AS rate_spent,
-       CASE WHEN ll.rate_starts IS NULL THEN NULL ELSE lease_rate_next(ll, now()) END AS rate_next
-FROM lease_limits AS ll
-WHERE ll.resource > $1::text
-ORDER BY ll.resource
+SELECT s.resource, s.slots, s.updated_at, s.held, s.waiting, s.rate_starts, s.rate_period_seconds, s.rate_spent, s.rate_next FROM lease_limit_status AS s
+WHERE s.resource > $1::text
+ORDER BY s.resource
 LIMIT $2::integer
 `
 
@@ -620,29 +586,17 @@ type LimitListParams struct {
 	RowLimit int32
 }
 
-type LimitListRow struct {
-	Resource          string
-	Slots             int32
-	UpdatedAt         time.Time
-	Held              int32
-	Waiting           int32
-	RateStarts        int32
-	RatePeriodSeconds int32
-	RateSpent         int32
-	RateNext          interface{}
-}
-
-// LimitList is a page of the limited keys in name order, each with its
-// live slots and its pending tasks (counted up to 10,000).
-func (q *Queries) LimitList(ctx context.Context, arg LimitListParams) ([]LimitListRow, error) {
+// LimitList is a page of the limited keys in name order
+// (lease_limit_status).
+func (q *Queries) LimitList(ctx context.Context, arg LimitListParams) ([]LeaseLimitStatus, error) {
 	rows, err := q.db.Query(ctx, limitList, arg.After, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []LimitListRow{}
+	items := []LeaseLimitStatus{}
 	for rows.Next() {
-		var i LimitListRow
+		var i LeaseLimitStatus
 		if err := rows.Scan(
 			&i.Resource,
 			&i.Slots,

@@ -17,6 +17,11 @@ type FenceEpoch struct {
 	AdvancedAt       time.Time
 }
 
+type GatedCursor struct {
+	Singleton bool
+	LastKey   *string
+}
+
 type GeneratorState struct {
 	ID        int32
 	Started   bool
@@ -64,6 +69,18 @@ type LeaseLimit struct {
 	RateStarts *int32
 	RatePeriod pgtype.Interval
 	RateRecent []time.Time
+}
+
+type LeaseLimitStatus struct {
+	Resource          string
+	Slots             int32
+	UpdatedAt         time.Time
+	Held              int32
+	Waiting           int32
+	RateStarts        int32
+	RatePeriodSeconds int32
+	RateSpent         int32
+	RateNext          *time.Time
 }
 
 type QueuePause struct {

@@ -137,7 +137,7 @@ func (s *Store) Limit(ctx context.Context, key string) (lease.Limit, error) {
 	if err != nil {
 		return lease.Limit{}, fmt.Errorf("read the limit of %s: %w", key, err)
 	}
-	return limitOf(db.LimitListRow(r)), nil
+	return limitOf(r), nil
 }
 
 // Limits returns up to limit keys' limits after the key after, in name
@@ -154,11 +154,11 @@ func (s *Store) Limits(ctx context.Context, after string, limit int32) ([]lease.
 	return out, nil
 }
 
-func limitOf(r db.LimitListRow) lease.Limit {
+func limitOf(r db.LeaseLimitStatus) lease.Limit {
 	return lease.Limit{
 		Resource: r.Resource, Slots: int(r.Slots), Held: int(r.Held), Waiting: int(r.Waiting),
 		RateStarts: int(r.RateStarts), RatePeriod: time.Duration(r.RatePeriodSeconds) * time.Second,
-		RateSpent: int(r.RateSpent), RateNextAt: timeOf(r.RateNext), UpdatedAt: r.UpdatedAt,
+		RateSpent: int(r.RateSpent), RateNextAt: r.RateNext, UpdatedAt: r.UpdatedAt,
 	}
 }
 

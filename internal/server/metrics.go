@@ -459,7 +459,7 @@ type dbReading struct {
 	at     time.Time
 	g      db.MetricsGaugesRow
 	byKind []db.TaskPendingSummaryRow
-	limits []db.LimitListRow
+	limits []db.LeaseLimitStatus
 	paused []db.QueuePause
 	err    error
 }

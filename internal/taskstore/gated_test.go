@@ -217,46 +217,12 @@ func TestGatedNeverOverlap(t *testing.T) {
 		}
 	}
 	insert(t, s, nts...)
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		done int
-	)
-	for w := range 6 {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				mu.Lock()
-				finished := done == len(nts)
-				mu.Unlock()
-				if finished {
-					return
-				}
-				got, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{fmt.Sprintf("w%d", w)}, TTL: 30 * time.Second})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				for _, tk := range got {
-					if _, err := s.Complete(ctx, tk.ID, tk.Processor, tk.Fence, nil); err != nil {
-						t.Error(err)
-						return
-					}
-					mu.Lock()
-					done++
-					mu.Unlock()
-				}
-			}
-		})
-	}
+	var wg sync.WaitGroup
+	d := &drainer{want: len(nts)}
+	d.claimers(ctx, t, &wg, s, 6, func(w int) []string { return []string{fmt.Sprintf("w%d", w)} })
 	// The other holder, as a leasehold exec would, between the tasks.
 	wg.Go(func() {
-		for i := 0; ctx.Err() == nil; i++ {
-			mu.Lock()
-			finished := done == len(nts)
-			mu.Unlock()
-			if finished {
-				return
-			}
+		for i := 0; ctx.Err() == nil && !d.finished(); i++ {
 			lk := locks[i%2]
 			if _, err := l.Acquire(ctx, lease.AcquireParams{Resource: lk, Holder: "script", TTL: time.Minute}); err == nil {
 				if _, err := l.Release(ctx, lease.ReleaseParams{Resource: lk, Holder: "script"}); err != nil {
@@ -267,7 +233,7 @@ func TestGatedNeverOverlap(t *testing.T) {
 	})
 	wg.Wait()
 	if ctx.Err() != nil {
-		t.Fatalf("only %d of %d tasks done", done, len(nts))
+		t.Fatalf("only %d of %d tasks done", d.done, len(nts))
 	}
 	for _, lk := range locks {
 		type holding struct {

@@ -93,38 +93,11 @@ func TestSlotsNeverMoreThanTheLimit(t *testing.T) {
 		}
 	}
 	insert(t, s, nts...)
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		done int
-	)
-	finished := func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return done == len(nts)
-	}
-	for w := range 6 {
-		wg.Go(func() {
-			for ctx.Err() == nil && !finished() {
-				got, err := s.Claim(ctx, taskstore.ClaimParams{Processors: []string{fmt.Sprintf("w%d-a", w), fmt.Sprintf("w%d-b", w)}, TTL: 30 * time.Second})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				for _, tk := range got {
-					if _, err := s.Complete(ctx, tk.ID, tk.Processor, tk.Fence, nil); err != nil {
-						t.Error(err)
-						return
-					}
-					mu.Lock()
-					done++
-					mu.Unlock()
-				}
-			}
-		})
-	}
+	var wg sync.WaitGroup
+	d := &drainer{want: len(nts)}
+	d.claimers(ctx, t, &wg, s, 6, func(w int) []string { return []string{fmt.Sprintf("w%d-a", w), fmt.Sprintf("w%d-b", w)} })
 	wg.Go(func() {
-		for ctx.Err() == nil && !finished() {
+		for ctx.Err() == nil && !d.finished() {
 			acq, err := l.Acquire(ctx, lease.AcquireParams{Resource: "three", Holder: "script", TTL: time.Minute, Slots: 3})
 			if errors.Is(err, lease.ErrHeld) {
 				continue
@@ -140,7 +113,7 @@ func TestSlotsNeverMoreThanTheLimit(t *testing.T) {
 	})
 	wg.Wait()
 	if ctx.Err() != nil {
-		t.Fatalf("only %d of %d tasks done", done, len(nts))
+		t.Fatalf("only %d of %d tasks done", d.done, len(nts))
 	}
 	for key, k := range limits {
 		hs := slotHoldings(t, l, key, k)
@@ -303,4 +276,41 @@ func TestFullKeyCostsClaimsNothing(t *testing.T) {
 		t.Errorf("%d claims read %d entries of the gated tasks' index (%d scans); want at most %d, not the 10,000 waiting", claims, read, scans, limit)
 	}
 	t.Logf("%d claims beside 10,000 tasks on a full key: %d scans of tasks_gated_idx reading %d entries in all", claims, scans, read)
+}
+
+// drainer counts the tasks its claimers completed, out of want.
+type drainer struct {
+	mu         sync.Mutex
+	done, want int
+}
+
+func (d *drainer) finished() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.done == d.want
+}
+
+// claimers starts n claimers on wg, claimer w claiming for processors(w)
+// and completing what it got, until every task is done or ctx ends.
+func (d *drainer) claimers(ctx context.Context, t *testing.T, wg *sync.WaitGroup, s *taskstore.Store, n int, processors func(w int) []string) {
+	for w := range n {
+		wg.Go(func() {
+			for ctx.Err() == nil && !d.finished() {
+				got, err := s.Claim(ctx, taskstore.ClaimParams{Processors: processors(w), TTL: 30 * time.Second})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, tk := range got {
+					if _, err := s.Complete(ctx, tk.ID, tk.Processor, tk.Fence, nil); err != nil {
+						t.Error(err)
+						return
+					}
+					d.mu.Lock()
+					d.done++
+					d.mu.Unlock()
+				}
+			}
+		})
+	}
 }
