@@ -40,8 +40,9 @@ func TestRateAcrossClients(t *testing.T) {
 	cfg := func() leasehold.Config {
 		return leasehold.Config{Workers: workers(), Queues: map[string]leasehold.QueueConfig{task.DefaultQueue: {MaxWorkers: 3}}}
 	}
-	a := started(t, db, cfg())
-	started(t, db, cfg())
+	noPoll := func(c *leasehold.Client) { leasehold.SetSafetyPoll(c, -1) }
+	a := started(t, db, cfg(), noPoll)
+	started(t, db, cfg(), noPoll)
 	if _, err := a.Leases().SetRate(t.Context(), "mail-provider", rate, time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,8 @@ func TestPauseQueue(t *testing.T) {
 	}), leasehold.KindConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	worker := started(t, db, leasehold.Config{Workers: w, Queues: map[string]leasehold.QueueConfig{"bulk": {MaxWorkers: 2}, "urgent": {MaxWorkers: 2}}})
+	worker := started(t, db, leasehold.Config{Workers: w, Queues: map[string]leasehold.QueueConfig{"bulk": {MaxWorkers: 2}, "urgent": {MaxWorkers: 2}}},
+		func(c *leasehold.Client) { leasehold.SetSafetyPoll(c, -1) })
 	remote := startClientServerOn(t, db)
 	for name, c := range map[string]*leasehold.Client{"embedded": worker, "remote": remote} {
 		until := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
@@ -166,5 +168,47 @@ func recv[T any](t *testing.T, c <-chan T) T {
 	case <-time.After(giveUp):
 		t.Fatalf("nothing came within %s", giveUp)
 		panic("unreachable")
+	}
+}
+
+// TestRaisedLimitWakesWorkers: two tasks on a key of one slot, the first
+// running (its handler waits), the second pending with a free worker
+// asleep (no last-resort poll); raising the limit to two starts the
+// second while the first still runs: the raise wakes the workers.
+func TestRaisedLimitWakesWorkers(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	began, release := make(chan int64, 2), make(chan struct{})
+	w := leasehold.NewWorkers()
+	if err := leasehold.AddWorker(w, leasehold.WorkFunc(func(ctx context.Context, tk *leasehold.Task[emailArgs]) error {
+		began <- tk.ID
+		<-release
+		return nil
+	}), leasehold.KindConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	// No last-resort poll: only the raise's NOTIFY can wake the workers.
+	c := started(t, db, leasehold.Config{Workers: w, Queues: map[string]leasehold.QueueConfig{task.DefaultQueue: {MaxWorkers: 2}}},
+		func(c *leasehold.Client) { leasehold.SetSafetyPoll(c, -1) })
+	defer close(release)
+	opts := &leasehold.InsertOpts{Lock: "mailbox", LockLimit: 1}
+	if _, err := c.InsertMany(t.Context(), []leasehold.InsertParams{{Args: emailArgs{To: "a"}, Opts: opts}, {Args: emailArgs{To: "b"}, Opts: opts}}); err != nil {
+		t.Fatal(err)
+	}
+	first := recv(t, began)
+	// The second waits on the full key: pending, its key's one slot held.
+	lim, err := c.Leases().Limit(t.Context(), "mailbox")
+	if err != nil || lim.Held != 1 || lim.Waiting != 1 {
+		t.Fatalf("limit %+v, %v; want 1 held, 1 waiting", lim, err)
+	}
+	if _, err := c.Leases().SetLimit(t.Context(), "mailbox", 2); err != nil {
+		t.Fatal(err)
+	}
+	second := recv(t, began)
+	if second == first {
+		t.Fatalf("task %d started twice", first)
+	}
+	if got, err := c.Get(t.Context(), first); err != nil || got.State != task.StateRunning {
+		t.Errorf("the first task %+v, %v; want it still running beside the second", got, err)
 	}
 }
