@@ -2,6 +2,7 @@ package leasehold_test
 
 import (
 	"context"
+	"errors"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/leasehold/leasehold"
 	"github.com/leasehold/leasehold/internal/lab/pgtest"
 	"github.com/leasehold/leasehold/internal/leasestore"
+	"github.com/leasehold/leasehold/internal/schedulestore"
 	"github.com/leasehold/leasehold/internal/server"
 	"github.com/leasehold/leasehold/internal/taskstore"
 	"github.com/leasehold/leasehold/task"
@@ -144,6 +146,7 @@ func startClientServerOn(t *testing.T, db pgtest.DB) *leasehold.Client {
 	h := server.NewServer(server.Deps{
 		Leases:     leasestore.NewStore(db.Pool),
 		Tasks:      taskstore.NewStore(db.Pool),
+		Schedules:  schedulestore.NewStore(db.Pool),
 		DefaultTTL: 30 * time.Second,
 		Log:        zerolog.Nop(),
 		Metrics:    server.NewMetrics(func() bool { return true }, func() int64 { return 0 }),
@@ -210,5 +213,40 @@ func TestRaisedLimitWakesWorkers(t *testing.T) {
 	}
 	if got, err := c.Get(t.Context(), first); err != nil || got.State != task.StateRunning {
 		t.Errorf("the first task %+v, %v; want it still running beside the second", got, err)
+	}
+}
+
+// TestScheduleLockLimit: a schedule whose lock has a limit gives the key
+// that limit when it has none, embedded and remote; a key that has one
+// keeps it; a limit without a lock is refused.
+func TestScheduleLockLimit(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	embedded, err := leasehold.NewClient(db.Pool, leasehold.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*leasehold.Client{"embedded": embedded, "remote": startClientServerOn(t, db)} {
+		key := "reports:" + name
+		p, err := leasehold.NewSchedule("nightly-"+name, "0 3 * * *", emailArgs{To: "ops"}, &leasehold.ScheduleOpts{Lock: key, LockLimit: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Schedules().Add(t.Context(), p); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if lim, err := c.Leases().Limit(t.Context(), key); err != nil || lim.Slots != 3 {
+			t.Errorf("%s: the lock's limit %+v, %v; want 3 slots", name, lim, err)
+		}
+		p.LockLimit = 5
+		if _, err := c.Schedules().Replace(t.Context(), p); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if lim, err := c.Leases().Limit(t.Context(), key); err != nil || lim.Slots != 3 {
+			t.Errorf("%s: after a replace naming 5: %+v, %v; want the key's 3 kept", name, lim, err)
+		}
+	}
+	if _, err := leasehold.NewSchedule("bad", "0 3 * * *", emailArgs{}, &leasehold.ScheduleOpts{LockLimit: 3}); !errors.Is(err, leasehold.ErrInvalidArgument) {
+		t.Errorf("a lock limit without a lock: %v, want ErrInvalidArgument", err)
 	}
 }

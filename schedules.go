@@ -109,6 +109,9 @@ type ScheduleOpts struct {
 	Lock        string
 	MaxAttempts int
 	TTL         time.Duration
+	// LockLimit, with Lock, lets that many of its tasks run at once
+	// (schedule.Params.LockLimit, InsertOpts.LockLimit).
+	LockLimit int
 }
 
 // NewSchedule is the definition of a schedule named name whose every tick
@@ -139,7 +142,7 @@ func NewSchedule(name, cron string, args TaskArgs, opts *ScheduleOpts) (schedule
 	}
 	p := schedule.Params{
 		Name: name, Cron: cron, Zone: o.Zone, Kind: kind, TaskData: data, Queue: o.Queue, Priority: o.Priority,
-		Lock: o.Lock, MaxAttempts: o.MaxAttempts, TTL: o.TTL, Unique: o.Unique,
+		Lock: o.Lock, MaxAttempts: o.MaxAttempts, TTL: o.TTL, Unique: o.Unique, LockLimit: o.LockLimit,
 	}
 	if err := p.Validate(); err != nil {
 		return schedule.Params{}, fmt.Errorf("%w: %w", ErrInvalidArgument, err)

@@ -93,6 +93,12 @@ type Params struct {
 	Lock        string
 	MaxAttempts int
 	TTL         time.Duration
+	// LockLimit, with Lock, makes Lock a key of that many slots if it has
+	// no limit yet, as a task's lock_limit does: up to that many of the
+	// schedule's tasks (and other holders of the key) run at once. The
+	// limit is the key's, not the schedule's: it is not stored with the
+	// schedule, and changes by the key's own means.
+	LockLimit int
 	// Unique, when set, makes no task for a tick while the schedule's
 	// previous task is still pending or running: the tick is counted in
 	// SkippedTicks instead, so that a slow task never piles up behind
@@ -261,6 +267,9 @@ func (p Params) Validate() error {
 		if err := checkName(f.field, f.v); err != nil {
 			return err
 		}
+	}
+	if p.LockLimit != 0 && (p.Lock == "" || p.LockLimit < 1 || p.LockLimit > 1000) {
+		return invalid("lock_limit", `"lock_limit" %d needs a "lock" and must be from 1 to 1000`, p.LockLimit)
 	}
 	if _, err := Parse(p.Cron, p.Zone); err != nil {
 		return err

@@ -21,7 +21,7 @@ const scheduleUsage = `leasehold schedule: add, look at, replace and remove sche
 
 usage:
   leasehold schedule add     NAME --cron EXPR --kind K [--data JSON] [--queue Q] [--priority N]
-                             [--zone Z] [--lock R] [--unique] [--max-attempts N] [--ttl D] [--json]
+                             [--zone Z] [--lock R [--lock-limit K]] [--unique] [--max-attempts N] [--ttl D] [--json]
   leasehold schedule replace NAME --cron EXPR --kind K [the flags of add]
   leasehold schedule get     NAME [--json]
   leasehold schedule list    [--limit N] [--after-name NAME] [--json]
@@ -125,6 +125,7 @@ func runScheduleDefine(ctx context.Context, cmd string, args []string, getenv fu
 	queue := fs.String("queue", "", "the queue of each task it makes (default: default)")
 	priority := fs.String("priority", "", "of each task it makes: lower runs first among due tasks, -32768 to 32767 (default 0)")
 	lock := fs.String("lock", "", "a resource whose lease each task holds while it runs: it is claimed only when that lease is free (default: none)")
+	lockLimit := fs.Int("lock-limit", 0, "with --lock: up to this many of its tasks run at once, each on a slot of the lock (1 to 1000; the lock's limit if it has none yet)")
 	unique := fs.Bool("unique", false, "make no task for a tick while the previous task is pending or running (the tick is counted as skipped)")
 	attempts := fs.String("max-attempts", "", "attempts before a task is dead, 1 to 100 (default 5)")
 	ttl := fs.String("ttl", "", "the TTL of each task's leases, whole seconds from 1s to 1h (default the claiming server's --lease-ttl)")
@@ -137,7 +138,7 @@ func runScheduleDefine(ctx context.Context, cmd string, args []string, getenv fu
 	if err != nil {
 		return err
 	}
-	p := schedule.Params{Name: name, Cron: *cron, Zone: *zone, Kind: *kind, Queue: *queue, Unique: *unique, Lock: *lock}
+	p := schedule.Params{Name: name, Cron: *cron, Zone: *zone, Kind: *kind, Queue: *queue, Unique: *unique, Lock: *lock, LockLimit: *lockLimit}
 	var errs []error
 	errs = append(errs, checkCron(*cron, *zone)...)
 	if *kind == "" && !flagGiven(fs, "kind") {

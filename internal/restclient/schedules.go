@@ -30,6 +30,7 @@ type scheduleBody struct {
 	Priority    int16           `json:"priority"`
 	Unique      bool            `json:"unique"`
 	Lock        string          `json:"lock,omitempty"`
+	LockLimit   int             `json:"lock_limit,omitempty"`
 	MaxAttempts int             `json:"max_attempts"`
 	TTLSeconds  int64           `json:"ttl_seconds,omitempty"`
 }
@@ -75,7 +76,7 @@ func bodyOfSchedule(p schedule.Params) scheduleBody {
 	p = p.WithDefaults()
 	return scheduleBody{
 		Name: p.Name, Cron: p.Cron, Zone: p.Zone, Kind: p.Kind, TaskData: p.TaskData, Queue: p.Queue, Priority: p.Priority,
-		Unique: p.Unique, Lock: p.Lock, MaxAttempts: p.MaxAttempts, TTLSeconds: int64(p.TTL / time.Second),
+		Unique: p.Unique, Lock: p.Lock, LockLimit: p.LockLimit, MaxAttempts: p.MaxAttempts, TTLSeconds: int64(p.TTL / time.Second),
 	}
 }
 

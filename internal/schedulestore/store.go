@@ -66,6 +66,9 @@ func (s *Store) Create(ctx context.Context, p schedule.Params) (sc schedule.Sche
 	if err != nil {
 		return schedule.Schedule{}, false, err
 	}
+	if err := s.seedLimit(ctx, p); err != nil {
+		return schedule.Schedule{}, false, err
+	}
 	row, err := s.q.ScheduleCreate(ctx, args)
 	if err == nil {
 		return fromRow(row, nil, nil, nil), true, nil
@@ -93,6 +96,9 @@ func (s *Store) Replace(ctx context.Context, p schedule.Params) (sc schedule.Sch
 	if err != nil {
 		return schedule.Schedule{}, false, err
 	}
+	if err := s.seedLimit(ctx, p); err != nil {
+		return schedule.Schedule{}, false, err
+	}
 	row, err := s.q.ScheduleReplace(ctx, db.ScheduleReplaceParams(args))
 	if err != nil {
 		return schedule.Schedule{}, false, fmt.Errorf("replace schedule %q: %w", p.Name, err)
@@ -103,6 +109,17 @@ func (s *Store) Replace(ctx context.Context, p schedule.Params) (sc schedule.Sch
 		return fromRow(row.Schedule, nil, nil, nil), row.Inserted, nil
 	}
 	return cur, row.Inserted, nil
+}
+
+// seedLimit gives p's lock the limit p.LockLimit unless it has one.
+func (s *Store) seedLimit(ctx context.Context, p schedule.Params) error {
+	if p.Lock == "" || p.LockLimit == 0 {
+		return nil
+	}
+	if err := s.q.LimitSeed(ctx, db.LimitSeedParams{Resources: []string{p.Lock}, Slots: []int32{int32(p.LockLimit)}}); err != nil {
+		return fmt.Errorf("schedule %q: set the limit of its lock %s: %w", p.Name, p.Lock, err)
+	}
+	return nil
 }
 
 // params checks p and returns the row to write, its first tick computed

@@ -30,6 +30,7 @@ type scheduleRequest struct {
 	Priority    opt[int64]      `json:"priority,omitzero"`
 	Unique      opt[bool]       `json:"unique,omitzero"`
 	Lock        opt[string]     `json:"lock,omitzero"`
+	LockLimit   *int64          `json:"lock_limit,omitempty"`
 	MaxAttempts opt[int64]      `json:"max_attempts,omitzero"`
 	TTLSeconds  opt[int64]      `json:"ttl_seconds,omitzero"`
 }
@@ -42,6 +43,7 @@ func (q scheduleRequest) validate() error {
 		q.Kind.present("kind", func(v string) error { return checkName("kind", v) }),
 		q.Queue.present("queue", func(v string) error { return checkName("queue", v) }),
 		q.Lock.present("lock", func(v string) error { return checkResource("lock", v) }),
+		checkLockLimit(q.Lock.v, q.LockLimit),
 		q.Unique.present("unique", func(bool) error { return nil }),
 		q.Priority.present("priority", func(v int64) error {
 			if v < minPriority || v > maxPriority {
@@ -73,7 +75,7 @@ func (q scheduleRequest) params() (schedule.Params, error) {
 	p := schedule.Params{
 		Name: q.Name.v, Cron: q.Cron.v, Zone: q.Zone.v, Kind: q.Kind.v, TaskData: q.TaskData, Queue: q.Queue.v,
 		Priority: int16(q.Priority.v), Unique: q.Unique.v, Lock: q.Lock.v, MaxAttempts: int(q.MaxAttempts.v),
-		TTL: time.Duration(q.TTLSeconds.v) * time.Second,
+		TTL: time.Duration(q.TTLSeconds.v) * time.Second, LockLimit: int(deref(q.LockLimit)),
 	}
 	if err := p.Validate(); err != nil {
 		return schedule.Params{}, scheduleError(err)
