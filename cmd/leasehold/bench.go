@@ -37,7 +37,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs := flag.NewFlagSet("leasehold bench", flag.ContinueOnError)
 	var (
 		dbURL     = fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL; scenarios create databases beside its (env DATABASE_URL; default: the local PostgreSQL)")
-		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes), capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle, task and task heartbeat), river (drains beside River's, from outside and through the library; needs --river-peer) and pickup (how soon an idle replica starts a task inserted over REST, and the library; --samples tasks)")
+		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes), capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle, task and task heartbeat), river (drains beside River's, from outside and through the library; needs --river-peer), pickup (how soon an idle replica starts a task inserted over REST, and the library; --samples tasks) "+
+			"and keys (a library drain with every task on one of --keys-count keys of --keys-limit slots beside the same drain without keys, in rounds; --keys-* flags)")
 		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
 		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
 		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts, and bulk-insert inserts each way")
@@ -58,6 +59,11 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		renewEvry = fs.Duration("renew-every", bench.DefaultRenewEvery, "how often capacity renews each lease it holds")
 		riverPeer = fs.String("river-peer", "", "the River peer program river runs (build it: go build -C tools/riverpeer -o $PWD/bin/riverpeer .)")
 		riverN    = fs.String("river-tasks", "", "pending counts river drains each way, comma-separated (default 30000,500000)")
+		keysTasks = fs.Int("keys-tasks", bench.DefaultKeysTasks, "tasks keys drains each way, each round")
+		keysRound = fs.Int("keys-rounds", bench.DefaultKeysRounds, "rounds of keys, each a drain with keys and one without, in turn first")
+		keysWork  = fs.Int("keys-workers", bench.DefaultKeysWorkers, "workers of the one Client of each keys drain")
+		keysCount = fs.Int("keys-count", bench.DefaultKeysCount, "keys of keys's keyed drain: task i on key-<i mod keys-count>")
+		keysLimit = fs.Int("keys-limit", bench.DefaultKeysLimit, "slots of each key of keys's keyed drain: at most this many of its tasks run at once")
 		standby   = fs.String("standby", "", "with `sync` or `async`, run on a local primary built for the run with a streaming standby of its own, "+
 			"synchronous (every commit waits for the standby's flush) or asynchronous, removed after; not with --database-url")
 	)
@@ -92,6 +98,10 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 	}
 	cfg.BacklogWorkers, cfg.RiverPeer = *blWorkers, *riverPeer
+	cfg.KeysTasks, cfg.KeysRounds, cfg.KeysWorkers, cfg.KeysCount, cfg.KeysLimit = *keysTasks, *keysRound, *keysWork, *keysCount, *keysLimit
+	if *keysTasks <= 0 || *keysRound <= 0 || *keysWork <= 0 || *keysCount <= 0 || *keysLimit <= 0 {
+		return usagef("--keys-tasks, --keys-rounds, --keys-workers, --keys-count and --keys-limit must be above 0")
+	}
 	if *waiters <= 0 || *idleWait <= 0 || *idleHold <= 0 || *restWork <= 0 || *renewEvry <= 0 {
 		return usagef("--waiters, --idle-waiters, --idle-hold, --rest-workers and --renew-every must be above 0")
 	}

@@ -35,6 +35,34 @@ func TestBenchDrainProcesses(t *testing.T) {
 	}
 }
 
+// TestBenchKeys runs `leasehold bench --scenarios keys` small as a user would: the --keys-*
+// flags shape both drains, and no key ran more tasks at once than its limit.
+func TestBenchKeys(t *testing.T) {
+	t.Parallel()
+	rep := runBenchJSON(t, pgtest.ServerURL(t), "--scenarios", "keys", "--keys-tasks", "120", "--keys-rounds", "1",
+		"--keys-workers", "6", "--keys-count", "3", "--keys-limit", "2")
+	want := map[string]bool{
+		"3 keys of 2, 120 tasks, one Client of 6 workers: drain, 1 round": false,
+		"no keys, 120 tasks, one Client of 6 workers: drain, 1 round":     false,
+		"3 keys of 2 ÷ no keys, 1 round":                                  false,
+	}
+	peak := "3 keys of 2: most tasks of one key running at once"
+	want[peak] = false
+	for _, r := range rep.Results {
+		if _, ok := want[r.Case]; ok {
+			want[r.Case] = r.Value > 0
+		}
+		if r.Case == peak && r.Value > 2 {
+			t.Errorf("%s: %v, the limit is 2", r.Case, r.Value)
+		}
+	}
+	for c, ok := range want {
+		if !ok {
+			t.Errorf("no figure above 0 for %q in %+v", c, rep.Results)
+		}
+	}
+}
+
 func TestBenchRejectsBadFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
@@ -46,6 +74,9 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		{"bench", "--river-tasks", "30000,half a million"},
 		{"bench", "--river-tasks", "0"},
 		{"bench", "--backlog", "x"},
+		{"bench", "--keys-tasks", "0"},
+		{"bench", "--keys-rounds", "-1"},
+		{"bench", "--keys-limit", "1001"},
 	} {
 		err := run(t.Context(), args, env(), io.Discard, io.Discard)
 		if !errors.Is(err, errUsage) {

@@ -6,6 +6,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -26,6 +27,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/leasehold/leasehold/internal/notify"
+	"github.com/leasehold/leasehold/lease"
 	"github.com/leasehold/leasehold/schema"
 )
 
@@ -33,7 +35,7 @@ import (
 var Scenarios = []string{"baseline", "leases", "drain", "steady", "latency", "notify-cost", "fanout", "bulk-insert"}
 
 // Optional are the scenarios that run only when named: long ones.
-var Optional = []string{"backlog", "longpoll", "capacity", "river", "pickup"}
+var Optional = []string{"backlog", "longpoll", "capacity", "river", "pickup", "keys"}
 
 // Config is what to measure and how hard.
 type Config struct {
@@ -73,6 +75,11 @@ type Config struct {
 	// RiverTasks are the pending counts it drains each way (nil: DefaultRiverTasks).
 	RiverPeer  string
 	RiverTasks []int
+	// KeysTasks are the tasks keys drains each way in each of its KeysRounds rounds, with
+	// one Client of KeysWorkers workers; its keyed drain puts task i on the key
+	// key-<i mod KeysCount>, of KeysLimit slots (0: DefaultKeysTasks, DefaultKeysRounds,
+	// DefaultKeysWorkers, DefaultKeysCount, DefaultKeysLimit).
+	KeysTasks, KeysRounds, KeysWorkers, KeysCount, KeysLimit int
 	// Log receives progress lines (nil discards).
 	Log io.Writer
 }
@@ -127,6 +134,11 @@ func (c Config) withDefaults() Config {
 	if len(c.RiverTasks) == 0 {
 		c.RiverTasks = DefaultRiverTasks
 	}
+	c.KeysTasks = cmp.Or(c.KeysTasks, DefaultKeysTasks)
+	c.KeysRounds = cmp.Or(c.KeysRounds, DefaultKeysRounds)
+	c.KeysWorkers = cmp.Or(c.KeysWorkers, DefaultKeysWorkers)
+	c.KeysCount = cmp.Or(c.KeysCount, DefaultKeysCount)
+	c.KeysLimit = cmp.Or(c.KeysLimit, DefaultKeysLimit)
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
@@ -159,6 +171,17 @@ func (c Config) Validate() error {
 	for _, n := range c.CapacityLeases {
 		if n < 1 || n > 1_000_000 {
 			errs = append(errs, fmt.Errorf("capacity leases %d must be between 1 and 1000000", n))
+		}
+	}
+	for _, k := range []struct {
+		what   string
+		n, top int
+	}{
+		{"keys tasks", c.KeysTasks, 10_000_000}, {"keys rounds", c.KeysRounds, 100}, {"keys workers", c.KeysWorkers, 10_000},
+		{"keys count", c.KeysCount, 100_000}, {"keys limit", c.KeysLimit, lease.MaxSlots},
+	} {
+		if k.n < 0 || k.n > k.top {
+			errs = append(errs, fmt.Errorf("%s %d must be between 1 and %d (or 0, the default)", k.what, k.n, k.top))
 		}
 	}
 	if c.RenewEvery < 0 || c.RenewEvery > 10*time.Minute {
@@ -257,6 +280,7 @@ var scenarios = map[string]func(ctx context.Context, c Config, earlier []Result)
 	"capacity":    runCapacity,
 	"river":       runRiver,
 	"pickup":      runPickup,
+	"keys":        runKeys,
 }
 
 func machine(ctx context.Context, dbURL string) (Machine, error) {
@@ -282,6 +306,11 @@ type freshDB struct {
 }
 
 func newDB(ctx context.Context, base string, maxConns int32) (*freshDB, error) {
+	return newTracedDB(ctx, base, maxConns, nil)
+}
+
+// newTracedDB is newDB with tracer, when not nil, tracing every statement of its pool.
+func newTracedDB(ctx context.Context, base string, maxConns int32, tracer pgx.QueryTracer) (*freshDB, error) {
 	u, err := url.Parse(base)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)
@@ -315,6 +344,9 @@ func newDB(ctx context.Context, base string, maxConns int32) (*freshDB, error) {
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
+	}
 	cfg.AfterConnect = schema.PrepareSession
 	if d.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		d.drop()

@@ -24,6 +24,7 @@ func TestEveryScenarioRuns(t *testing.T) {
 		Scenarios: slices.DeleteFunc(append(slices.Clone(Scenarios), Optional...), func(s string) bool { return s == "capacity" || s == "river" }),
 		Backlog:   []int{100, 300}, BacklogWorkers: 4,
 		Waiters: 5, IdleWaiters: 10, IdleHold: 500 * time.Millisecond, RESTWorkers: 2,
+		KeysTasks: 60, KeysRounds: 1, KeysWorkers: 4, KeysCount: 3, KeysLimit: 2,
 	}
 	rep, err := Run(t.Context(), cfg)
 	if err != nil {
@@ -37,7 +38,7 @@ func TestEveryScenarioRuns(t *testing.T) {
 		}
 	}
 	want := map[string]int{"leases": 5, "drain": 2, "steady": 4, "latency": 8, "notify-cost": 5, "fanout": 3, "bulk-insert": 2, "backlog": 2, "longpoll": 10,
-		"pickup": 7}
+		"pickup": 7, "keys": 16}
 	for s, n := range want {
 		if count[s] != n {
 			t.Errorf("scenario %s gave %d figures, want %d", s, count[s], n)
@@ -82,7 +83,8 @@ func TestRiverNeedsItsPeer(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	for _, c := range []Config{{Scenarios: []string{"nope"}}, {Clients: []int{0}}, {Tasks: -1}, {RiverTasks: []int{0}}} {
+	for _, c := range []Config{{Scenarios: []string{"nope"}}, {Clients: []int{0}}, {Tasks: -1}, {RiverTasks: []int{0}},
+		{KeysTasks: -1}, {KeysLimit: 1001}, {KeysRounds: 101}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: no error", c)
 		}

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/leasehold/leasehold"
 	"github.com/leasehold/leasehold/internal/taskstore"
 )
@@ -70,7 +72,7 @@ func runRiver(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 			return nil, fmt.Errorf("leasehold's drain of %d from outside: %w", n, err)
 		}
 		fmt.Fprintf(c.Log, "river: %d pending: leasehold's library\n", n)
-		lib, err := drainLibraryOf(ctx, c, n)
+		lib, err := drainLibraryOf(ctx, c, n, libraryDrain{workers: riverWorkers})
 		if err != nil {
 			return nil, fmt.Errorf("the library's drain of %d: %w", n, err)
 		}
@@ -89,6 +91,8 @@ type drained struct {
 	app   time.Duration // CPU time of the program that worked the tasks (see its note)
 	appOf string        // what app counts
 	note  string
+	// claims are the claim statements of a library drain that counted them.
+	claims claimCount
 }
 
 func (d drained) rate() float64 { return float64(d.tasks) / d.secs }
@@ -343,18 +347,33 @@ func insertOverREST(ctx context.Context, base string, n int) error {
 	return nil
 }
 
-// drainLibraryOf is the library's drain of n no-op tasks by one Client of riverWorkers
+// libraryDrain is how drainLibraryOf drains.
+type libraryDrain struct {
+	workers int                               // of the one Client
+	opts    func(i int) *leasehold.InsertOpts // the i-th task's, when not nil
+	// check, when not nil, reads the drained database before it is dropped; its error
+	// is the drain's.
+	check func(ctx context.Context, d *freshDB) error
+	// claims, when not nil, counts the workers' claim statements.
+	claims *claimTracer
+}
+
+// drainLibraryOf is the library's drain of n no-op tasks by one Client of how.workers
 // workers in this process, metered.
-func drainLibraryOf(ctx context.Context, c Config, n int) (drained, error) {
-	d, err := newDB(ctx, c.DatabaseURL, int32(riverWorkers+8))
+func drainLibraryOf(ctx context.Context, c Config, n int, how libraryDrain) (drained, error) {
+	var tracer pgx.QueryTracer
+	if how.claims != nil {
+		tracer = how.claims
+	}
+	d, err := newTracedDB(ctx, c.DatabaseURL, int32(how.workers+8), tracer)
 	if err != nil {
 		return drained{}, err
 	}
 	defer d.Close()
 	var handled atomic.Int64
 	all := make(chan struct{})
-	workers := leasehold.NewWorkers()
-	err = leasehold.AddWorker(workers, leasehold.WorkFunc[noop](func(context.Context, *leasehold.Task[noop]) error {
+	kinds := leasehold.NewWorkers()
+	err = leasehold.AddWorker(kinds, leasehold.WorkFunc[noop](func(context.Context, *leasehold.Task[noop]) error {
 		if handled.Add(1) == int64(n) {
 			close(all)
 		}
@@ -364,18 +383,23 @@ func drainLibraryOf(ctx context.Context, c Config, n int) (drained, error) {
 		return drained{}, err
 	}
 	client, err := leasehold.NewClient(d.Pool, leasehold.Config{
-		ID: "bench-lib", Workers: workers, TaskTTL: 30 * time.Second,
-		Queues: map[string]leasehold.QueueConfig{"default": {MaxWorkers: riverWorkers}},
+		ID: "bench-lib", Workers: kinds, TaskTTL: 30 * time.Second,
+		Queues: map[string]leasehold.QueueConfig{"default": {MaxWorkers: how.workers}},
 	})
 	if err != nil {
 		return drained{}, err
 	}
-	params := make([]leasehold.InsertParams, 1000)
-	for i := range params {
-		params[i] = leasehold.InsertParams{Args: noop{}}
-	}
-	for left := n; left > 0; left -= len(params) {
-		if _, err := client.InsertMany(ctx, params[:min(left, len(params))]); err != nil {
+	params := make([]leasehold.InsertParams, 0, 1000)
+	for i := 0; i < n; {
+		params = params[:0]
+		for ; i < n && len(params) < cap(params); i++ {
+			p := leasehold.InsertParams{Args: noop{}}
+			if how.opts != nil {
+				p.Opts = how.opts(i)
+			}
+			params = append(params, p)
+		}
+		if _, err := client.InsertMany(ctx, params); err != nil {
 			return drained{}, err
 		}
 	}
@@ -411,7 +435,18 @@ func drainLibraryOf(ctx context.Context, c Config, n int) (drained, error) {
 	}
 	res := drained{tasks: n, w: win, app: app, appOf: "this process from Start to Stop (the meter's sampling too, a small part)"}
 	err = d.Pool.QueryRow(ctx, `SELECT extract(epoch FROM max(processed_at) - min(started_at))::float8 FROM tasks`).Scan(&res.secs)
-	return res, err
+	if err != nil {
+		return drained{}, err
+	}
+	if how.claims != nil {
+		res.claims = how.claims.count()
+	}
+	if how.check != nil {
+		if err := how.check(ctx, d); err != nil {
+			return drained{}, err
+		}
+	}
+	return res, nil
 }
 
 // selfCPU is the CPU time this process has used so far (0 where it cannot be read).
