@@ -492,11 +492,16 @@ LEFT JOIN claimed ON true;
 
 -- name: QueuePause :one
 -- QueuePause pauses a queue, until a time or (NULL) until resumed; a
--- second pause replaces the first's until and reason.
-INSERT INTO queue_pauses AS p (queue, until, reason)
-VALUES (@queue::text, sqlc.narg(until)::timestamptz, @reason::text)
-ON CONFLICT (queue) DO UPDATE SET until = excluded.until, reason = excluded.reason, paused_at = now()
-RETURNING p.queue, p.paused_at, p.until, p.reason;
+-- second pause replaces the first's until and reason. It announces the
+-- change (flow) for the dashboards; the claims need no word.
+WITH paused AS (
+    INSERT INTO queue_pauses AS p (queue, until, reason)
+    VALUES (@queue::text, sqlc.narg(until)::timestamptz, @reason::text)
+    ON CONFLICT (queue) DO UPDATE SET until = excluded.until, reason = excluded.reason, paused_at = now()
+    RETURNING p.queue, p.paused_at, p.until, p.reason
+)
+SELECT paused.queue, paused.paused_at, paused.until, paused.reason
+FROM paused, (SELECT pg_notify('leasehold_task', 'flow')) AS announced;
 
 -- name: QueueResume :one
 -- QueueResume lifts a queue's pause and wakes the claimers (queue_resume).

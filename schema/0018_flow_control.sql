@@ -73,6 +73,7 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM pg_notify('leasehold_task', 'requeued');
+    PERFORM pg_notify('leasehold_task', 'flow');
     RETURN true;
 END;
 $$;
@@ -171,6 +172,9 @@ RETURN ARRAY(SELECT key || '#' || i FROM generate_series(1, n) AS i ORDER BY i);
 -- and returns its lease, or nothing when the key's slots are all held. The
 -- caller holds the key's lease_limits row lock, and passes its slots and
 -- span as read under it.
+--   * A slot's holding begins when it is taken (clock_timestamp(), a new
+--     row's too, not the transaction's now()): a rate counts that moment
+--     as the task's start.
 --   * With span = slots the slots are the only leases that can be live,
 --     and each is taken over in its own row exactly as LeaseAcquire takes
 --     a lease: at most slots holders by construction.
@@ -215,8 +219,8 @@ BEGIN
         -- renews it undisturbed.
         CONTINUE WHEN EXISTS (SELECT 1 FROM leases AS l
                               WHERE l.resource = name AND l.released_at IS NULL AND l.expires_at > now());
-        INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
-        VALUES (name, holder, nextval('lease_fence_seq'), ttl, clock_timestamp() + make_interval(secs => ttl))
+        INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, created_at, expires_at)
+        VALUES (name, holder, nextval('lease_fence_seq'), ttl, clock_timestamp(), clock_timestamp() + make_interval(secs => ttl))
         ON CONFLICT (resource) DO UPDATE
         SET holder      = excluded.holder,
             -- As LeaseAcquire: a fence drawn under the row lock, a holding
@@ -327,6 +331,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
         PERFORM pg_notify('leasehold_task', 'requeued');
     END IF;
+    -- For the dashboards: flow control changed.
+    PERFORM pg_notify('leasehold_task', 'flow');
     RETURN lim;
 END;
 $$;
@@ -350,6 +356,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
         PERFORM pg_notify('leasehold_task', 'requeued');
     END IF;
+    -- For the dashboards: flow control changed.
+    PERFORM pg_notify('leasehold_task', 'flow');
     RETURN lim;
 END;
 $$;
@@ -448,7 +456,6 @@ DECLARE
     lock_fence bigint;
     acquired   timestamptz;
     expiry     timestamptz;
-    claimed    tasks;
     lim        lease_limits;
     slot       leases;
     paused     text[] := queues_paused();
@@ -456,6 +463,19 @@ DECLARE
     pivot      text := (SELECT c.last_key FROM gated_cursor AS c);
     wrapped    boolean := false;
     served     text;
+    rec        record;
+    free       text[];
+    want       integer;
+    p_ids      bigint[];
+    p_ttls     integer[];
+    starts     timestamptz[];
+    -- The tasks claimed, assigned in one statement at the end.
+    a_id       bigint[] := '{}';
+    a_holder   text[] := '{}';
+    a_fence    bigint[] := '{}';
+    a_ttl      integer[] := '{}';
+    a_start    timestamptz[] := '{}';
+    a_expiry   timestamptz[] := '{}';
 BEGIN
     IF coalesce(cardinality(processors), 0) = 0 THEN
         RETURN;
@@ -485,28 +505,106 @@ BEGIN
         IF EXISTS (SELECT 1 FROM lease_limits AS ll WHERE ll.resource = cur) THEN
             SELECT ll.* INTO lim FROM lease_limits AS ll WHERE ll.resource = cur FOR UPDATE SKIP LOCKED;
             -- Locked by another claim or acquisition: passed by (lim stays
-            -- NULL). Full, or out of starts for now: passed by too, before
-            -- any of its tasks is read.
-            IF lim.resource IS NOT NULL
-               AND ((SELECT count(*) FROM leases AS l
-                     WHERE l.resource = ANY (lease_slot_names(cur, lim.span))
-                       AND l.released_at IS NULL AND l.expires_at > now()) >= lim.slots
-                    OR lease_rate_next(lim, clock_timestamp()) IS NOT NULL) THEN
+            -- NULL). Out of starts for now: passed by too, before any of
+            -- its tasks is read.
+            IF lease_rate_next(lim, clock_timestamp()) IS NOT NULL THEN
                 lim := NULL;
             END IF;
-            WHILE lim.resource IS NOT NULL AND next <= cardinality(processors) LOOP
+        END IF;
+        IF lim.resource IS NOT NULL AND lim.span = lim.slots THEN
+            -- The free slots, read once; as many tasks as they, the
+            -- processors left and the rate allow, taken in one statement,
+            -- their slots in another. Only claims and acquisitions that
+            -- hold the key's row take its slots, so every free slot read
+            -- here is this claim's to take.
+            free := ARRAY(SELECT s.name FROM unnest(lease_slot_names(cur, lim.slots)) WITH ORDINALITY AS s (name, i)
+                          WHERE NOT EXISTS (SELECT 1 FROM leases AS l
+                                            WHERE l.resource = s.name AND l.released_at IS NULL AND l.expires_at > now())
+                          ORDER BY s.i);
+            want := least(cardinality(free), cardinality(processors) - next + 1);
+            IF lim.rate_starts IS NOT NULL THEN
+                -- The rate, decided by the clock now: the tasks start
+                -- later (their slots' acquisitions), so no window ending
+                -- at a start holds more than the rate allows.
+                want := least(want, lim.rate_starts - (SELECT count(*) FROM unnest(lim.rate_recent) AS r (at)
+                                                       WHERE r.at > clock_timestamp() - lim.rate_period)::integer);
+            END IF;
+            p_ids := '{}';
+            p_ttls := '{}';
+            IF want > 0 THEN
+                FOR rec IN
+                    SELECT c.id, coalesce(c.ttl_seconds, ttl_default) AS ttl FROM tasks AS c
+                    WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
+                      AND (want_queues IS NULL OR c.queue = ANY (want_queues))
+                      AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+                      AND c.queue <> ALL (paused)
+                    ORDER BY c.priority, c.scheduled_at, c.id
+                    LIMIT want
+                    FOR UPDATE SKIP LOCKED
+                LOOP
+                    p_ids := p_ids || rec.id;
+                    p_ttls := p_ttls || rec.ttl;
+                END LOOP;
+            END IF;
+            starts := '{}';
+            IF cardinality(p_ids) > 0 THEN
+                FOR rec IN
+                    INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, created_at, expires_at)
+                    SELECT s.name, s.holder, nextval('lease_fence_seq'), s.ttl, clock_timestamp(), clock_timestamp() + make_interval(secs => s.ttl)
+                    FROM unnest(free[1:cardinality(p_ids)], processors[next:next + cardinality(p_ids) - 1], p_ttls) AS s (name, holder, ttl)
+                    ON CONFLICT (resource) DO UPDATE
+                    SET holder      = excluded.holder,
+                        -- As LeaseAcquire: a fence drawn under the row lock,
+                        -- a holding that begins after the previous one ended.
+                        fence       = nextval('lease_fence_seq'),
+                        ttl_seconds = excluded.ttl_seconds,
+                        created_at  = clock_timestamp(),
+                        renewed_at  = NULL,
+                        released_at = NULL,
+                        expired_at  = NULL,
+                        expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
+                    WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
+                    RETURNING l.resource, l.holder, l.fence, l.ttl_seconds, l.created_at, l.expires_at
+                LOOP
+                    -- The task given the slot's place among those taken.
+                    a_id := a_id || p_ids[array_position(free, rec.resource)];
+                    a_holder := a_holder || rec.holder;
+                    a_fence := a_fence || rec.fence;
+                    a_ttl := a_ttl || rec.ttl_seconds;
+                    a_start := a_start || rec.created_at;
+                    a_expiry := a_expiry || rec.expires_at;
+                    starts := starts || rec.created_at;
+                END LOOP;
+                next := next + cardinality(p_ids);
+                IF cardinality(starts) > 0 THEN
+                    served := cur;
+                    IF lim.rate_starts IS NOT NULL THEN
+                        UPDATE lease_limits AS ll
+                        SET rate_recent = (SELECT array_agg(r.at ORDER BY r.at)
+                                           FROM (SELECT x.at FROM unnest(lim.rate_recent || starts) AS x (at)
+                                                 ORDER BY x.at DESC LIMIT lim.rate_starts) AS r)
+                        WHERE ll.resource = cur;
+                    END IF;
+                END IF;
+                -- Out of processors with the key perhaps able to start
+                -- more: other claims passed it by while this one held it,
+                -- and may be idle now.
+                left_over := left_over OR next > cardinality(processors);
+            END IF;
+        ELSIF lim.resource IS NOT NULL THEN
+            -- The limit was lowered below slots still held: one task at a
+            -- time, each slot taken by lease_slot_take, which counts them.
+            WHILE next <= cardinality(processors) LOOP
                 SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
                 WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
                   AND (want_queues IS NULL OR c.queue = ANY (want_queues))
                   AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
                   AND c.queue <> ALL (paused)
+                  AND c.id <> ALL (a_id)
                 ORDER BY c.priority, c.scheduled_at, c.id
                 LIMIT 1
                 FOR UPDATE SKIP LOCKED;
                 EXIT WHEN NOT FOUND;
-                -- The rate, decided by the clock now: the task starts later
-                -- (its slot's acquisition), so no window ending at its start
-                -- holds more than the rate allows.
                 EXIT WHEN lease_rate_next(lim, clock_timestamp()) IS NOT NULL;
                 slot := NULL;
                 SELECT s.* INTO slot FROM lease_slot_take(cur, lim.slots, lim.span, processors[next], ttl) AS s;
@@ -517,27 +615,20 @@ BEGIN
                     lim.rate_recent := (lim.rate_recent || slot.created_at)[greatest(1, cardinality(lim.rate_recent) + 2 - lim.rate_starts):];
                     UPDATE lease_limits AS ll SET rate_recent = lim.rate_recent WHERE ll.resource = cur;
                 END IF;
-                UPDATE tasks AS t
-                SET state = 'running',
-                    processor = slot.holder,
-                    fence = slot.fence,
-                    ttl_seconds = ttl,
-                    attempts = t.attempts + 1,
-                    started_at = slot.created_at,
-                    last_heartbeat_at = slot.created_at,
-                    must_heartbeat_before = slot.expires_at
-                WHERE t.id = tid
-                RETURNING t.* INTO claimed;
-                RETURN NEXT claimed;
+                a_id := a_id || tid;
+                a_holder := a_holder || slot.holder;
+                a_fence := a_fence || slot.fence;
+                a_ttl := a_ttl || ttl;
+                a_start := a_start || slot.created_at;
+                a_expiry := a_expiry || slot.expires_at;
                 next := next + 1;
                 served := cur;
-                -- Out of processors with the key perhaps able to start
-                -- more: other claims passed it by while this one held it,
-                -- and may be idle now.
                 left_over := left_over OR next > cardinality(processors);
             END LOOP;
-        ELSIF NOT EXISTS (SELECT 1 FROM leases AS l
-                          WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
+        ELSIF lim.resource IS NULL AND NOT EXISTS (SELECT 1 FROM lease_limits AS ll WHERE ll.resource = cur)
+              AND NOT EXISTS (SELECT 1 FROM leases AS l
+                              WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
+            -- A lock without a limit: its one lease, the key's own.
             SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
             WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
               AND (want_queues IS NULL OR c.queue = ANY (want_queues))
@@ -547,8 +638,8 @@ BEGIN
             LIMIT 1
             FOR UPDATE SKIP LOCKED;
             IF FOUND THEN
-                INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, expires_at)
-                VALUES (cur, processors[next], nextval('lease_fence_seq'), ttl,
+                INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, created_at, expires_at)
+                VALUES (cur, processors[next], nextval('lease_fence_seq'), ttl, clock_timestamp(),
                         clock_timestamp() + make_interval(secs => ttl))
                 ON CONFLICT (resource) DO UPDATE
                 SET holder      = excluded.holder,
@@ -563,18 +654,12 @@ BEGIN
                 RETURNING l.holder, l.fence, l.created_at, l.expires_at
                 INTO holder, lock_fence, acquired, expiry;
                 IF FOUND THEN
-                    UPDATE tasks AS t
-                    SET state = 'running',
-                        processor = holder,
-                        fence = lock_fence,
-                        ttl_seconds = ttl,
-                        attempts = t.attempts + 1,
-                        started_at = acquired,
-                        last_heartbeat_at = acquired,
-                        must_heartbeat_before = expiry
-                    WHERE t.id = tid
-                    RETURNING t.* INTO claimed;
-                    RETURN NEXT claimed;
+                    a_id := a_id || tid;
+                    a_holder := a_holder || holder;
+                    a_fence := a_fence || lock_fence;
+                    a_ttl := a_ttl || ttl;
+                    a_start := a_start || acquired;
+                    a_expiry := a_expiry || expiry;
                     next := next + 1;
                     served := cur;
                 END IF;
@@ -596,6 +681,22 @@ BEGIN
         WHERE c.singleton AND c.last_key IS DISTINCT FROM served
           AND c.singleton IN (SELECT l.singleton FROM gated_cursor AS l FOR UPDATE SKIP LOCKED);
     END IF;
+    -- The assignment of TaskClaim, for every task claimed, in one
+    -- statement: its attempt is the holding of its lock or slot, under
+    -- that lease's fence.
+    RETURN QUERY
+    UPDATE tasks AS t
+    SET state = 'running',
+        processor = a.holder,
+        fence = a.fence,
+        ttl_seconds = a.ttl,
+        attempts = t.attempts + 1,
+        started_at = a.start,
+        last_heartbeat_at = a.start,
+        must_heartbeat_before = a.expiry
+    FROM unnest(a_id, a_holder, a_fence, a_ttl, a_start, a_expiry) AS a (id, holder, fence, ttl, start, expiry)
+    WHERE t.id = a.id
+    RETURNING t.*;
 END;
 $$;
 

@@ -11,10 +11,14 @@ import (
 )
 
 const queuePause = `-- name: QueuePause :one
-INSERT INTO queue_pauses AS p (queue, until, reason)
-VALUES ($1::text, $2::timestamptz, $3::text)
-ON CONFLICT (queue) DO UPDATE SET until = excluded.until, reason = excluded.reason, paused_at = now()
-RETURNING p.queue, p.paused_at, p.until, p.reason
+WITH paused AS (
+    INSERT INTO queue_pauses AS p (queue, until, reason)
+    VALUES ($1::text, $2::timestamptz, $3::text)
+    ON CONFLICT (queue) DO UPDATE SET until = excluded.until, reason = excluded.reason, paused_at = now()
+    RETURNING p.queue, p.paused_at, p.until, p.reason
+)
+SELECT paused.queue, paused.paused_at, paused.until, paused.reason
+FROM paused, (SELECT pg_notify('leasehold_task', 'flow')) AS announced
 `
 
 type QueuePauseParams struct {
@@ -23,11 +27,19 @@ type QueuePauseParams struct {
 	Reason string
 }
 
+type QueuePauseRow struct {
+	Queue    string
+	PausedAt time.Time
+	Until    *time.Time
+	Reason   string
+}
+
 // QueuePause pauses a queue, until a time or (NULL) until resumed; a
-// second pause replaces the first's until and reason.
-func (q *Queries) QueuePause(ctx context.Context, arg QueuePauseParams) (QueuePause, error) {
+// second pause replaces the first's until and reason. It announces the
+// change (flow) for the dashboards; the claims need no word.
+func (q *Queries) QueuePause(ctx context.Context, arg QueuePauseParams) (QueuePauseRow, error) {
 	row := q.db.QueryRow(ctx, queuePause, arg.Queue, arg.Until, arg.Reason)
-	var i QueuePause
+	var i QueuePauseRow
 	err := row.Scan(
 		&i.Queue,
 		&i.PausedAt,

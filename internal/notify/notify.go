@@ -59,6 +59,7 @@ const (
 	TasksInserted = "inserted" // tasks were inserted, and someone waits for them
 	TasksRequeued = "requeued" // tasks went back to pending (failed, handed back, or their lease lapsed): claimable now or after a backoff
 	TasksFinished = "finished" // tasks ended done, dead or cancelled, and a ChangesWaiter waits for that
+	FlowChanged   = "flow"     // a queue was paused or resumed, a key's limit or rate set: for the dashboards
 )
 
 // ParseCancelled returns the id of the running task a "cancelled:<id>"
