@@ -75,7 +75,7 @@ func TestEveryElementTheScriptsNameIsOnThePage(t *testing.T) {
 	h := Handler()
 	_, _, page := get(h, "/")
 	lookup := regexp.MustCompile(`\$\("([A-Za-z0-9_-]+)"\)`)
-	for _, script := range []string{"/static/app.js", "/static/tasks.js", "/static/schedules.js"} {
+	for _, script := range []string{"/static/app.js", "/static/tasks.js", "/static/schedules.js", "/static/flow.js"} {
 		status, _, body := get(h, script)
 		if status != http.StatusOK {
 			t.Fatalf("GET %s: got %d, want 200", script, status)

@@ -33,8 +33,16 @@ const (
 	leaseBatch = 10 * time.Millisecond
 	// tasksEvery is the least time between two "tasks" messages.
 	tasksEvery = 250 * time.Millisecond
-	// statsEvery is the least time between two counts of the tasks table.
+	// statsEvery is the least time between two counts of the tasks table
+	// (and two readings of the limits and the paused queues, taken with
+	// the counts).
 	statsEvery = time.Second
+	// tasksRefresh bounds how old the task state the clients last got may
+	// grow while any is connected: pausing a queue, and setting a limit
+	// while no task waits on its key, notify nothing, and a pause's until
+	// and done_last_minute move with the clock. A busy cluster's messages
+	// come far more often anyway.
+	tasksRefresh = 5 * time.Second
 	// queryTimeout bounds each round of database reads.
 	queryTimeout = 10 * time.Second
 	// maxTasksRetry bounds the wait before reading the task state again
@@ -72,6 +80,10 @@ const (
 	// them stays cheap whatever the backlog: a count equal to it means "at
 	// least that many".
 	maxPendingCount = 100_000
+	// limitKeys bounds limits: the first keys by name.
+	limitKeys = 100
+	// pausedQueues bounds paused_queues: the first queues by name.
+	pausedQueues = 100
 )
 
 // The messages of the /ws protocol.
@@ -97,6 +109,11 @@ type (
 		RunningTasks  []taskLine    `json:"running_tasks"`
 		DeadTasks     []taskLine    `json:"dead_tasks"`
 		PendingByKind []pendingKind `json:"pending_by_kind"`
+		// Limits and PausedQueues are flow control, read with the counts:
+		// the keys with a limit (as GET /api/limits shows them) and the
+		// queues paused now (as GET /api/queues/paused does).
+		Limits       []lease.Limit     `json:"limits"`
+		PausedQueues []task.QueuePause `json:"paused_queues"`
 	}
 	// taskLine is what the page shows of a running or dead task in its
 	// lists: no data, no output, no history, and the error cut short, so
@@ -204,7 +221,9 @@ type feed struct {
 	tasksSent  time.Time     // when the next tasks message may go is tasksEvery after this
 	tasksRetry time.Duration // after a failed read, how much longer to wait; doubles up to maxTasksRetry
 	stats      task.Stats
-	pending    []pendingKind // read with stats, at its cadence
+	pending    []pendingKind     // read with stats, at its cadence
+	limits     []lease.Limit     // read with stats, at its cadence
+	paused     []task.QueuePause // read with stats, at its cadence
 	statsAt    time.Time
 	statsOwed  bool // the last tasks message reused stale counts
 
@@ -239,7 +258,7 @@ func (f *feed) run(ctx context.Context) {
 		f.h.d.Log.Warn().Err(err).Msg("reading the lease event history")
 	}
 
-	var leaseTimer, tasksTimer, scheduleTimer <-chan time.Time
+	var leaseTimer, tasksTimer, scheduleTimer, refreshTimer <-chan time.Time
 	armLease := func() {
 		if leaseTimer == nil {
 			leaseTimer = time.After(leaseBatch)
@@ -250,6 +269,16 @@ func (f *feed) run(ctx context.Context) {
 			return
 		}
 		tasksTimer = time.After(time.Until(f.tasksSent.Add(tasksEvery)))
+	}
+	// armRefresh looks again when the last reading will be tasksRefresh
+	// old, while clients are connected (their snapshot arms it first). It
+	// never looks sooner than statsEvery, so that a database that is down
+	// costs no busy loop: flushTasks's own backoff applies.
+	armRefresh := func() {
+		if refreshTimer != nil || f.h.Clients() == 0 {
+			return
+		}
+		refreshTimer = time.After(max(time.Until(f.statsAt.Add(tasksRefresh)), statsEvery))
 	}
 	for {
 		select {
@@ -270,6 +299,12 @@ func (f *feed) run(ctx context.Context) {
 				f.generator = true
 			case instance.IsLease(ch.Resource):
 				f.instances = true
+			}
+			if _, slot := lease.SlotKey(ch.Resource); slot && ch.Kind != "renewed" {
+				// A slot taken or freed moves its key's count of slots
+				// held, which the tasks message carries.
+				f.tasksDirty = true
+				armTasks()
 			}
 			f.changes = append(f.changes, ch)
 			f.received = append(f.received, n.Received)
@@ -317,12 +352,20 @@ func (f *feed) run(ctx context.Context) {
 			tasksTimer = nil
 			f.flushTasks(ctx)
 			armTasks()
+		case <-refreshTimer:
+			refreshTimer = nil
+			if f.h.Clients() > 0 && time.Since(f.statsAt) >= tasksRefresh {
+				f.tasksDirty = true
+				armTasks()
+			}
+			armRefresh()
 		case <-scheduleTimer:
 			scheduleTimer = nil
 			f.flushSchedules(ctx)
 		case <-f.h.snapshotMe:
 			f.sendSnapshot(ctx)
 			armTasks()
+			armRefresh()
 		}
 	}
 }
@@ -453,8 +496,9 @@ func (f *feed) observeLag(changes []leasestore.Change, received []time.Time, evs
 }
 
 // flushTasks sends one tasks message. The counts (the pending tasks by
-// kind among them) are taken at most once per statsEvery; a message that had to reuse older counts leaves the next
-// one due, so the last word always carries fresh counts.
+// kind, the limits and the paused queues among them) are taken at most
+// once per statsEvery; a message that had to reuse older counts leaves the
+// next one due, so the last word always carries fresh counts.
 func (f *feed) flushTasks(ctx context.Context) {
 	if !f.tasksDirty {
 		return
@@ -501,11 +545,20 @@ func (f *feed) tasksBody(ctx context.Context, fresh bool) (tasksBody, error) {
 		if err != nil {
 			return b, err
 		}
+		l, err := f.h.d.Leases.Limits(ctx, "", limitKeys)
+		if err != nil {
+			return b, err
+		}
+		q, err := f.h.d.Tasks.PausedQueues(ctx)
+		if err != nil {
+			return b, err
+		}
 		f.stats, f.pending, f.statsAt = s, pendingRows(p), time.Now()
+		f.limits, f.paused = nonNil(l), nonNil(q[:min(len(q), pausedQueues)])
 	} else {
 		f.statsOwed = true
 	}
-	b.Stats, b.PendingByKind = f.stats, f.pending
+	b.Stats, b.PendingByKind, b.Limits, b.PausedQueues = f.stats, f.pending, f.limits, f.paused
 	running, err := f.h.d.Tasks.Running(ctx, runningTasks)
 	if err != nil {
 		return b, err

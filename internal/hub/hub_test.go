@@ -171,6 +171,8 @@ type tasksBody struct {
 	RunningTasks  []json.RawMessage `json:"running_tasks"`
 	DeadTasks     []json.RawMessage `json:"dead_tasks"`
 	PendingByKind []pendingKind     `json:"pending_by_kind"`
+	Limits        []lease.Limit     `json:"limits"`
+	PausedQueues  []task.QueuePause `json:"paused_queues"`
 }
 
 type pendingKind struct {
@@ -254,7 +256,8 @@ func TestSnapshotThenLeaseEvents(t *testing.T) {
 	}
 	var tasksShape map[string]json.RawMessage
 	_ = json.Unmarshal(shape["tasks"], &tasksShape)
-	for _, k := range []string{"pending", "running", "done", "dead", "done_last_minute", "running_tasks", "dead_tasks", "pending_by_kind"} {
+	for _, k := range []string{"pending", "running", "done", "dead", "done_last_minute", "running_tasks", "dead_tasks", "pending_by_kind",
+		"limits", "paused_queues"} {
 		if _, ok := tasksShape[k]; !ok {
 			t.Errorf("snapshot tasks has no %q: %s", k, shape["tasks"])
 		}

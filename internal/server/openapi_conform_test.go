@@ -152,6 +152,14 @@ func conformWebsocket(c *conformance, b bundle, live liveHub) {
 	c.send(b, exchange{op: ws, path: "/ws", want: http.StatusBadRequest})
 	c.send(b, exchange{op: ws, path: "/ws", header: append(slices.Clone(upgrade), "Origin", "http://elsewhere.example"), want: http.StatusForbidden})
 
+	// A limited key with a rate and a paused queue, so that the items of
+	// the tasks state's limits and paused_queues are held to the document.
+	if _, err := leasestore.NewStore(b.db.Pool).SetRate(t.Context(), "ws:key", 1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := taskstore.NewStore(b.db.Pool).PauseQueue(t.Context(), "ws-paused", time.Now().Add(time.Hour), "held to the schema"); err != nil {
+		t.Fatal(err)
+	}
 	conn, hs, err := websocket.DefaultDialer.DialContext(t.Context(), "ws"+strings.TrimPrefix(b.srv.URL, "http")+"/ws", nil)
 	if err != nil {
 		t.Fatalf("dial /ws: %v", err)
@@ -165,8 +173,9 @@ func conformWebsocket(c *conformance, b bundle, live liveHub) {
 	msgs := c.doc.operation(t, ws)["x-websocket-messages"].(map[string]any)["schema"]
 	v := schemaValidator{root: c.doc.root, closed: true}
 	types := map[string]bool{}
-	// next reads messages, each held to the document, until one of type want.
-	next := func(want string) {
+	// next reads messages, each held to the document, until one of type
+	// want, and returns it.
+	next := func(want string) map[string]any {
 		t.Helper()
 		for {
 			// A guard against a hang, not a timed assertion.
@@ -182,14 +191,18 @@ func conformWebsocket(c *conformance, b bundle, live liveHub) {
 			if err := v.validate(msgs, msg); err != nil {
 				t.Errorf("/ws message breaks the documented schema: %v\n%s", err, data)
 			}
-			typ, _ := msg.(map[string]any)["type"].(string)
+			obj, _ := msg.(map[string]any)
+			typ, _ := obj["type"].(string)
 			types[typ] = true
 			if typ == want {
-				return
+				return obj
 			}
 		}
 	}
-	next("snapshot")
+	snapTasks, _ := next("snapshot")["tasks"].(map[string]any)
+	if l, p := snapTasks["limits"].([]any), snapTasks["paused_queues"].([]any); len(l) != 1 || len(p) != 1 {
+		t.Errorf("snapshot tasks limits %v and paused_queues %v, want one of each (held to the document)", l, p)
+	}
 
 	// A lease, then the instance that holds its instance lease, a task, the
 	// generator and a schedule: each change its message.

@@ -6,11 +6,14 @@
 // pages of tasks through the REST API, again whenever the stream says
 // tasks changed; the schedules view (#schedules, schedules.js) reads the
 // schedules whenever the stream says a schedule or one of its tasks did.
+// The flow control panels (flow.js) show the paused queues and the limited
+// keys that come with the tasks messages, and pause and resume queues.
 
 import { Stream } from "./stream.js";
 import { css, series, timeline } from "./charts.js";
 import { createTasksView, parseRoute, routeHash } from "./tasks.js";
 import { createSchedulesView, parseRoute as parseScheduleRoute } from "./schedules.js";
+import { createFlowPanels } from "./flow.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -327,6 +330,7 @@ function setTasks(t) {
   renderRunning();
   renderDead();
   renderPending();
+  flow.set(t);
 }
 
 // The kind and queue of a task, as two cells.
@@ -568,6 +572,7 @@ function showScopes(session) {
   document.body.dataset.may = [...may].join(" ");
   $("who").textContent = session?.open ? "" : session?.name ? `signed in as ${session.name}` : "";
   $("signout").hidden = !!session?.open || !session?.name;
+  flow.setSession(session);
 }
 
 async function readSession() {
@@ -661,6 +666,7 @@ const stream = new Stream(wsURL.href, {
 const signIn = () => { $("signin").hidden = false; };
 const tasksView = createTasksView({ $, el, api, errorText, now, age, signIn });
 const schedulesView = createSchedulesView({ $, el, api, errorText, now, age, signIn });
+const flow = createFlowPanels({ $, el, api, errorText, now, age, signIn });
 
 function route() {
   const tasks = parseRoute(location.hash);
@@ -725,6 +731,7 @@ function tick() {
   if ($("overview").hidden) return;
   for (const td of $("running").querySelectorAll("td[data-since]")) td.textContent = age(t - ms(td.dataset.since));
   drawPendingWaits(t);
+  flow.tick(t);
   for (const td of $("instances").querySelectorAll("td[data-seen]")) {
     const seen = t - ms(td.dataset.seen);
     td.textContent = age(seen) + " ago";

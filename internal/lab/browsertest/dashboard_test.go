@@ -179,8 +179,9 @@ func TestDashboardSignIn(t *testing.T) {
 
 // TestDashboardReadOnly signs the dashboard in with a token of the read
 // scope alone: the page shows everything and offers none of the controls
-// that token may not use (the generator's switch, cancel and retry), and
-// says who it is signed in as; signing out brings the sign-in box back.
+// that token may not use (the generator's switch, cancel and retry, a
+// queue's pause and resume), and says who it is signed in as; signing out
+// brings the sign-in box back.
 func TestDashboardReadOnly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the browser test starts Chromium and a replica; skipped with -short")
@@ -196,6 +197,7 @@ func TestDashboardReadOnly(t *testing.T) {
 	r := startReplica(t, testkit.Leasehold(t), db.URL, "--tokens-file", file, "--roles", "api")
 	r.token = admin
 	pending := createTask(t, r, map[string]any{"task_data": map[string]any{}, "kind": "report.render"})
+	r.mustCall(t, "PUT", "/api/queues/reports/pause", map[string]any{"reason": "audit"}, http.StatusOK)
 	ctx := newBrowser(t, chromium)
 	step(ctx, t, "signed in with the read token",
 		chromedp.Navigate(r.url+"/"),
@@ -206,6 +208,11 @@ func TestDashboardReadOnly(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#connection.connected`)),
 		waitTrue(`document.getElementById("who").textContent === "signed in as viewer"`),
 		waitTrue(`getComputedStyle(document.getElementById("generator-start")).display === "none"`))
+	step(ctx, t, "the paused queue shown without Resume, and no pause form",
+		chromedp.WaitVisible(chromedp.CSS(`#queues tr[data-queue="reports"][data-state="paused"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#queues tr[data-queue="default"][data-state="active"]`)),
+		waitTrue(`document.querySelectorAll("#queues button").length === 0`),
+		waitTrue(`getComputedStyle(document.getElementById("pause-form")).display === "none"`))
 	row := fmt.Sprintf(`#task-rows tr[data-task-id="%d"]`, pending.ID)
 	step(ctx, t, "the task listed without its cancel button",
 		chromedp.Click(chromedp.CSS(`#nav-tasks`)),
