@@ -19,8 +19,9 @@ import (
 
 // The soak's applications: programs of a user's, as the library runs them beside the
 // replicas, under the same faults. Each runs the workers of two kinds of its own, which
-// "leasehold serve" does not run; one is embedded on its own pool (and also inserts tasks in
-// transactions of its own), the other remote, on the replicas' REST API through a front door.
+// "leasehold serve" does not run, in the default queue and in the paused one (pausedQueue);
+// one is embedded on its own pool (and also inserts tasks in transactions of its own), the
+// other remote, on the replicas' REST API through a front door.
 const (
 	// KindDigest: sha256 of text, applied rounds times; with snooze, the first run
 	// asks to run again later.
@@ -38,7 +39,8 @@ const (
 	AppEmbedded = "app-embedded"
 	AppRemote   = "app-remote"
 	// WorkA and WorkB are the two `leasehold work` processes (their --processor), on
-	// the front door, each with workSlots slots.
+	// the front door, each with workSlots slots, taking tasks of the default queue and
+	// of pausedQueue.
 	WorkA = "work-a"
 	WorkB = "work-b"
 	// workSlots is each work process's --concurrency.
@@ -181,7 +183,7 @@ func RunApp(ctx context.Context, o AppOptions) error {
 	}
 	cfg := leasehold.Config{
 		ID: o.Name, Workers: workers, TaskTTL: o.TaskTTL, ShutdownGrace: o.ShutdownGrace, Logger: o.Log,
-		Queues: map[string]leasehold.QueueConfig{"default": {MaxWorkers: appWorkers}},
+		Queues: map[string]leasehold.QueueConfig{"default": {MaxWorkers: appWorkers}, pausedQueue: {MaxWorkers: pausedWorkers}},
 	}
 	var (
 		client *leasehold.Client

@@ -1,10 +1,11 @@
 // Package chaos is a soak of leasehold as it runs in production: replicas of the real
 // binary, each a process of its own, on a PostgreSQL cluster of their own, loaded by the
 // generator, by schedules, by API clients creating tasks (lease-gated ones among them, on
-// locks that lease clients contend for too, and tasks on keys of 1 and 3 slots, whose
-// slots slot clients take too, as leasehold exec --slots does) and by lease clients
-// contending for shared resources, while faults are injected at random intervals, one at
-// a time:
+// locks that lease clients contend for too, tasks on keys of 1 and 3 slots, whose
+// slots slot clients take too, as leasehold exec --slots does, bursts of tasks on a key
+// with a rate, above it, and a trickle of tasks in a queue that the soak pauses and
+// resumes over the API now and then) and by lease clients contending for shared
+// resources, while faults are injected at random intervals, one at a time:
 //
 //	kill        kill -9 of a replica, preferably one running tasks; measures how long until
 //	            each task it was running is claimed again by a worker
@@ -33,10 +34,13 @@
 // platform would. At the end the faults and the load stop, the schedules are removed once
 // the scheduler has made every tick due, the replicas drain the queue and stop, and
 // internal/lab/checker verifies leasehold's guarantees (those of leases and tasks, of schedules and
-// lease-gated tasks, and never more holders of a key of k slots than k) over the whole
-// history the database recorded. The lease clients also check mutual exclusion from
-// the outside: no client is granted a resource (a slot, for the slot clients) while
-// another could rightly believe, by its own clock, that it still holds it.
+// lease-gated tasks, never more holders of a key of k slots than k, never more starts of
+// the rated key's tasks in a window of its period than its rate, and no start in the
+// paused queue while a pause bound every claim, by the pauses the soak recorded as it made
+// them; it resumes the queue before the drain) over the whole history the database
+// recorded. The lease clients also check mutual exclusion from the outside: no client is
+// granted a resource (a slot, for the slot clients) while another could rightly believe,
+// by its own clock, that it still holds it.
 package chaos
 
 import (
@@ -327,8 +331,11 @@ type soak struct {
 	appStats   AppStats
 	grants     []grant // the lease clients' acquisitions
 	// gated are the ids of the lease-gated tasks the soak created, answered 201;
-	// slotted, of the tasks on the keys of k slots.
-	gated, slotted []int64
+	// slotted, of the tasks on the keys of k slots; rated, of those on rateKey;
+	// pausedTasks, of those in pausedQueue.
+	gated, slotted, rated, pausedTasks []int64
+	// pauses are the pauses of pausedQueue the soak made, as the checker judges them.
+	pauses []checker.Pause
 	// schedules are the soak's schedules as the checker judges them: from their
 	// creation, then from their removal.
 	schedules []checker.Schedule
@@ -455,6 +462,9 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	if err := s.createSchedules(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.setRate(ctx); err != nil {
+		return nil, err
+	}
 
 	s.log.Info().Dur("duration", s.opts.Duration).Dur("fault_interval", s.opts.FaultInterval).
 		Msgf("chaos: load and faults for %v (and until the %d forced fault(s) are in, for at most %v), a fault every %v on average",
@@ -470,6 +480,9 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	wg.Go(func() { s.controlTasks(phase) })
 	wg.Go(func() { s.createGatedTasks(phase) })
 	wg.Go(func() { s.createSlotTasks(phase) })
+	wg.Go(func() { s.createRateTasks(phase) })
+	wg.Go(func() { s.createPausedTasks(phase) })
+	wg.Go(func() { s.pauseQueue(phase) }) // ends its last pause before the drain
 	for i := range leaseClients {
 		wg.Go(func() { s.leaseClient(phase, i) })
 	}
@@ -516,6 +529,9 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 	if err := s.countSlots(endCtx); err != nil {
 		s.problem("count the tasks on the keys of k slots: %v", err)
 	}
+	if err := s.countFlow(endCtx); err != nil {
+		s.problem("count the tasks of %s and %s: %v", rateKey, pausedQueue, err)
+	}
 	if err := s.checkApps(endCtx); err != nil {
 		s.problem("check the applications' tasks: %v", err)
 	}
@@ -528,6 +544,8 @@ func (s *soak) run(ctx context.Context) (*Report, error) {
 		ExpectedTasks:   slices.Clone(s.created),
 		AllowUnfinished: interrupted,
 		Limits:          slotLimits(),
+		Rates:           map[string]checker.Rate{rateKey: {Starts: rateStarts, Period: ratePeriod}},
+		Pauses:          slices.Clone(s.pauses),
 	}
 	for _, r := range s.members() {
 		opts.Exits = append(opts.Exits, r.exitsAs()...)

@@ -144,6 +144,7 @@ func TestChaosShort(t *testing.T) {
 					st.Key, st, k)
 			}
 		}
+		checkFlow(t, rep)
 	}
 
 	var md bytes.Buffer
@@ -152,7 +153,7 @@ func TestChaosShort(t *testing.T) {
 	}
 	for _, want := range []string{"# Chaos soak: ", "## Violations", "## Faults", "| kill |", "| db-restart | PostgreSQL |",
 		"| schedule chaos-every-1s: ticks expected / made / missed / skipped | ", "| lease-gated tasks | ",
-		"| key chaos:limit-3 of 3 slot(s) | "} {
+		"| key chaos:limit-3 of 3 slot(s) | ", "| key chaos:rate, 5 start(s) per 2s | ", "| queue chaos-paused | "} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("markdown report: no %q in\n%s", want, md.String())
 		}
@@ -194,6 +195,9 @@ func TestChaosFailover(t *testing.T) {
 	if c := rep.Check; c != nil && (c.TasksDone != rep.TasksDone || c.TasksDead != rep.TasksDead) {
 		t.Errorf("checker: done %d, dead %d; the soak counted %d, %d", c.TasksDone, c.TasksDead, rep.TasksDone, rep.TasksDead)
 	}
+	if rep.Check != nil {
+		checkFlow(t, rep)
+	}
 	t.Logf("%d failovers of a synchronous pair; primary death → first lease granted by the new primary: %v; %d violations; tasks: %d done, %d dead, %d unfinished",
 		rep.Failovers, rep.FailoverGrant, len(rep.AllViolations()), rep.TasksDone, rep.TasksDead, rep.TasksUnfinished)
 	var md bytes.Buffer
@@ -204,6 +208,30 @@ func TestChaosFailover(t *testing.T) {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("markdown report: no %q in\n%s", want, md.String())
 		}
+	}
+}
+
+// checkFlow checks the soak's figures of its key with a rate and its paused queue against
+// the checker's: the rate bound (some window of its period held as many starts as it
+// allows), the queue was paused both ways, judged, and its tasks all done.
+func checkFlow(t *testing.T, rep *Report) {
+	t.Helper()
+	c := rep.Check
+	if i := slices.IndexFunc(c.RateKeys, func(k checker.RateKey) bool { return k.Key == rateKey }); i < 0 {
+		t.Errorf("checker: no figures of %s, a key of %d starts per %v: it judged %+v", rateKey, rateStarts, ratePeriod, c.RateKeys)
+	} else if k := c.RateKeys[i]; rep.Rate.Done == 0 || k.Rate != rep.Rate.Rate || k.Starts < rep.Rate.Done || k.MostInWindow != rateStarts {
+		t.Errorf("%s: the soak counted %+v, the checker %+v; want tasks done, each a start, and a window of %v holding %d starts",
+			rateKey, rep.Rate, k, ratePeriod, rateStarts)
+	}
+	p := rep.PausedQueue
+	if p.Pauses < 2 || p.Timed == 0 || p.Timed == p.Pauses || p.Tasks == 0 || p.Done != p.Tasks {
+		t.Errorf("%s: %+v; want pauses ended both by their until and by a resume, and every task done", pausedQueue, p)
+	}
+	if i := slices.IndexFunc(c.PausedQueues, func(q checker.PausedQueue) bool { return q.Queue == pausedQueue }); i < 0 {
+		t.Errorf("checker: no figures of %s: it judged %+v", pausedQueue, c.PausedQueues)
+	} else if q := c.PausedQueues[i]; q.Pauses != p.Pauses || q.Judged == 0 || q.Starts < p.Done || q.Outside == 0 || q.HeldBack == 0 {
+		t.Errorf("%s: the soak counted %+v, the checker %+v; want every pause given to it, some judged, a start per task done, "+
+			"some tasks held back by a pause", pausedQueue, p, q)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/leasehold/leasehold/internal/demo/frontdoor"
 	"github.com/leasehold/leasehold/internal/demo/supervise"
 	"github.com/leasehold/leasehold/internal/lab/checker"
+	"github.com/leasehold/leasehold/task"
 )
 
 // requestTimeout bounds one request to a replica: a paused one answers nothing.
@@ -179,7 +180,7 @@ func (s *soak) workChild(r *replica) supervise.Child {
 		Name: r.name,
 		Command: func() (*exec.Cmd, error) {
 			cmd := exec.Command(s.opts.Binary, "work", "--url", s.doorURL, "--processor", r.name,
-				"--kind", KindShell, "--concurrency", strconv.Itoa(workSlots),
+				"--kind", KindShell, "--queue", task.DefaultQueue, "--queue", pausedQueue, "--concurrency", strconv.Itoa(workSlots),
 				"--shutdown-grace", shutdownGrace.String(), "--kill-grace", shutdownGrace.String(),
 				"--log-level", s.opts.ReplicaLogLevel,
 				"--", "/bin/sh", "-c", shellScript)

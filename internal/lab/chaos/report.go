@@ -84,6 +84,10 @@ type Report struct {
 	// Slots are what became of the soak's use of each key of k slots, in the order of
 	// slotKeys.
 	Slots []SlotStats
+	// Rate is what became of the soak's key with a rate; PausedQueue, of its queue
+	// paused and resumed.
+	Rate        RateStats
+	PausedQueue PauseStats
 
 	// Reclaim is the longest wait from a kill -9 to a task the victim was running being
 	// claimed again; Release, from a SIGTERM to the last of the victim's leases being free.
@@ -209,6 +213,7 @@ func (r *Report) summary() [][2]string {
 		{"lease-gated tasks", r.gatedRow()},
 	}...)
 	rows = append(rows, r.slotRows()...)
+	rows = append(rows, r.flowRows()...)
 	rows = append(rows, [][2]string{
 		{"lease acquisitions in the history", acquisitions},
 		{"violations", fmt.Sprint(len(r.AllViolations()))},
@@ -249,6 +254,31 @@ func (r *Report) slotRows() [][2]string {
 				st.Created, st.Tasks, st.Done, st.Grants, holdings)})
 	}
 	return rows
+}
+
+// flowRows are the report's figures of the key with a rate and of the paused queue, with
+// their starts as the checker counted them.
+func (r *Report) flowRows() [][2]string {
+	rate, paused := "not counted", "not counted"
+	if r.Check != nil {
+		if i := slices.IndexFunc(r.Check.RateKeys, func(k checker.RateKey) bool { return k.Key == r.Rate.Key }); i >= 0 {
+			k := r.Check.RateKeys[i]
+			rate = fmt.Sprintf("%d start(s) in the history (every attempt), at most %d in a window of %v", k.Starts, k.MostInWindow, k.Rate.Period)
+		}
+		if i := slices.IndexFunc(r.Check.PausedQueues, func(q checker.PausedQueue) bool { return q.Queue == r.PausedQueue.Queue }); i >= 0 {
+			q := r.Check.PausedQueues[i]
+			paused = fmt.Sprintf("%d pause(s) judged, binding every claim for %v in all; %d start(s): %d outside every pause, "+
+				"%d by claims under way at a pause's commit, %d within pauses not judged; %d task(s) created during a pause first started after it",
+				q.Judged, round(q.Paused), q.Starts, q.Outside, q.InFlight, q.NotJudged, q.HeldBack)
+		}
+	}
+	p := r.PausedQueue
+	return [][2]string{
+		{fmt.Sprintf("key %s, %v", r.Rate.Key, r.Rate.Rate), fmt.Sprintf("%d task(s) created over the API (201) in bursts above the rate, %d in all, %d done; %s",
+			r.Rate.Created, r.Rate.Tasks, r.Rate.Done, rate)},
+		{"queue " + p.Queue, fmt.Sprintf("%d pause(s) over the API (%d ended by their until, the others resumed), %v in all; "+
+			"%d task(s) created over the API (201), %d in all, %d done; %s", p.Pauses, p.Timed, round(p.Paused), p.Created, p.Tasks, p.Done, paused)},
+	}
 }
 
 // scheduleRows are the report's figures of the schedules: one row each, with its ticks

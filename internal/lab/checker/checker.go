@@ -1,7 +1,7 @@
 // Package checker verifies leasehold's guarantees (docs/promises.md) after the fact, from what the
 // database recorded: the lease history (lease_events) and the tasks, whose rows carry their
-// own leases, the locks and schedule ticks of the tasks, and the limits of the keys of k
-// slots (lease_limits).
+// own leases, the locks, queues and schedule ticks of the tasks, and the limits and rates of
+// the keys of k slots (lease_limits).
 //
 // Check reads the history; Verify judges it. Verify is a pure function of a
 // History, so every rule can be tested on a hand-made one. Check does not
@@ -9,7 +9,8 @@
 // resource at a time, then one task at a time, and keeps only what the
 // cross-resource rules need (the fences, the holding intervals of the
 // generator, of the reaper, of the resources that gate tasks and of the
-// slots of the keys with a limit, and the schedules' ticks), so a history
+// slots of the keys with a limit, the schedules' ticks, and the starts of
+// the tasks of the keys with a rate), so a history
 // of millions of events and tasks fits in memory.
 //
 // A holding interval is one acquisition of a resource, up to its release or
@@ -57,6 +58,11 @@
 //     k, counting the holdings of its slots (KEY#n) in the lease history,
 //     the tasks claimed into them included; a task gated by such a key
 //     runs inside its slot's holding (RuleLockHeld).
+//   - RuleRateLimit: never more starts of a key's tasks, every attempt
+//     counted, in a window of the key's period than its rate.
+//   - RuleQueuePaused: no attempt of a task of a paused queue started
+//     while the pause bound every claim (Options.Pauses: the pauses a
+//     caller made, since queue_pauses keeps a queue's latest only).
 //   - RuleScheduleDuplicate, RuleScheduleTick, RuleScheduleCount,
 //     RuleScheduleBehind: a schedule made at most one task per tick, each
 //     for one of its ticks and not before it fell due; every tick it
@@ -123,6 +129,13 @@ type Options struct {
 	// history is read may be lower, had the caller lowered it. A key
 	// named here that lease_limits lacks is judged too.
 	Limits map[string]int
+	// Rates are keys with the rate the caller gave each, for
+	// RuleRateLimit: a key named here is judged by this rate, any other
+	// by its rate in lease_limits when the history is read.
+	Rates map[string]Rate
+	// Pauses are the pauses of queues the caller made, each recorded as
+	// it was made and ended (PauseMade, PauseEnded), for RuleQueuePaused.
+	Pauses []Pause
 }
 
 // DefaultExpiryBound is the ExpiryBound leasehold promises: an expiry is
@@ -166,7 +179,11 @@ func Check(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Report, erro
 	if err != nil {
 		return nil, fmt.Errorf("check: read lease_limits: %w", err)
 	}
-	v := newVerifier(opts, readAt, locks, limits)
+	rates, err := readRates(ctx, tx)
+	if err != nil {
+		return nil, fmt.Errorf("check: read the rates of lease_limits: %w", err)
+	}
+	v := newVerifier(opts, readAt, locks, limits, rates)
 	if err := streamEvents(ctx, tx, v.resource); err != nil {
 		return nil, fmt.Errorf("check: read lease_events: %w", err)
 	}
@@ -221,7 +238,7 @@ func lockResources(ctx context.Context, tx pgx.Tx) ([]string, error) {
 // streamTasks calls each with every task, in id order.
 func streamTasks(ctx context.Context, tx pgx.Tx, each func(Task)) error {
 	rows, err := tx.Query(ctx, `
-		SELECT id, state, coalesce(processor, ''), coalesce(fence, 0), started_at, must_heartbeat_before,
+		SELECT id, state, queue, coalesce(processor, ''), coalesce(fence, 0), started_at, must_heartbeat_before,
 		       processed_at, created_at, coalesce(generator_fence, 0), earlier_attempts,
 		       coalesce(lock_resource, ''), coalesce(schedule, ''), schedule_tick
 		FROM tasks
@@ -236,7 +253,7 @@ func streamTasks(ctx context.Context, tx pgx.Tx, each func(Task)) error {
 			started, expires, processed, tick *time.Time
 			earlier                           []byte
 		)
-		if err := rows.Scan(&t.ID, &t.State, &t.Processor, &t.Fence, &started, &expires,
+		if err := rows.Scan(&t.ID, &t.State, &t.Queue, &t.Processor, &t.Fence, &started, &expires,
 			&processed, &t.CreatedAt, &t.GeneratorFence, &earlier, &t.Lock, &t.Schedule, &tick); err != nil {
 			return err
 		}

@@ -54,6 +54,12 @@ type Report struct {
 	// SlotKeys are the keys of k slots, by key, with their slots'
 	// holdings as RuleSlotLimit counted them; nil when there is none.
 	SlotKeys []SlotKey
+	// RateKeys are the keys with a rate, by key, with their tasks' starts
+	// as RuleRateLimit counted them; PausedQueues, the queues of
+	// Options.Pauses, by queue, with their tasks' starts as
+	// RuleQueuePaused counted them.
+	RateKeys     []RateKey
+	PausedQueues []PausedQueue
 	// Schedules are the ticks of each schedule of Options.Schedules, in
 	// their order.
 	Schedules  []ScheduleTicks
@@ -95,6 +101,12 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(bw, "gated tasks %d, their attempts %d (each inside a holding of its lock)\n", r.GatedTasks, r.GatedAttempts)
 	for _, k := range r.SlotKeys {
 		fmt.Fprintln(bw, k.line())
+	}
+	for _, k := range r.RateKeys {
+		fmt.Fprintln(bw, k.line())
+	}
+	for _, q := range r.PausedQueues {
+		fmt.Fprintln(bw, q.line())
 	}
 	for _, s := range r.Schedules {
 		fmt.Fprintf(bw, "schedule %s (%s): ticks expected %d, made %d, missed %d, skipped %d%s\n",

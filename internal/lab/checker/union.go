@@ -30,6 +30,9 @@ func Read(ctx context.Context, pool *pgxpool.Pool) (History, error) {
 		if h.Limits, err = readLimits(ctx, tx); err != nil {
 			return fmt.Errorf("read lease_limits: %w", err)
 		}
+		if h.Rates, err = readRates(ctx, tx); err != nil {
+			return fmt.Errorf("read the rates of lease_limits: %w", err)
+		}
 		return nil
 	})
 	if err != nil {
@@ -57,7 +60,7 @@ func VerifyFences(hs ...History) *Report {
 	for _, h := range hs {
 		limits = append(limits, h.Limits)
 	}
-	v := newVerifier(Options{}, time.Time{}, nil, mergeLimits(limits...))
+	v := newVerifier(Options{}, time.Time{}, nil, mergeLimits(limits...), nil)
 	seen := map[string]bool{}
 	use := func(key string, u fenceUse) {
 		if seen[key] {

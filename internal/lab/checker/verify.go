@@ -146,6 +146,44 @@ const (
 	// Options.Limits, since lease_limits forgets it once those holders
 	// are gone.
 	RuleSlotLimit = "slot-limit"
+	// RuleRateLimit: more starts of a key's tasks in a window of its
+	// period than its rate allows. A key's rate is at most N of its tasks
+	// (those whose lock is the key) starting in any period P:
+	// Options.Rates[key], else its rate in lease_limits when the history
+	// was read (right when the rate never changed). Each attempt of such a
+	// task is a start, at its started_at: every entry of earlier_attempts,
+	// whatever its outcome, and the attempt in the task's columns. A claim
+	// starts one of the key's tasks only when the N-th latest start the
+	// key's row records lies at least P before the clock it reads, and the
+	// start it records (the task's started_at) is that clock or later. So,
+	// sorted, the starts keep s[i+N] - s[i] >= P for every i: no half-open
+	// window [t, t+P) holds more than N. Each i with s[i+N] - s[i] < P is a
+	// violation, naming the window [s[i], s[i]+P) and every start in it,
+	// unless that window holds no start after those of the window
+	// reported before it.
+	RuleRateLimit = "rate-limit"
+	// RuleQueuePaused: an attempt of a task of a paused queue started
+	// while the pause bound every claim. A pause (Options.Pauses, as the
+	// one who made it recorded it: the queue_pauses row keeps a queue's
+	// latest pause only) runs from At, its paused_at (the pausing
+	// statement's now(), before its commit), to Until, its until (the end
+	// it was given, or the resume's now()). A claim counts a queue paused
+	// when its snapshot shows the pause and its own now() is before
+	// until, and stamps the tasks it starts with its now() or a later
+	// clock. So a claim whose transaction began at or after Until, the
+	// only kind that may start the queue's tasks once the pause is seen,
+	// starts them at or after Until. At the other end the snapshot
+	// decides: a claim whose snapshot was taken before the pause committed
+	// does not see it, and may start the queue's tasks after At, even
+	// after the commit, until its statement ends. From is when none of
+	// those was left (see PauseMade): a few milliseconds after the commit,
+	// the time to see it. A start s with From <= s < Until is a
+	// violation; one in [At, From) came from a claim under way at the
+	// pause's commit (or just after it, before it was seen), and is
+	// counted (PausedQueue.InFlight), not judged. A pause whose From is
+	// zero, or not before its Until, judges nothing; a zero Until is a
+	// pause not ended when the history was read.
+	RuleQueuePaused = "queue-paused"
 	// RuleScheduleDuplicate: two tasks of one schedule (tasks.schedule)
 	// carry the same schedule_tick.
 	RuleScheduleDuplicate = "schedule-duplicate"
@@ -175,7 +213,7 @@ const (
 var ruleOrder = []string{
 	RuleOverlap, RuleFenceOrder, RuleFenceReused, RuleOrphanEvent,
 	RuleTaskLost, RuleTaskUnfinished, RuleTaskCompletion, RuleTaskReclaimed,
-	RuleGeneratorFence, RuleExpiryLate, RuleExpiryEarly, RuleLockHeld, RuleSlotLimit,
+	RuleGeneratorFence, RuleExpiryLate, RuleExpiryEarly, RuleLockHeld, RuleSlotLimit, RuleRateLimit, RuleQueuePaused,
 	RuleScheduleDuplicate, RuleScheduleTick, RuleScheduleCount, RuleScheduleBehind,
 }
 
@@ -202,6 +240,9 @@ type History struct {
 	// held it at ReadAt (the larger of its slots and its span): see
 	// RuleSlotLimit.
 	Limits map[string]int
+	// Rates are the keys with a rate, as lease_limits held them at
+	// ReadAt: see RuleRateLimit.
+	Rates map[string]Rate
 }
 
 // Task is what the checker needs of a row of tasks: its state, its lease
@@ -210,6 +251,7 @@ type History struct {
 type Task struct {
 	ID    int64
 	State string
+	Queue string
 	// Processor, Fence, StartedAt and ExpiresAt (must_heartbeat_before) are
 	// the lease of the task's latest attempt. For a running task it is the
 	// current attempt, for a done one the completed attempt (ExpiresAt is
@@ -246,7 +288,7 @@ func Verify(h History, opts Options) *Report {
 			locks = append(locks, t.Lock)
 		}
 	}
-	v := newVerifier(opts, h.ReadAt, locks, h.Limits)
+	v := newVerifier(opts, h.ReadAt, locks, h.Limits, h.Rates)
 	events := slices.Clone(h.Events)
 	slices.SortFunc(events, func(a, b lease.Event) int {
 		return cmp.Or(strings.Compare(a.Resource, b.Resource), cmp.Compare(a.ID, b.ID))
@@ -291,6 +333,9 @@ type verifier struct {
 	// ticks are the ticks of each schedule's tasks, by schedule, with the
 	// task that has each.
 	ticks map[string][]madeTick
+	// flow are the keys with a rate and the paused queues, with what
+	// their rules need of the tasks.
+	flow *flow
 }
 
 // fenceUse is one acquisition's fence: a lease's acquired event, or a task
@@ -363,8 +408,10 @@ func ts(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z
 // locks are the resources that gate tasks (repeats allowed): their
 // holdings are kept for RuleLockHeld. limits are the keys of k slots as
 // the database held them (History.Limits); with Options.Limits they say
-// which keys' slots are kept for RuleSlotLimit, and with what k.
-func newVerifier(opts Options, readAt time.Time, locks []string, limits map[string]int) *verifier {
+// which keys' slots are kept for RuleSlotLimit, and with what k; rates
+// (History.Rates), with Options.Rates, which keys' starts are judged by
+// RuleRateLimit.
+func newVerifier(opts Options, readAt time.Time, locks []string, limits map[string]int, rates map[string]Rate) *verifier {
 	v := &verifier{
 		opts:      opts,
 		bound:     opts.expiryBound(),
@@ -375,6 +422,7 @@ func newVerifier(opts Options, readAt time.Time, locks []string, limits map[stri
 		locks:     make(map[string]*lockHoldings),
 		ticks:     make(map[string][]madeTick),
 		slotKeys:  newSlotKeys(mergeLimits(limits, opts.Limits)),
+		flow:      newFlow(opts, rates),
 	}
 	for _, id := range opts.ExpectedTasks {
 		v.expected[id] = true
@@ -564,6 +612,7 @@ func (v *verifier) task(t Task) {
 	if t.Schedule != "" {
 		v.addTick(t)
 	}
+	v.flowTask(t)
 }
 
 // taskIntervals turns t's attempts into the intervals of its lease, sorted
@@ -706,6 +755,8 @@ func (v *verifier) finish() *Report {
 	v.checkFencesUnique()
 	v.judgeSchedules()
 	v.checkSlotLimits()
+	v.checkRates()
+	v.finishPauses()
 	for i := range v.expiries {
 		v.judgeExpiry(&v.expiries[i])
 	}
