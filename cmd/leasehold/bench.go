@@ -38,7 +38,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	var (
 		dbURL     = fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL; scenarios create databases beside its (env DATABASE_URL; default: the local PostgreSQL)")
 		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes), capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle, task and task heartbeat), river (drains beside River's, from outside and through the library; needs --river-peer), pickup (how soon an idle replica starts a task inserted over REST, and the library; --samples tasks) "+
-			"and keys (a library drain with every task on one of --keys-count keys of --keys-limit slots beside the same drain without keys, in rounds; --keys-* flags)")
+			"and keys (a library drain with every task on one of --keys-count keys of --keys-limit slots, the same with a rate on every key that never binds, and the same drain without keys, in rounds; --keys-* flags)")
 		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
 		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
 		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts, and bulk-insert inserts each way")
@@ -59,8 +59,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		renewEvry = fs.Duration("renew-every", bench.DefaultRenewEvery, "how often capacity renews each lease it holds")
 		riverPeer = fs.String("river-peer", "", "the River peer program river runs (build it: go build -C tools/riverpeer -o $PWD/bin/riverpeer .)")
 		riverN    = fs.String("river-tasks", "", "pending counts river drains each way, comma-separated (default 30000,500000)")
-		keysTasks = fs.Int("keys-tasks", bench.DefaultKeysTasks, "tasks keys drains each way, each round")
-		keysRound = fs.Int("keys-rounds", bench.DefaultKeysRounds, "rounds of keys, each a drain with keys and one without, in turn first")
+		keysTasks = fs.Int("keys-tasks", bench.DefaultKeysTasks, "tasks keys drains in each of its three drains, each round")
+		keysRound = fs.Int("keys-rounds", bench.DefaultKeysRounds, "rounds of keys, each a drain with keys, one with keys and a rate, and one without, in turn first")
 		keysWork  = fs.Int("keys-workers", bench.DefaultKeysWorkers, "workers of the one Client of each keys drain")
 		keysCount = fs.Int("keys-count", bench.DefaultKeysCount, "keys of keys's keyed drain: task i on key-<i mod keys-count>")
 		keysLimit = fs.Int("keys-limit", bench.DefaultKeysLimit, "slots of each key of keys's keyed drain: at most this many of its tasks run at once")

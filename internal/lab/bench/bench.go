@@ -75,7 +75,7 @@ type Config struct {
 	// RiverTasks are the pending counts it drains each way (nil: DefaultRiverTasks).
 	RiverPeer  string
 	RiverTasks []int
-	// KeysTasks are the tasks keys drains each way in each of its KeysRounds rounds, with
+	// KeysTasks are the tasks each of keys' three drains takes in each of its KeysRounds rounds, with
 	// one Client of KeysWorkers workers; its keyed drain puts task i on the key
 	// key-<i mod KeysCount>, of KeysLimit slots (0: DefaultKeysTasks, DefaultKeysRounds,
 	// DefaultKeysWorkers, DefaultKeysCount, DefaultKeysLimit).

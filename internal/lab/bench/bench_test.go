@@ -38,7 +38,7 @@ func TestEveryScenarioRuns(t *testing.T) {
 		}
 	}
 	want := map[string]int{"leases": 5, "drain": 2, "steady": 4, "latency": 8, "notify-cost": 5, "fanout": 3, "bulk-insert": 2, "backlog": 2, "longpoll": 10,
-		"pickup": 7, "keys": 16}
+		"pickup": 7, "keys": 30}
 	for s, n := range want {
 		if count[s] != n {
 			t.Errorf("scenario %s gave %d figures, want %d", s, count[s], n)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,12 +10,16 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold"
+	"github.com/leasehold/leasehold/internal/leasestore"
+	"github.com/leasehold/leasehold/lease"
+	"github.com/leasehold/leasehold/schema"
 )
 
 // Defaults of the keys scenario: the size of each drain, the rounds, the one Client's
-// workers (river's library drain), and the keys the keyed drain spreads its tasks over.
+// workers (river's library drain), and the keys the keyed drains spread their tasks over.
 const (
 	DefaultKeysTasks   = 20000
 	DefaultKeysRounds  = 3
@@ -23,50 +28,90 @@ const (
 	DefaultKeysLimit   = 5
 )
 
+// The rate of every key of the rated drain: the most starts a rate allows, in its shortest
+// period. A drain starts a key's tasks far less often (20,000 tasks on 100 keys at a few
+// thousand a second is some tens a second per key), so the rate never binds, and the rated
+// drain differs from the keyed one only in that its claims keep the rate: read each key's
+// recent starts, count those within the period, and write the new ones. The scenario
+// reports the most starts of one key in any period, which shows whether it bound.
+const (
+	keysRateStarts = lease.MaxSlots
+	keysRatePeriod = time.Second
+)
+
 // keysArm is one side of the keys scenario: its drains, one a round.
 type keysArm struct {
 	name  string
 	opts  func(i int) *leasehold.InsertOpts // nil: no keys
 	check func(ctx context.Context, d *freshDB) error
-	runs  []drained
+	// prepare, when not nil, readies the drained database before its first task is
+	// inserted (see claimTracer.prepare).
+	prepare func(ctx context.Context, url string) error
+	runs    []drained
 }
 
-// runKeys measures what keys of k slots cost a drain. In each of KeysRounds rounds it
-// drains KeysTasks no-op tasks through the library twice, each time on a fresh database
-// and metered as river's library drain is (one Client of KeysWorkers workers, InsertMany
-// in batches of 1000, first claim to last completion by the database clock): once with
-// task i on the key key-<i mod KeysCount> of KeysLimit slots, once without keys. The two
-// take turns going first, so that neither always meets the machine as the other left it.
+// runKeys measures what keys of k slots cost a drain, and what a rate on them costs. In
+// each of KeysRounds rounds it drains KeysTasks no-op tasks through the library three
+// times, each time on a fresh database and metered as river's library drain is (one
+// Client of KeysWorkers workers, InsertMany in batches of 1000, first claim to last
+// completion by the database clock): with task i on the key key-<i mod KeysCount> of
+// KeysLimit slots; the same, each key also given a rate that never binds (keysRateStarts
+// per keysRatePeriod); and without keys. The three take turns going first, so that none
+// always meets the machine as another left it.
 // Beside each side's rate (the median of its rounds, each round's in the note) and the
-// ratio of the two, what explains a difference: PostgreSQL's CPU time, its sessions busy
-// at once, the tasks each claim statement carried and its time, the WAL and the writing
-// transactions, per task. This process's own CPU time is left out: in a drain this slow
-// most of it is the meter's sampling, which grows with the drain's length.
+// ratios of the rates in the same round, what explains a difference: PostgreSQL's CPU
+// time, its sessions busy at once, the tasks each claim statement carried and its time,
+// the WAL and the writing transactions, per task; and what the rate adds per claim
+// statement and per task, the rated drain's figures less the keyed drain's of the same
+// round. This process's own CPU time is left out: in a drain this slow most of it is the
+// meter's sampling, which grows with the drain's length.
 //
-// Each keyed drain is checked against its database before it is dropped (checkKeys): a
-// figure from a drain that broke a limit would measure the wrong thing.
+// Each keyed drain is checked against its database before it is dropped (checkKeys, and
+// checkRate for the rated one): a figure from a drain that broke a limit or a rate would
+// measure the wrong thing.
 func runKeys(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 	keys := make([]*leasehold.InsertOpts, c.KeysCount)
+	names := make([]string, c.KeysCount)
 	for i := range keys {
-		keys[i] = &leasehold.InsertOpts{Lock: fmt.Sprintf("key-%d", i), LockLimit: c.KeysLimit}
+		names[i] = fmt.Sprintf("key-%d", i)
+		keys[i] = &leasehold.InsertOpts{Lock: names[i], LockLimit: c.KeysLimit}
 	}
-	peak := 0
+	onKey := func(i int) *leasehold.InsertOpts { return keys[i%len(keys)] }
+	peak, ratedPeak, ratedStarts := 0, 0, 0
 	keyed := &keysArm{
 		name: fmt.Sprintf("%d keys of %d", c.KeysCount, c.KeysLimit),
-		opts: func(i int) *leasehold.InsertOpts { return keys[i%len(keys)] },
+		opts: onKey,
 		check: func(ctx context.Context, d *freshDB) error {
 			p, err := checkKeys(ctx, d, c.KeysTasks, c.KeysLimit)
 			peak = max(peak, p)
 			return err
 		},
 	}
+	rated := &keysArm{
+		name: fmt.Sprintf("%s with a rate of %d/%s", keyed.name, keysRateStarts, keysRatePeriod),
+		opts: onKey,
+		check: func(ctx context.Context, d *freshDB) error {
+			p, err := checkKeys(ctx, d, c.KeysTasks, c.KeysLimit)
+			ratedPeak = max(ratedPeak, p)
+			if err != nil {
+				return err
+			}
+			s, err := checkRate(ctx, d, keysRateStarts, keysRatePeriod)
+			ratedStarts = max(ratedStarts, s)
+			return err
+		},
+		prepare: func(ctx context.Context, url string) error {
+			return setRates(ctx, url, names, c.KeysLimit, keysRateStarts, keysRatePeriod)
+		},
+	}
 	plain := &keysArm{name: "no keys"}
-	arms := []*keysArm{keyed, plain}
+	arms := []*keysArm{keyed, rated, plain}
 	for round := range c.KeysRounds {
 		for j := range arms {
 			a := arms[(round+j)%len(arms)]
 			fmt.Fprintf(c.Log, "keys: round %d of %d: %d tasks, %s\n", round+1, c.KeysRounds, c.KeysTasks, a.name)
-			d, err := drainLibraryOf(ctx, c, c.KeysTasks, libraryDrain{workers: c.KeysWorkers, opts: a.opts, check: a.check, claims: &claimTracer{}})
+			claims := &claimTracer{prepare: a.prepare}
+			d, err := drainLibraryOf(ctx, c, c.KeysTasks, libraryDrain{workers: c.KeysWorkers, opts: a.opts, check: claims.checked(a.check), claims: claims})
 			if err != nil {
 				return nil, fmt.Errorf("round %d, the drain with %s: %w", round+1, a.name, err)
 			}
@@ -84,17 +129,106 @@ func runKeys(ctx context.Context, c Config, _ []Result) ([]Result, error) {
 		out = append(out, r(fmt.Sprintf("%s, %s: drain, %s", a.name, setup, medianOf(len(rates))), median(rates), "tasks/s",
 			fmt.Sprintf("rounds: %s tasks/s; first claim to last completion by the database clock", listed(rates, "%.0f"))))
 	}
-	ratios := make([]float64, c.KeysRounds)
-	for i := range ratios {
-		ratios[i] = keyed.runs[i].rate() / plain.runs[i].rate()
+	order := make([]string, len(arms))
+	for i, a := range arms {
+		order[i] = a.name
 	}
-	out = append(out, r(fmt.Sprintf("%s ÷ %s, %s", keyed.name, plain.name, medianOf(len(ratios))), median(ratios), "×",
-		fmt.Sprintf("rounds: %s; the two drains of a round in turn first, %s in odd rounds", listed(ratios, "%.2f"), keyed.name)))
+	turns := fmt.Sprintf("the drains of a round take turns going first: in round 1 %s; in each round after, the first of the round before goes last", strings.Join(order, ", then "))
+	for _, pair := range [][2]*keysArm{{keyed, plain}, {rated, keyed}, {rated, plain}} {
+		a, b := pair[0], pair[1]
+		ratios := make([]float64, c.KeysRounds)
+		for i := range ratios {
+			ratios[i] = a.runs[i].rate() / b.runs[i].rate()
+		}
+		out = append(out, r(fmt.Sprintf("%s ÷ %s, %s", a.name, b.name, medianOf(len(ratios))), median(ratios), "×",
+			fmt.Sprintf("rounds: %s; %s", listed(ratios, "%.2f"), turns)))
+	}
 	for _, a := range arms {
 		out = append(out, a.costs()...)
 	}
-	return append(out, r(keyed.name+": most tasks of one key running at once", float64(peak), "tasks",
-		fmt.Sprintf("over every round, from the tasks' started_at and processed_at; the limit is %d", c.KeysLimit))), nil
+	out = append(out, rateCosts(rated, keyed)...)
+	rateNote := fmt.Sprintf("over every round, by the tasks' started_at; below the rate's %d, so it never bound", keysRateStarts)
+	if ratedStarts >= keysRateStarts {
+		rateNote = fmt.Sprintf("over every round, by the tasks' started_at; the rate's %d was reached, so it may have bound, and the rated drain's figures then count waits for it", keysRateStarts)
+	}
+	return append(out,
+		r(keyed.name+": most tasks of one key running at once", float64(peak), "tasks",
+			fmt.Sprintf("over every round, from the tasks' started_at and processed_at; the limit is %d", c.KeysLimit)),
+		r(rated.name+": most tasks of one key running at once", float64(ratedPeak), "tasks",
+			fmt.Sprintf("over every round, from the tasks' started_at and processed_at; the limit is %d", c.KeysLimit)),
+		r(fmt.Sprintf("%s: most starts of one key in any %s", rated.name, keysRatePeriod), float64(ratedStarts), "starts", rateNote)), nil
+}
+
+// rateCosts are what keeping a rate cost rated's drains beside keyed's, round by round:
+// PostgreSQL's CPU per claim statement and per task, and a claim statement's mean time,
+// each the rated drain's less the keyed drain's of the same round (the median of the
+// rounds, each round's in the note). The two drains differ only in the rate, which the
+// claims alone read and write; a difference smaller than the rounds' spread is noise.
+func rateCosts(rated, keyed *keysArm) []Result {
+	r := func(what string, v float64, unit, note string) Result {
+		return Result{Scenario: "keys", Case: fmt.Sprintf("%s, less without the rate: %s", rated.name, what), Value: v, Unit: unit, Note: note}
+	}
+	statements := func(d drained) float64 { return float64(max(d.claims.claims+d.claims.handIns, 1)) }
+	less := func(f func(drained) float64) (diffs, with, without []float64) {
+		for i := range rated.runs {
+			with, without = append(with, f(rated.runs[i])), append(without, f(keyed.runs[i]))
+			diffs = append(diffs, with[i]-without[i])
+		}
+		return diffs, with, without
+	}
+	var out []Result
+	measured := true
+	for _, d := range append(slices.Clone(rated.runs), keyed.runs...) {
+		measured = measured && d.w.cpu > 0
+	}
+	if measured {
+		perClaim := func(d drained) float64 { return d.w.cpu.Seconds() * 1e6 / statements(d) }
+		diffs, with, without := less(perClaim)
+		out = append(out, r("PostgreSQL CPU per claim statement", median(diffs), "µs",
+			fmt.Sprintf("rounds: %s µs (with the rate %s, without %s µs): all the drain's PostgreSQL CPU over its claim statements, the rate being read and written by claims alone",
+				listed(diffs, "%+.0f"), listed(with, "%.0f"), listed(without, "%.0f"))))
+		diffs, _, _ = less(func(d drained) float64 { return d.w.cpu.Seconds() * 1e6 / float64(d.tasks) })
+		out = append(out, r("PostgreSQL CPU per task", median(diffs), "µs", fmt.Sprintf("rounds: %s µs", listed(diffs, "%+.0f"))))
+	} else {
+		out = append(out, r("PostgreSQL CPU per claim statement", 0, "", "not measured: "+cmpOr(rated.runs[0].w.notLocal, "no CPU time counted in a round")),
+			r("PostgreSQL CPU per task", 0, "", "not measured: "+cmpOr(rated.runs[0].w.notLocal, "no CPU time counted in a round")))
+	}
+	diffs, with, without := less(func(d drained) float64 { return ms(d.claims.took) / statements(d) })
+	return append(out, r("a claim statement's mean time", median(diffs), "ms",
+		fmt.Sprintf("rounds: %s ms (with the rate %s, without %s ms); from its send to its last row, as this process saw it",
+			listed(diffs, "%+.2f"), listed(with, "%.2f"), listed(without, "%.2f"))))
+}
+
+// setRates gives each of keys, in the database at url, limit slots and a rate of starts
+// per period, on a connection of its own, as a user would before inserting its tasks
+// (whose LockLimit then leaves the limit as it is).
+func setRates(ctx context.Context, url string, keys []string, limit, starts int, period time.Duration) error {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return fmt.Errorf("set the keys' rates: %w", err)
+	}
+	cfg.MaxConns = 1
+	cfg.AfterConnect = schema.PrepareSession
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("set the keys' rates: %w", err)
+	}
+	defer pool.Close()
+	store := leasestore.NewStore(pool)
+	for _, key := range keys {
+		if _, err := store.SetLimit(ctx, key, limit); err != nil {
+			return err
+		}
+		l, err := store.SetRate(ctx, key, starts, period)
+		if err != nil {
+			return err
+		}
+		if l.Slots != limit || l.RateStarts != starts || l.RatePeriod != period {
+			return fmt.Errorf("after setting its limit and rate %s has %d slots and a rate of %d per %s; want %d slots and %d per %s",
+				key, l.Slots, l.RateStarts, l.RatePeriod, limit, starts, period)
+		}
+	}
+	return nil
 }
 
 // costs are what a's drains cost per task, over all its rounds, with each round's figure.
@@ -214,13 +348,68 @@ func checkKeys(ctx context.Context, d *freshDB, n, limit int) (int, error) {
 	return peak, nil
 }
 
+// checkRate checks a drain on keys of a rate of starts per period against its database
+// (after checkKeys, which found each task started once), and returns the most starts of
+// one key in any period:
+//   - every key of the drain had that rate;
+//   - no key had more than starts tasks start in any period, by their started_at (the
+//     moment the claim took the task's slot, which the rate counts): each window
+//     [started_at, started_at + period) of a key's tasks holds at most starts.
+func checkRate(ctx context.Context, d *freshDB, starts int, period time.Duration) (int, error) {
+	var unrated int
+	err := d.Pool.QueryRow(ctx, `SELECT count(DISTINCT t.lock_resource) FROM tasks AS t
+		LEFT JOIN lease_limits AS ll ON ll.resource = t.lock_resource
+		WHERE ll.rate_starts IS DISTINCT FROM $1 OR ll.rate_period IS DISTINCT FROM make_interval(secs => $2)`,
+		starts, period.Seconds()).Scan(&unrated)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("read the rated drain's keys: %w", err)
+	case unrated != 0:
+		return 0, fmt.Errorf("after the rated drain %d of its keys have no rate of %d per %s; want every key with it", unrated, starts, period)
+	}
+	// A window closed at started_at + period less 1 µs, the clock's grain, is the
+	// half-open one.
+	var key string
+	var from time.Time
+	var most int
+	err = d.Pool.QueryRow(ctx, `
+		SELECT key, at, n FROM (
+			SELECT lock_resource AS key, started_at AS at,
+			       count(*) OVER (PARTITION BY lock_resource ORDER BY started_at
+			                      RANGE BETWEEN CURRENT ROW AND make_interval(secs => $1) - interval '1 microsecond' FOLLOWING)::int AS n
+			FROM tasks) AS w
+		ORDER BY n DESC, at LIMIT 1`, period.Seconds()).Scan(&key, &from, &most)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("count the rated drain's starts in each period: %w", err)
+	case most > starts:
+		return most, fmt.Errorf("%d tasks of one key (%s) started in the %s from %s, by their started_at; its rate allows %d",
+			most, key, period, from.UTC().Format(time.RFC3339Nano), starts)
+	}
+	return most, nil
+}
+
 // claimTracer counts the claim statements sent on a pool it traces (TaskClaim, and
 // TaskCompleteAndClaim, the completions that claim too) and the time they took: how many
 // round trips a drain made for its tasks, and what each cost. sqlc names each statement
-// in its first line.
+// in its first line. Being the drain's one tracer, it also readies the drain's database
+// for an arm that needs it (prepare).
 type claimTracer struct {
-	mu sync.Mutex
-	n  claimCount
+	// prepare, when not nil, runs once, with the URL of the traced pool's database,
+	// before the pool's first LimitSeed is sent: the statement with which InsertMany
+	// gives the keys of its tasks their limits, ahead of the tasks. So it runs before
+	// the drain's first task is inserted and outside its meter, where drainLibraryOf
+	// has no step of its own. Its error, or its not having run, is the drain's
+	// (checked).
+	prepare func(ctx context.Context, url string) error
+	once    sync.Once
+
+	mu       sync.Mutex
+	n        claimCount
+	prepared bool
+	failed   error
 }
 
 // claimCount is what a claimTracer counted.
@@ -243,15 +432,42 @@ type claimStart struct {
 
 type claimStartKey struct{}
 
-// TraceQueryStart marks a claim statement's start.
-func (t *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+// TraceQueryStart marks a claim statement's start, and runs t.prepare before the first
+// LimitSeed.
+func (t *claimTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	switch {
 	case strings.HasPrefix(data.SQL, "-- name: TaskClaim :"):
 		return context.WithValue(ctx, claimStartKey{}, claimStart{at: time.Now()})
 	case strings.HasPrefix(data.SQL, "-- name: TaskCompleteAndClaim :"):
 		return context.WithValue(ctx, claimStartKey{}, claimStart{handIn: true, at: time.Now()})
+	case t.prepare != nil && strings.HasPrefix(data.SQL, "-- name: LimitSeed :"):
+		t.once.Do(func() {
+			err := t.prepare(ctx, conn.Config().ConnString())
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			t.prepared, t.failed = true, err
+		})
 	}
 	return ctx
+}
+
+// checked is check (when not nil) once t.prepare, if t has one, ran without an error:
+// what a drain traced by t checks of its database.
+func (t *claimTracer) checked(check func(ctx context.Context, d *freshDB) error) func(ctx context.Context, d *freshDB) error {
+	return func(ctx context.Context, d *freshDB) error {
+		t.mu.Lock()
+		prepared, err := t.prepared, t.failed
+		t.mu.Unlock()
+		switch {
+		case t.prepare != nil && !prepared:
+			return errors.New("the drain's keys were never prepared: no LimitSeed statement came before its tasks were inserted (did InsertMany stop seeding the limits of its tasks' keys in a statement of its own?)")
+		case err != nil:
+			return fmt.Errorf("before the drain's first task was inserted: %w", err)
+		case check == nil:
+			return nil
+		}
+		return check(ctx, d)
+	}
 }
 
 // TraceQueryEnd counts a claim statement once its rows are read.
