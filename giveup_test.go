@@ -115,7 +115,7 @@ func TestHoldReleasesWhatItGaveUp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		testHoldGivesUp(t, db, c.Leases(), func() { proxy.DropAnswers() })
+		testHoldGivesUp(t, db, c.Leases(), proxy.DropAllAnswers)
 	})
 	t.Run("remote", func(t *testing.T) {
 		t.Parallel()
@@ -125,11 +125,14 @@ func TestHoldReleasesWhatItGaveUp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		testHoldGivesUp(t, s.db, c.Leases(), func() { front.LoseNext(1, testkit.Route(http.MethodPut, "/api/leases/renew")) })
+		testHoldGivesUp(t, s.db, c.Leases(), func() func() {
+			front.LoseNext(1, testkit.Route(http.MethodPut, "/api/leases/renew"))
+			return func() {}
+		})
 	})
 }
 
-func testHoldGivesUp(t *testing.T, db pgtest.DB, leases *leasehold.Leases, loseAnswers func()) {
+func testHoldGivesUp(t *testing.T, db pgtest.DB, leases *leasehold.Leases, loseAnswers func() (restore func())) {
 	const resource = "job:lost-answer"
 	h, err := leases.Hold(t.Context(), resource, "holder-a", lease.KeepConfig{TTL: giveUpTTL})
 	if err != nil {
@@ -138,9 +141,10 @@ func testHoldGivesUp(t *testing.T, db pgtest.DB, leases *leasehold.Leases, loseA
 	defer h.Release(context.Background()) //nolint:errcheck // the test's end
 	testkit.WaitFor(t, "a renewal answered", func() bool { return h.Lease().RenewedAt != nil })
 	lastSeen := renewedAt(h.Lease())
-	loseAnswers()
+	restore := loseAnswers()
 	<-h.Context().Done()
 	gaveUp := time.Now()
+	restore()
 	if err := h.Err(); !errors.Is(err, lease.ErrDeadline) {
 		t.Fatalf("the holding ended with %v; want lease.ErrDeadline", err)
 	}
@@ -160,7 +164,7 @@ func TestElectorReleasesWhatItGaveUp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		testElectorGivesUp(t, db, c, func() { proxy.DropAnswers() })
+		testElectorGivesUp(t, db, c, proxy.DropAllAnswers)
 	})
 	t.Run("remote", func(t *testing.T) {
 		t.Parallel()
@@ -170,11 +174,14 @@ func TestElectorReleasesWhatItGaveUp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		testElectorGivesUp(t, s.db, c, func() { front.LoseNext(1, testkit.Route(http.MethodPut, "/api/leases/renew")) })
+		testElectorGivesUp(t, s.db, c, func() func() {
+			front.LoseNext(1, testkit.Route(http.MethodPut, "/api/leases/renew"))
+			return func() {}
+		})
 	})
 }
 
-func testElectorGivesUp(t *testing.T, db pgtest.DB, c *leasehold.Client, loseAnswers func()) {
+func testElectorGivesUp(t *testing.T, db pgtest.DB, c *leasehold.Client, loseAnswers func() (restore func())) {
 	const resource = "leader:lost-answer"
 	type leadership struct {
 		l    lease.Lease
@@ -209,8 +216,9 @@ func testElectorGivesUp(t *testing.T, db pgtest.DB, c *leasehold.Client, loseAns
 			resource, first.l.Fence).Scan(&lastSeen)
 		return err == nil && lastSeen != nil
 	})
-	loseAnswers()
+	restore := loseAnswers()
 	gaveUp := testkit.Receive(t, "the leader to step down", first.over)
+	restore()
 	releasedAfterGivingUp(t, db, resource, first.l.Fence, *lastSeen, gaveUp)
 }
 
@@ -230,7 +238,7 @@ func TestWorkersHandBackWhatTheyGaveUp(t *testing.T) {
 				t.Fatal(err)
 			}
 			return c
-		}, func(int64) { proxy.DropAnswers() })
+		}, func(int64) func() { return proxy.DropAllAnswers() })
 	})
 	t.Run("remote", func(t *testing.T) {
 		t.Parallel()
@@ -243,8 +251,9 @@ func TestWorkersHandBackWhatTheyGaveUp(t *testing.T) {
 				t.Fatal(err)
 			}
 			return c
-		}, func(id int64) {
+		}, func(id int64) func() {
 			front.LoseNext(1, testkit.Route(http.MethodPut, "/api/tasks/"+strconv.FormatInt(id, 10)+"/heartbeat"))
+			return func() {}
 		})
 	})
 }
@@ -255,7 +264,7 @@ type givenUpArgs struct{}
 
 func (givenUpArgs) Kind() string { return "given_up" }
 
-func testWorkerGivesUp(t *testing.T, db pgtest.DB, client func(*leasehold.Workers) *leasehold.Client, loseAnswers func(id int64)) {
+func testWorkerGivesUp(t *testing.T, db pgtest.DB, client func(*leasehold.Workers) *leasehold.Client, loseAnswers func(id int64) (restore func())) {
 	type run struct {
 		fence int64
 		over  chan error
@@ -297,8 +306,9 @@ func testWorkerGivesUp(t *testing.T, db pgtest.DB, client func(*leasehold.Worker
 		lastBeat = beat
 		return err == nil && beat.After(started)
 	})
-	loseAnswers(inserted)
+	restore := loseAnswers(inserted)
 	cause := testkit.Receive(t, "the first run's context to end", first.over)
+	restore()
 	if !errors.Is(cause, lease.ErrDeadline) {
 		t.Fatalf("the first run's context ended with %v; want lease.ErrDeadline", cause)
 	}

@@ -23,6 +23,7 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  map[*proxied]bool
 	closed bool
+	arming bool // connections made now are armed too (DropAllAnswers)
 	wg     sync.WaitGroup
 }
 
@@ -68,6 +69,24 @@ func (p *Proxy) DropAnswers() int {
 	return len(p.conns)
 }
 
+// DropAllAnswers is DropAnswers for the connections open now and for
+// every one made until the returned function is called: a pool that opens
+// a connection meanwhile (under load, or to replace one whose statement
+// hung) cannot slip an answered statement past the loss. After that call
+// new connections are answered again, and the dark ones stay dark until
+// they close.
+func (p *Proxy) DropAllAnswers() (restore func()) {
+	p.mu.Lock()
+	p.arming = true
+	p.mu.Unlock()
+	p.DropAnswers()
+	return func() {
+		p.mu.Lock()
+		p.arming = false
+		p.mu.Unlock()
+	}
+}
+
 func (p *Proxy) accept() {
 	for {
 		client, err := p.ln.Accept()
@@ -88,6 +107,9 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.conns[c] = true
+		if p.arming {
+			c.armed.Store(true)
+		}
 		p.mu.Unlock()
 		p.wg.Go(func() { p.pipe(c) })
 	}
