@@ -314,3 +314,28 @@ func (d *drainer) claimers(ctx context.Context, t *testing.T, wg *sync.WaitGroup
 		})
 	}
 }
+
+// TestOtherKindsClaimPassesAKeyBy: a claim that can take none of a
+// limited key's tasks (it runs other kinds) does not hold the key while
+// its transaction is open, so that a claim that can take them, at the same
+// moment, is not made to pass the key by.
+func TestOtherKindsClaimPassesAKeyBy(t *testing.T) {
+	t.Parallel()
+	pdb := pgtest.New(t)
+	s := taskstore.NewStore(pdb.Pool)
+	ctx := context.Background()
+	insert(t, s, taskstore.NewTask{Kind: "import", Lock: "imports", LockLimit: 2}, taskstore.NewTask{Kind: "mail"})
+	tx, err := pdb.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // only held open
+	other, err := db.New(tx).TaskClaim(ctx, db.TaskClaimParams{Processors: []string{"mailer"}, TTLSeconds: 30, WantKinds: []string{"mail"}, Discover: true})
+	if err != nil || len(other) != 1 {
+		t.Fatalf("the mail claim: %d, %v; want the mail task", len(other), err)
+	}
+	got := claim(t, s, taskstore.ClaimParams{Processors: []string{"importer"}, Kinds: []string{"import"}})
+	if len(got) != 1 || got[0].Lock != "imports" {
+		t.Fatalf("while another kind's claim is open, the import claim took %v; want the import task", ids(got))
+	}
+}

@@ -1507,7 +1507,16 @@ BEGIN
         END IF;
         EXIT WHEN cur IS NULL OR (wrapped AND cur > pivot);
         lim := NULL;
-        IF EXISTS (SELECT 1 FROM lease_limits AS ll WHERE ll.resource = cur) THEN
+        IF EXISTS (SELECT 1 FROM lease_limits AS ll WHERE ll.resource = cur)
+           -- A claim that could take none of the key's tasks (of other
+           -- queues or kinds, or paused) leaves its row alone: holding it,
+           -- it would make a claim that could pass the key by.
+           AND (want_queues IS NULL AND want_kinds IS NULL AND cardinality(paused) = 0
+                OR EXISTS (SELECT 1 FROM tasks AS c
+                           WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
+                             AND (want_queues IS NULL OR c.queue = ANY (want_queues))
+                             AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+                             AND c.queue <> ALL (paused))) THEN
             SELECT ll.* INTO lim FROM lease_limits AS ll WHERE ll.resource = cur FOR UPDATE SKIP LOCKED;
             -- Locked by another claim or acquisition: passed by (lim stays
             -- NULL). Out of starts for now: passed by too, before any of
