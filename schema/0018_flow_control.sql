@@ -78,6 +78,17 @@ BEGIN
 END;
 $$;
 
+-- queues_open is want_queues (NULL: every queue, here those with pending
+-- tasks of want_kinds) less the queues paused.
+CREATE FUNCTION queues_open(want_queues text[], want_kinds text[], paused text[]) RETURNS text[]
+LANGUAGE sql STABLE
+RETURN CASE WHEN want_queues IS NULL
+            THEN ARRAY(SELECT DISTINCT br.queue
+                       FROM task_branches(NULL, want_kinds, NULL, NULL, NULL, NULL, NULL) AS br
+                       WHERE br.queue <> ALL (paused))
+            ELSE ARRAY(SELECT q FROM unnest(want_queues) AS q WHERE q <> ALL (paused))
+       END;
+
 -- tasks_claim_pick is the claims' pick of due ungated tasks:
 -- tasks_claimable (schema/0012) of the queues not paused. With
 -- no pause (the usual case) it costs one probe of queue_pauses. With some,
@@ -93,25 +104,17 @@ AS $$
 #variable_conflict use_column
 DECLARE
     paused text[] := queues_paused();
-    keep   boolean[];
 BEGIN
     IF cardinality(paused) > 0 THEN
-        IF want_queues IS NULL THEN
-            want_queues := ARRAY(SELECT DISTINCT br.queue
-                                 FROM task_branches(NULL, want_kinds, NULL, NULL, NULL, NULL, NULL) AS br
-                                 WHERE br.queue <> ALL (paused));
-        ELSE
-            want_queues := ARRAY(SELECT q FROM unnest(want_queues) AS q WHERE q <> ALL (paused));
-        END IF;
+        want_queues := queues_open(want_queues, want_kinds, paused);
         IF cardinality(want_queues) = 0 THEN
             RETURN;
         END IF;
-        keep := ARRAY(SELECT hq <> ALL (paused) FROM unnest(hint_queues) AS hq);
         SELECT array_agg(h.q ORDER BY h.i), array_agg(h.k ORDER BY h.i), array_agg(h.p ORDER BY h.i),
                array_agg(h.at ORDER BY h.i), array_agg(h.id ORDER BY h.i)
         INTO hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids
         FROM unnest(hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids) WITH ORDINALITY AS h (q, k, p, at, id, i)
-        WHERE keep[h.i];
+        WHERE h.q <> ALL (paused);
         hint_queues := coalesce(hint_queues, '{}');
         hint_kinds := coalesce(hint_kinds, '{}');
         hint_priorities := coalesce(hint_priorities, '{}');
@@ -137,13 +140,7 @@ DECLARE
     due    timestamptz;
 BEGIN
     IF cardinality(paused) > 0 THEN
-        IF want_queues IS NULL THEN
-            want_queues := ARRAY(SELECT DISTINCT br.queue
-                                 FROM task_branches(NULL, want_kinds, NULL, NULL, NULL, NULL, NULL) AS br
-                                 WHERE br.queue <> ALL (paused));
-        ELSE
-            want_queues := ARRAY(SELECT q FROM unnest(want_queues) AS q WHERE q <> ALL (paused));
-        END IF;
+        want_queues := queues_open(want_queues, want_kinds, paused);
     END IF;
     IF cardinality(want_queues) IS DISTINCT FROM 0 THEN
         due := tasks_next_due(want_queues, want_kinds);
@@ -167,6 +164,30 @@ CREATE INDEX leases_fence_idx ON leases (fence);
 CREATE FUNCTION lease_slot_names(key text, n integer) RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN ARRAY(SELECT key || '#' || i FROM generate_series(1, n) AS i ORDER BY i);
+
+-- lease_take takes resource for holder for ttl seconds when its lease is
+-- free (never leased, released or expired), as LeaseAcquire does, and
+-- returns the lease; nothing when it is held. The holding begins when it
+-- is taken (clock_timestamp(), a new row's too, not the transaction's
+-- now()), with a fence drawn under the row lock.
+CREATE FUNCTION lease_take(res text, holder text, ttl integer) RETURNS SETOF leases
+LANGUAGE sql VOLATILE
+ROWS 1
+AS $$
+INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, created_at, expires_at)
+VALUES (res, holder, nextval('lease_fence_seq'), ttl, clock_timestamp(), clock_timestamp() + make_interval(secs => ttl))
+ON CONFLICT (resource) DO UPDATE
+SET holder      = excluded.holder,
+    fence       = nextval('lease_fence_seq'),
+    ttl_seconds = excluded.ttl_seconds,
+    created_at  = clock_timestamp(),
+    renewed_at  = NULL,
+    released_at = NULL,
+    expired_at  = NULL,
+    expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
+WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
+RETURNING l.*
+$$;
 
 -- lease_slot_take grants one free slot of key to holder for ttl seconds
 -- and returns its lease, or nothing when the key's slots are all held. The
@@ -219,22 +240,9 @@ BEGIN
         -- renews it undisturbed.
         CONTINUE WHEN EXISTS (SELECT 1 FROM leases AS l
                               WHERE l.resource = name AND l.released_at IS NULL AND l.expires_at > now());
-        INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, created_at, expires_at)
-        VALUES (name, holder, nextval('lease_fence_seq'), ttl, clock_timestamp(), clock_timestamp() + make_interval(secs => ttl))
-        ON CONFLICT (resource) DO UPDATE
-        SET holder      = excluded.holder,
-            -- As LeaseAcquire: a fence drawn under the row lock, a holding
-            -- that begins after the previous one ended.
-            fence       = nextval('lease_fence_seq'),
-            ttl_seconds = excluded.ttl_seconds,
-            created_at  = clock_timestamp(),
-            renewed_at  = NULL,
-            released_at = NULL,
-            expired_at  = NULL,
-            expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
-        WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
-        RETURNING l.* INTO got;
-        IF FOUND THEN
+        got := NULL;
+        SELECT lt.* INTO got FROM lease_take(name, holder, ttl) AS lt;
+        IF got.id IS NOT NULL THEN
             RETURN NEXT got;
             RETURN;
         END IF;
@@ -315,6 +323,20 @@ SELECT ll.resource, ll.slots, ll.updated_at,
        lease_rate_next(ll, now()) AS rate_next
 FROM lease_limits AS ll;
 
+-- lease_limit_changed announces a change of key's limit or rate: it wakes
+-- the claims of tasks waiting on the key (a new limit or rate may let them
+-- start), and the dashboards (flow).
+CREATE FUNCTION lease_limit_changed(key text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    PERFORM pg_notify('leasehold_task', 'flow');
+END;
+$$;
+
 -- lease_limit_set sets key's limit to slots. Raising it wakes the claims
 -- of tasks waiting on the key at once; lowering it lets the holders above
 -- it finish and grants no slot until fewer than slots are held.
@@ -328,11 +350,7 @@ BEGIN
     ON CONFLICT (resource) DO UPDATE
     SET slots = excluded.slots, span = greatest(ll.span, excluded.slots), updated_at = now()
     RETURNING ll.* INTO lim;
-    IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
-        PERFORM pg_notify('leasehold_task', 'requeued');
-    END IF;
-    -- For the dashboards: flow control changed.
-    PERFORM pg_notify('leasehold_task', 'flow');
+    PERFORM lease_limit_changed(key);
     RETURN lim;
 END;
 $$;
@@ -353,11 +371,7 @@ BEGIN
     ON CONFLICT (resource) DO UPDATE
     SET rate_starts = excluded.rate_starts, rate_period = excluded.rate_period, updated_at = now()
     RETURNING ll.* INTO lim;
-    IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
-        PERFORM pg_notify('leasehold_task', 'requeued');
-    END IF;
-    -- For the dashboards: flow control changed.
-    PERFORM pg_notify('leasehold_task', 'flow');
+    PERFORM lease_limit_changed(key);
     RETURN lim;
 END;
 $$;
@@ -438,6 +452,34 @@ CREATE TABLE gated_cursor (
 );
 INSERT INTO gated_cursor DEFAULT VALUES;
 
+-- tasks_gated_pick locks (FOR UPDATE SKIP LOCKED) and returns, with its
+-- TTL (ttl_default when it has none), up to n due pending tasks of the
+-- lock key that a claim of want_queues and want_kinds may take: not of a
+-- paused queue, not among taken; in (priority, scheduled_at, id) order,
+-- which tasks_gated_idx gives.
+CREATE FUNCTION tasks_gated_pick(key text, want_queues text[], want_kinds text[], paused text[],
+                                 taken bigint[], n integer, ttl_default integer)
+RETURNS TABLE (id bigint, ttl integer)
+LANGUAGE sql VOLATILE
+AS $$
+SELECT c.id, coalesce(c.ttl_seconds, ttl_default) FROM tasks AS c
+WHERE c.state = 'pending' AND c.lock_resource = key AND c.scheduled_at <= now()
+  AND (want_queues IS NULL OR c.queue = ANY (want_queues))
+  AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+  AND c.queue <> ALL (paused)
+  AND c.id <> ALL (taken)
+ORDER BY c.priority, c.scheduled_at, c.id
+LIMIT n
+FOR UPDATE SKIP LOCKED
+$$;
+
+-- rate_kept is the start times a rate of n starts keeps: the last n of
+-- recent and starts, oldest first.
+CREATE FUNCTION rate_kept(recent timestamptz[], starts timestamptz[], n integer) RETURNS timestamptz[]
+LANGUAGE sql IMMUTABLE
+RETURN ARRAY(SELECT r.at FROM (SELECT x.at FROM unnest(recent || starts) AS x (at) ORDER BY x.at DESC LIMIT n) AS r
+             ORDER BY r.at);
+
 CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], processors text[], ttl_default integer)
 RETURNS SETOF tasks
 LANGUAGE plpgsql VOLATILE
@@ -452,10 +494,6 @@ DECLARE
     next       integer := 1;
     tid        bigint;
     ttl        integer;
-    holder     text;
-    lock_fence bigint;
-    acquired   timestamptz;
-    expiry     timestamptz;
     lim        lease_limits;
     slot       leases;
     paused     text[] := queues_paused();
@@ -541,19 +579,8 @@ BEGIN
             p_ids := '{}';
             p_ttls := '{}';
             IF want > 0 THEN
-                FOR rec IN
-                    SELECT c.id, coalesce(c.ttl_seconds, ttl_default) AS ttl FROM tasks AS c
-                    WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
-                      AND (want_queues IS NULL OR c.queue = ANY (want_queues))
-                      AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
-                      AND c.queue <> ALL (paused)
-                    ORDER BY c.priority, c.scheduled_at, c.id
-                    LIMIT want
-                    FOR UPDATE SKIP LOCKED
-                LOOP
-                    p_ids := p_ids || rec.id;
-                    p_ttls := p_ttls || rec.ttl;
-                END LOOP;
+                SELECT coalesce(array_agg(pk.id), '{}'), coalesce(array_agg(pk.ttl), '{}') INTO p_ids, p_ttls
+                FROM tasks_gated_pick(cur, want_queues, want_kinds, paused, a_id, want, ttl_default) AS pk;
             END IF;
             starts := '{}';
             IF cardinality(p_ids) > 0 THEN
@@ -588,10 +615,7 @@ BEGIN
                 IF cardinality(starts) > 0 THEN
                     served := cur;
                     IF lim.rate_starts IS NOT NULL THEN
-                        UPDATE lease_limits AS ll
-                        SET rate_recent = (SELECT array_agg(r.at ORDER BY r.at)
-                                           FROM (SELECT x.at FROM unnest(lim.rate_recent || starts) AS x (at)
-                                                 ORDER BY x.at DESC LIMIT lim.rate_starts) AS r)
+                        UPDATE lease_limits AS ll SET rate_recent = rate_kept(lim.rate_recent, starts, lim.rate_starts)
                         WHERE ll.resource = cur;
                     END IF;
                 END IF;
@@ -604,15 +628,8 @@ BEGIN
             -- The limit was lowered below slots still held: one task at a
             -- time, each slot taken by lease_slot_take, which counts them.
             WHILE next <= cardinality(processors) LOOP
-                SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
-                WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
-                  AND (want_queues IS NULL OR c.queue = ANY (want_queues))
-                  AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
-                  AND c.queue <> ALL (paused)
-                  AND c.id <> ALL (a_id)
-                ORDER BY c.priority, c.scheduled_at, c.id
-                LIMIT 1
-                FOR UPDATE SKIP LOCKED;
+                SELECT pk.id, pk.ttl INTO tid, ttl
+                FROM tasks_gated_pick(cur, want_queues, want_kinds, paused, a_id, 1, ttl_default) AS pk;
                 EXIT WHEN NOT FOUND;
                 EXIT WHEN lease_rate_next(lim, clock_timestamp()) IS NOT NULL;
                 slot := NULL;
@@ -621,7 +638,7 @@ BEGIN
                 -- The span may have come down to the limit.
                 lim.span := (SELECT ll.span FROM lease_limits AS ll WHERE ll.resource = cur);
                 IF lim.rate_starts IS NOT NULL THEN
-                    lim.rate_recent := (lim.rate_recent || slot.created_at)[greatest(1, cardinality(lim.rate_recent) + 2 - lim.rate_starts):];
+                    lim.rate_recent := rate_kept(lim.rate_recent, ARRAY[slot.created_at], lim.rate_starts);
                     UPDATE lease_limits AS ll SET rate_recent = lim.rate_recent WHERE ll.resource = cur;
                 END IF;
                 a_id := a_id || tid;
@@ -638,37 +655,18 @@ BEGIN
               AND NOT EXISTS (SELECT 1 FROM leases AS l
                               WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
             -- A lock without a limit: its one lease, the key's own.
-            SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
-            WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
-              AND (want_queues IS NULL OR c.queue = ANY (want_queues))
-              AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
-              AND c.queue <> ALL (paused)
-            ORDER BY c.priority, c.scheduled_at, c.id
-            LIMIT 1
-            FOR UPDATE SKIP LOCKED;
+            SELECT pk.id, pk.ttl INTO tid, ttl
+            FROM tasks_gated_pick(cur, want_queues, want_kinds, paused, a_id, 1, ttl_default) AS pk;
             IF FOUND THEN
-                INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, created_at, expires_at)
-                VALUES (cur, processors[next], nextval('lease_fence_seq'), ttl, clock_timestamp(),
-                        clock_timestamp() + make_interval(secs => ttl))
-                ON CONFLICT (resource) DO UPDATE
-                SET holder      = excluded.holder,
-                    fence       = nextval('lease_fence_seq'),
-                    ttl_seconds = excluded.ttl_seconds,
-                    created_at  = clock_timestamp(),
-                    renewed_at  = NULL,
-                    released_at = NULL,
-                    expired_at  = NULL,
-                    expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
-                WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
-                RETURNING l.holder, l.fence, l.created_at, l.expires_at
-                INTO holder, lock_fence, acquired, expiry;
-                IF FOUND THEN
+                slot := NULL;
+                SELECT lt.* INTO slot FROM lease_take(cur, processors[next], ttl) AS lt;
+                IF slot.id IS NOT NULL THEN
                     a_id := a_id || tid;
-                    a_holder := a_holder || holder;
-                    a_fence := a_fence || lock_fence;
+                    a_holder := a_holder || slot.holder;
+                    a_fence := a_fence || slot.fence;
                     a_ttl := a_ttl || ttl;
-                    a_start := a_start || acquired;
-                    a_expiry := a_expiry || expiry;
+                    a_start := a_start || slot.created_at;
+                    a_expiry := a_expiry || slot.expires_at;
                     next := next + 1;
                     served := cur;
                 END IF;
@@ -712,11 +710,14 @@ $$;
 -- +goose Down
 DROP FUNCTION tasks_next_wake(text[], text[]);
 DROP FUNCTION tasks_claim_pick(text[], text[], integer, text[], text[], smallint[], timestamptz[], bigint[], boolean);
+DROP FUNCTION queues_open(text[], text[], text[]);
 DROP FUNCTION queue_resume(text);
 DROP FUNCTION queues_paused();
 DROP TABLE queue_pauses;
 DROP FUNCTION lease_rate_set(text, integer, interval);
 DROP FUNCTION tasks_gated(text[], text[], text[], integer);
+DROP FUNCTION rate_kept(timestamptz[], timestamptz[], integer);
+DROP FUNCTION tasks_gated_pick(text, text[], text[], text[], bigint[], integer, integer);
 DROP TABLE gated_cursor;
 -- schema/0014's.
 CREATE FUNCTION tasks_gated(want_queues text[], want_kinds text[], processors text[], ttl_default integer)
@@ -830,9 +831,11 @@ $$;
 DROP TRIGGER lease_slot_freed ON leases;
 DROP FUNCTION lease_slot_freed();
 DROP FUNCTION lease_limit_set(text, integer);
+DROP FUNCTION lease_limit_changed(text);
 DROP VIEW lease_limit_status;
 DROP FUNCTION lease_slot_acquire(text, text, integer, integer);
 DROP FUNCTION lease_slot_take(text, integer, integer, text, integer);
+DROP FUNCTION lease_take(text, text, integer);
 DROP FUNCTION lease_slot_names(text, integer);
 DROP INDEX leases_fence_idx;
 DROP FUNCTION lease_rate_next(lease_limits, timestamptz);

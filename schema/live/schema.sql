@@ -344,6 +344,18 @@ BEGIN
 END;
 $function$
 
+CREATE OR REPLACE FUNCTION public.lease_limit_changed(key text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
+        PERFORM pg_notify('leasehold_task', 'requeued');
+    END IF;
+    PERFORM pg_notify('leasehold_task', 'flow');
+END;
+$function$
+
 CREATE OR REPLACE FUNCTION public.lease_limit_set(key text, slots integer)
  RETURNS lease_limits
  LANGUAGE plpgsql
@@ -355,11 +367,7 @@ BEGIN
     ON CONFLICT (resource) DO UPDATE
     SET slots = excluded.slots, span = greatest(ll.span, excluded.slots), updated_at = now()
     RETURNING ll.* INTO lim;
-    IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
-        PERFORM pg_notify('leasehold_task', 'requeued');
-    END IF;
-    -- For the dashboards: flow control changed.
-    PERFORM pg_notify('leasehold_task', 'flow');
+    PERFORM lease_limit_changed(key);
     RETURN lim;
 END;
 $function$
@@ -382,11 +390,7 @@ BEGIN
     ON CONFLICT (resource) DO UPDATE
     SET rate_starts = excluded.rate_starts, rate_period = excluded.rate_period, updated_at = now()
     RETURNING ll.* INTO lim;
-    IF EXISTS (SELECT 1 FROM tasks AS t WHERE t.state = 'pending' AND t.lock_resource = key) THEN
-        PERFORM pg_notify('leasehold_task', 'requeued');
-    END IF;
-    -- For the dashboards: flow control changed.
-    PERFORM pg_notify('leasehold_task', 'flow');
+    PERFORM lease_limit_changed(key);
     RETURN lim;
 END;
 $function$
@@ -492,27 +496,34 @@ BEGIN
         -- renews it undisturbed.
         CONTINUE WHEN EXISTS (SELECT 1 FROM leases AS l
                               WHERE l.resource = name AND l.released_at IS NULL AND l.expires_at > now());
-        INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, created_at, expires_at)
-        VALUES (name, holder, nextval('lease_fence_seq'), ttl, clock_timestamp(), clock_timestamp() + make_interval(secs => ttl))
-        ON CONFLICT (resource) DO UPDATE
-        SET holder      = excluded.holder,
-            -- As LeaseAcquire: a fence drawn under the row lock, a holding
-            -- that begins after the previous one ended.
-            fence       = nextval('lease_fence_seq'),
-            ttl_seconds = excluded.ttl_seconds,
-            created_at  = clock_timestamp(),
-            renewed_at  = NULL,
-            released_at = NULL,
-            expired_at  = NULL,
-            expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
-        WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
-        RETURNING l.* INTO got;
-        IF FOUND THEN
+        got := NULL;
+        SELECT lt.* INTO got FROM lease_take(name, holder, ttl) AS lt;
+        IF got.id IS NOT NULL THEN
             RETURN NEXT got;
             RETURN;
         END IF;
     END LOOP;
 END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.lease_take(res text, holder text, ttl integer)
+ RETURNS SETOF leases
+ LANGUAGE sql
+ ROWS 1
+AS $function$
+INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, created_at, expires_at)
+VALUES (res, holder, nextval('lease_fence_seq'), ttl, clock_timestamp(), clock_timestamp() + make_interval(secs => ttl))
+ON CONFLICT (resource) DO UPDATE
+SET holder      = excluded.holder,
+    fence       = nextval('lease_fence_seq'),
+    ttl_seconds = excluded.ttl_seconds,
+    created_at  = clock_timestamp(),
+    renewed_at  = NULL,
+    released_at = NULL,
+    expired_at  = NULL,
+    expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
+WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
+RETURNING l.*
 $function$
 
 CREATE OR REPLACE FUNCTION public.leases_changed()
@@ -725,11 +736,23 @@ BEGIN
 END;
 $function$
 
+CREATE OR REPLACE FUNCTION public.queues_open(want_queues text[], want_kinds text[], paused text[])
+ RETURNS text[]
+ LANGUAGE sql
+ STABLE
+RETURN CASE WHEN (want_queues IS NULL) THEN ARRAY(SELECT DISTINCT br.queue FROM task_branches(NULL::text[], queues_open.want_kinds, NULL::text[], NULL::text[], NULL::smallint[], NULL::timestamp with time zone[], NULL::bigint[]) br(queue, kind, priority, after_at, after_id) WHERE (br.queue <> ALL (queues_open.paused))) ELSE ARRAY(SELECT q.q FROM unnest(queues_open.want_queues) q(q) WHERE (q.q <> ALL (queues_open.paused))) END
+
 CREATE OR REPLACE FUNCTION public.queues_paused()
  RETURNS text[]
  LANGUAGE sql
  STABLE
 RETURN ARRAY(SELECT p.queue FROM queue_pauses p WHERE ((p.until IS NULL) OR (p.until > now())))
+
+CREATE OR REPLACE FUNCTION public.rate_kept(recent timestamp with time zone[], starts timestamp with time zone[], n integer)
+ RETURNS timestamp with time zone[]
+ LANGUAGE sql
+ IMMUTABLE
+RETURN ARRAY(SELECT r.at FROM (SELECT x.at FROM unnest((rate_kept.recent || rate_kept.starts)) x(at) ORDER BY x.at DESC LIMIT rate_kept.n) r ORDER BY r.at)
 
 CREATE OR REPLACE FUNCTION public.retention_check(age interval, batch integer, after_id bigint DEFAULT 0)
  RETURNS void
@@ -1192,25 +1215,17 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     paused text[] := queues_paused();
-    keep   boolean[];
 BEGIN
     IF cardinality(paused) > 0 THEN
-        IF want_queues IS NULL THEN
-            want_queues := ARRAY(SELECT DISTINCT br.queue
-                                 FROM task_branches(NULL, want_kinds, NULL, NULL, NULL, NULL, NULL) AS br
-                                 WHERE br.queue <> ALL (paused));
-        ELSE
-            want_queues := ARRAY(SELECT q FROM unnest(want_queues) AS q WHERE q <> ALL (paused));
-        END IF;
+        want_queues := queues_open(want_queues, want_kinds, paused);
         IF cardinality(want_queues) = 0 THEN
             RETURN;
         END IF;
-        keep := ARRAY(SELECT hq <> ALL (paused) FROM unnest(hint_queues) AS hq);
         SELECT array_agg(h.q ORDER BY h.i), array_agg(h.k ORDER BY h.i), array_agg(h.p ORDER BY h.i),
                array_agg(h.at ORDER BY h.i), array_agg(h.id ORDER BY h.i)
         INTO hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids
         FROM unnest(hint_queues, hint_kinds, hint_priorities, hint_at, hint_ids) WITH ORDINALITY AS h (q, k, p, at, id, i)
-        WHERE keep[h.i];
+        WHERE h.q <> ALL (paused);
         hint_queues := coalesce(hint_queues, '{}');
         hint_kinds := coalesce(hint_kinds, '{}');
         hint_priorities := coalesce(hint_priorities, '{}');
@@ -1457,10 +1472,6 @@ DECLARE
     next       integer := 1;
     tid        bigint;
     ttl        integer;
-    holder     text;
-    lock_fence bigint;
-    acquired   timestamptz;
-    expiry     timestamptz;
     lim        lease_limits;
     slot       leases;
     paused     text[] := queues_paused();
@@ -1546,19 +1557,8 @@ BEGIN
             p_ids := '{}';
             p_ttls := '{}';
             IF want > 0 THEN
-                FOR rec IN
-                    SELECT c.id, coalesce(c.ttl_seconds, ttl_default) AS ttl FROM tasks AS c
-                    WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
-                      AND (want_queues IS NULL OR c.queue = ANY (want_queues))
-                      AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
-                      AND c.queue <> ALL (paused)
-                    ORDER BY c.priority, c.scheduled_at, c.id
-                    LIMIT want
-                    FOR UPDATE SKIP LOCKED
-                LOOP
-                    p_ids := p_ids || rec.id;
-                    p_ttls := p_ttls || rec.ttl;
-                END LOOP;
+                SELECT coalesce(array_agg(pk.id), '{}'), coalesce(array_agg(pk.ttl), '{}') INTO p_ids, p_ttls
+                FROM tasks_gated_pick(cur, want_queues, want_kinds, paused, a_id, want, ttl_default) AS pk;
             END IF;
             starts := '{}';
             IF cardinality(p_ids) > 0 THEN
@@ -1593,10 +1593,7 @@ BEGIN
                 IF cardinality(starts) > 0 THEN
                     served := cur;
                     IF lim.rate_starts IS NOT NULL THEN
-                        UPDATE lease_limits AS ll
-                        SET rate_recent = (SELECT array_agg(r.at ORDER BY r.at)
-                                           FROM (SELECT x.at FROM unnest(lim.rate_recent || starts) AS x (at)
-                                                 ORDER BY x.at DESC LIMIT lim.rate_starts) AS r)
+                        UPDATE lease_limits AS ll SET rate_recent = rate_kept(lim.rate_recent, starts, lim.rate_starts)
                         WHERE ll.resource = cur;
                     END IF;
                 END IF;
@@ -1609,15 +1606,8 @@ BEGIN
             -- The limit was lowered below slots still held: one task at a
             -- time, each slot taken by lease_slot_take, which counts them.
             WHILE next <= cardinality(processors) LOOP
-                SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
-                WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
-                  AND (want_queues IS NULL OR c.queue = ANY (want_queues))
-                  AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
-                  AND c.queue <> ALL (paused)
-                  AND c.id <> ALL (a_id)
-                ORDER BY c.priority, c.scheduled_at, c.id
-                LIMIT 1
-                FOR UPDATE SKIP LOCKED;
+                SELECT pk.id, pk.ttl INTO tid, ttl
+                FROM tasks_gated_pick(cur, want_queues, want_kinds, paused, a_id, 1, ttl_default) AS pk;
                 EXIT WHEN NOT FOUND;
                 EXIT WHEN lease_rate_next(lim, clock_timestamp()) IS NOT NULL;
                 slot := NULL;
@@ -1626,7 +1616,7 @@ BEGIN
                 -- The span may have come down to the limit.
                 lim.span := (SELECT ll.span FROM lease_limits AS ll WHERE ll.resource = cur);
                 IF lim.rate_starts IS NOT NULL THEN
-                    lim.rate_recent := (lim.rate_recent || slot.created_at)[greatest(1, cardinality(lim.rate_recent) + 2 - lim.rate_starts):];
+                    lim.rate_recent := rate_kept(lim.rate_recent, ARRAY[slot.created_at], lim.rate_starts);
                     UPDATE lease_limits AS ll SET rate_recent = lim.rate_recent WHERE ll.resource = cur;
                 END IF;
                 a_id := a_id || tid;
@@ -1643,37 +1633,18 @@ BEGIN
               AND NOT EXISTS (SELECT 1 FROM leases AS l
                               WHERE l.resource = cur AND l.released_at IS NULL AND l.expires_at > now()) THEN
             -- A lock without a limit: its one lease, the key's own.
-            SELECT c.id, coalesce(c.ttl_seconds, ttl_default) INTO tid, ttl FROM tasks AS c
-            WHERE c.state = 'pending' AND c.lock_resource = cur AND c.scheduled_at <= now()
-              AND (want_queues IS NULL OR c.queue = ANY (want_queues))
-              AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
-              AND c.queue <> ALL (paused)
-            ORDER BY c.priority, c.scheduled_at, c.id
-            LIMIT 1
-            FOR UPDATE SKIP LOCKED;
+            SELECT pk.id, pk.ttl INTO tid, ttl
+            FROM tasks_gated_pick(cur, want_queues, want_kinds, paused, a_id, 1, ttl_default) AS pk;
             IF FOUND THEN
-                INSERT INTO leases AS l (resource, holder, fence, ttl_seconds, created_at, expires_at)
-                VALUES (cur, processors[next], nextval('lease_fence_seq'), ttl, clock_timestamp(),
-                        clock_timestamp() + make_interval(secs => ttl))
-                ON CONFLICT (resource) DO UPDATE
-                SET holder      = excluded.holder,
-                    fence       = nextval('lease_fence_seq'),
-                    ttl_seconds = excluded.ttl_seconds,
-                    created_at  = clock_timestamp(),
-                    renewed_at  = NULL,
-                    released_at = NULL,
-                    expired_at  = NULL,
-                    expires_at  = clock_timestamp() + make_interval(secs => excluded.ttl_seconds)
-                WHERE l.released_at IS NOT NULL OR l.expires_at <= now()
-                RETURNING l.holder, l.fence, l.created_at, l.expires_at
-                INTO holder, lock_fence, acquired, expiry;
-                IF FOUND THEN
+                slot := NULL;
+                SELECT lt.* INTO slot FROM lease_take(cur, processors[next], ttl) AS lt;
+                IF slot.id IS NOT NULL THEN
                     a_id := a_id || tid;
-                    a_holder := a_holder || holder;
-                    a_fence := a_fence || lock_fence;
+                    a_holder := a_holder || slot.holder;
+                    a_fence := a_fence || slot.fence;
                     a_ttl := a_ttl || ttl;
-                    a_start := a_start || acquired;
-                    a_expiry := a_expiry || expiry;
+                    a_start := a_start || slot.created_at;
+                    a_expiry := a_expiry || slot.expires_at;
                     next := next + 1;
                     served := cur;
                 END IF;
@@ -1712,6 +1683,21 @@ BEGIN
     WHERE t.id = a.id
     RETURNING t.*;
 END;
+$function$
+
+CREATE OR REPLACE FUNCTION public.tasks_gated_pick(key text, want_queues text[], want_kinds text[], paused text[], taken bigint[], n integer, ttl_default integer)
+ RETURNS TABLE(id bigint, ttl integer)
+ LANGUAGE sql
+AS $function$
+SELECT c.id, coalesce(c.ttl_seconds, ttl_default) FROM tasks AS c
+WHERE c.state = 'pending' AND c.lock_resource = key AND c.scheduled_at <= now()
+  AND (want_queues IS NULL OR c.queue = ANY (want_queues))
+  AND (want_kinds IS NULL OR c.kind = ANY (want_kinds))
+  AND c.queue <> ALL (paused)
+  AND c.id <> ALL (taken)
+ORDER BY c.priority, c.scheduled_at, c.id
+LIMIT n
+FOR UPDATE SKIP LOCKED
 $function$
 
 CREATE OR REPLACE FUNCTION public.tasks_gated_waiting()
@@ -1784,13 +1770,7 @@ DECLARE
     due    timestamptz;
 BEGIN
     IF cardinality(paused) > 0 THEN
-        IF want_queues IS NULL THEN
-            want_queues := ARRAY(SELECT DISTINCT br.queue
-                                 FROM task_branches(NULL, want_kinds, NULL, NULL, NULL, NULL, NULL) AS br
-                                 WHERE br.queue <> ALL (paused));
-        ELSE
-            want_queues := ARRAY(SELECT q FROM unnest(want_queues) AS q WHERE q <> ALL (paused));
-        END IF;
+        want_queues := queues_open(want_queues, want_kinds, paused);
     END IF;
     IF cardinality(want_queues) IS DISTINCT FROM 0 THEN
         due := tasks_next_due(want_queues, want_kinds);
