@@ -49,18 +49,24 @@ func (s *Store) Acquire(ctx context.Context, p lease.AcquireParams) (lease.Acqui
 		return lease.Acquisition{}, fmt.Errorf("acquire %s: %w", p.Resource, op.err)
 	}
 	row := op.acquired
-	l := lease.Lease{
+	return acquisition(lease.Lease{
 		ID: row.ID, Resource: row.Resource, Holder: row.Holder, Fence: row.Fence,
 		State: lease.StateActive, TTLSeconds: row.TTLSeconds, CreatedAt: row.CreatedAt,
 		RenewedAt: row.RenewedAt, ReleasedAt: row.ReleasedAt, ExpiresAt: row.ExpiresAt,
-	}
+	}, row.Acquired, p.Holder, row.DBNow)
+}
+
+// acquisition is the outcome of an acquisition by holder that answered
+// with l: taken now (acquired), held by holder already (an idempotent
+// retry), or another holder's (a *lease.HeldError).
+func acquisition(l lease.Lease, acquired bool, holder string, dbNow time.Time) (lease.Acquisition, error) {
 	switch {
-	case row.Acquired:
-		return lease.Acquisition{Lease: l, New: true, DBNow: row.DBNow}, nil
-	case row.Holder == p.Holder:
-		return lease.Acquisition{Lease: l, DBNow: row.DBNow}, nil
+	case acquired:
+		return lease.Acquisition{Lease: l, New: true, DBNow: dbNow}, nil
+	case l.Holder == holder:
+		return lease.Acquisition{Lease: l, DBNow: dbNow}, nil
 	default:
-		return lease.Acquisition{Lease: l, DBNow: row.DBNow}, &lease.HeldError{Lease: l}
+		return lease.Acquisition{Lease: l, DBNow: dbNow}, &lease.HeldError{Lease: l}
 	}
 }
 
@@ -77,19 +83,11 @@ func (s *Store) acquireSlot(ctx context.Context, p lease.AcquireParams) (lease.A
 	case err != nil:
 		return lease.Acquisition{}, fmt.Errorf("acquire a slot of %s: %w", p.Resource, err)
 	}
-	l := lease.Lease{
+	return acquisition(lease.Lease{
 		ID: row.ID, Resource: row.Resource, Holder: row.Holder, Fence: row.Fence,
 		State: lease.StateActive, TTLSeconds: row.TTLSeconds, CreatedAt: row.CreatedAt,
 		RenewedAt: timeOf(row.RenewedAt), ReleasedAt: timeOf(row.ReleasedAt), ExpiresAt: row.ExpiresAt,
-	}
-	switch {
-	case row.Acquired:
-		return lease.Acquisition{Lease: l, New: true, DBNow: row.DBNow}, nil
-	case row.Holder == p.Holder:
-		return lease.Acquisition{Lease: l, DBNow: row.DBNow}, nil
-	default:
-		return lease.Acquisition{Lease: l, DBNow: row.DBNow}, &lease.HeldError{Lease: l}
-	}
+	}, row.Acquired, p.Holder, row.DBNow)
 }
 
 // timeOf is a nullable timestamptz a function's result gave sqlc no type

@@ -381,3 +381,16 @@ func queryName(q url.Values, name string) (string, error) {
 	}
 	return v, nil
 }
+
+// discardBody reads a body the route does not use, up to the body limit:
+// one over it is refused (413) as on every route.
+func discardBody(w http.ResponseWriter, r *http.Request) error {
+	if _, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, maxBodyBytes)); err != nil {
+		var tooBig *http.MaxBytesError
+		if !errors.As(err, &tooBig) {
+			err = badRequestf("request body could not be read: %v", err)
+		}
+		return err
+	}
+	return nil
+}

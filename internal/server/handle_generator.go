@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
-	"io"
 	"net/http"
 )
 
@@ -42,11 +40,7 @@ func handleGeneratorGet(d Deps) http.Handler {
 // says nothing and is ignored, but is held to the 1 MiB of every body.
 func handleGeneratorSet(d Deps, started bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, maxBodyBytes)); err != nil {
-			var tooBig *http.MaxBytesError
-			if !errors.As(err, &tooBig) {
-				err = badRequestf("request body could not be read: %v", err)
-			}
+		if err := discardBody(w, r); err != nil {
 			writeError(w, r, d.Log, err)
 			return
 		}

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"errors"
-	"io"
 	"net/http"
 	"time"
 
@@ -118,19 +116,6 @@ func handleQueuePaused(d Deps) http.Handler {
 func mayQueue(r *http.Request, queue string) error {
 	if t := principal(r); t != nil && !within(t.Queues, queue) {
 		return forbiddenf("the token %q may not pause or resume the queue %q: its queues begin with %q", t.Name, queue, t.Queues)
-	}
-	return nil
-}
-
-// discardBody reads a body the route does not use, up to the body limit:
-// one over it is refused (413) as on every route.
-func discardBody(w http.ResponseWriter, r *http.Request) error {
-	if _, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, maxBodyBytes)); err != nil {
-		var tooBig *http.MaxBytesError
-		if !errors.As(err, &tooBig) {
-			err = badRequestf("request body could not be read: %v", err)
-		}
-		return err
 	}
 	return nil
 }
