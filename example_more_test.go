@@ -234,3 +234,42 @@ func ExampleLeases_SetLimit() {
 	fmt.Println(l.Resource, "slots:", l.Slots)
 	// Output: example:partner-api slots: 5
 }
+
+// A rate on a key: at most 50 of its tasks start in any minute, however
+// many processes claim them. Tasks name the key as their Lock.
+func ExampleLeases_SetRate() {
+	ctx := context.Background()
+	client, err := leasehold.NewClient(examplePool(), leasehold.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := client.Leases().SetRate(ctx, "example:mail-provider", 50, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(l.Resource, "starts", l.RateStarts, "per", l.RatePeriod)
+	// Output: example:mail-provider starts 50 per 1m0s
+}
+
+// A paused queue's pending tasks wait, in every process, until it is
+// resumed (or until the time given); its running tasks finish.
+func ExampleClient_PauseQueue() {
+	ctx := context.Background()
+	client, err := leasehold.NewClient(examplePool(), leasehold.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	p, err := client.PauseQueue(ctx, "example-imports", time.Time{}, "a bug in the importer")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("paused", p.Queue, "until resumed:", p.Until == nil)
+	resumed, err := client.ResumeQueue(ctx, "example-imports")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("resumed:", resumed)
+	// Output:
+	// paused example-imports until resumed: true
+	// resumed: true
+}
