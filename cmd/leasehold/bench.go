@@ -38,7 +38,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	var (
 		dbURL     = fs.String("database-url", getenv("DATABASE_URL"), "PostgreSQL URL; scenarios create databases beside its (env DATABASE_URL; default: the local PostgreSQL)")
 		scenarios = fs.String("scenarios", strings.Join(bench.Scenarios, ","), "scenarios to run, comma-separated; also backlog (see --backlog), longpoll (long-poll claims, leasehold work; a few minutes), capacity (PostgreSQL's CPU and WAL per lease renewal, lease cycle, task and task heartbeat), river (drains beside River's, from outside and through the library; needs --river-peer), pickup (how soon an idle replica starts a task inserted over REST, and the library; --samples tasks) "+
-			"and keys (a library drain with every task on one of --keys-count keys of --keys-limit slots, the same with a rate on every key that never binds, and the same drain without keys, in rounds; --keys-* flags)")
+			"keys (a library drain with every task on one of --keys-count keys of --keys-limit slots, the same with a rate on every key that never binds, and the same drain without keys, in rounds; --keys-* flags) "+
+			"and claim-parts (what each part of a claim costs the server: the same drain by bare statements without a lease, then with triggers, then with a lease, then a fenced lease, then leasehold's own statement, in rounds; --parts-* flags)")
 		duration  = fs.Duration("duration", 5*time.Second, "length of each timed measurement")
 		clients   = fs.String("clients", "1,8,32", "concurrency levels of leases and baseline, comma-separated")
 		tasks     = fs.Int("tasks", 10000, "tasks drain pre-inserts, and bulk-insert inserts each way")
@@ -64,6 +65,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		keysWork  = fs.Int("keys-workers", bench.DefaultKeysWorkers, "workers of the one Client of each keys drain")
 		keysCount = fs.Int("keys-count", bench.DefaultKeysCount, "keys of keys's keyed drain: task i on key-<i mod keys-count>")
 		keysLimit = fs.Int("keys-limit", bench.DefaultKeysLimit, "slots of each key of keys's keyed drain: at most this many of its tasks run at once")
+		partsN    = fs.Int("parts-tasks", bench.DefaultPartsTasks, "tasks of each of claim-parts' drains")
+		partsR    = fs.Int("parts-rounds", bench.DefaultPartsRounds, "rounds of claim-parts, each a drain of each of its five ways, in turn first")
 		standby   = fs.String("standby", "", "with `sync` or `async`, run on a local primary built for the run with a streaming standby of its own, "+
 			"synchronous (every commit waits for the standby's flush) or asynchronous, removed after; not with --database-url")
 	)
@@ -99,6 +102,10 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	cfg.BacklogWorkers, cfg.RiverPeer = *blWorkers, *riverPeer
 	cfg.KeysTasks, cfg.KeysRounds, cfg.KeysWorkers, cfg.KeysCount, cfg.KeysLimit = *keysTasks, *keysRound, *keysWork, *keysCount, *keysLimit
+	cfg.PartsTasks, cfg.PartsRounds = *partsN, *partsR
+	if *partsN <= 0 || *partsR <= 0 {
+		return usagef("--parts-tasks and --parts-rounds must be above 0")
+	}
 	if *keysTasks <= 0 || *keysRound <= 0 || *keysWork <= 0 || *keysCount <= 0 || *keysLimit <= 0 {
 		return usagef("--keys-tasks, --keys-rounds, --keys-workers, --keys-count and --keys-limit must be above 0")
 	}

@@ -35,7 +35,7 @@ import (
 var Scenarios = []string{"baseline", "leases", "drain", "steady", "latency", "notify-cost", "fanout", "bulk-insert"}
 
 // Optional are the scenarios that run only when named: long ones.
-var Optional = []string{"backlog", "longpoll", "capacity", "river", "pickup", "keys"}
+var Optional = []string{"backlog", "longpoll", "capacity", "river", "pickup", "keys", "claim-parts"}
 
 // Config is what to measure and how hard.
 type Config struct {
@@ -80,6 +80,9 @@ type Config struct {
 	// key-<i mod KeysCount>, of KeysLimit slots (0: DefaultKeysTasks, DefaultKeysRounds,
 	// DefaultKeysWorkers, DefaultKeysCount, DefaultKeysLimit).
 	KeysTasks, KeysRounds, KeysWorkers, KeysCount, KeysLimit int
+	// PartsTasks are the tasks of each of claim-parts' drains, in each of its PartsRounds
+	// rounds (0: DefaultPartsTasks, DefaultPartsRounds).
+	PartsTasks, PartsRounds int
 	// Log receives progress lines (nil discards).
 	Log io.Writer
 }
@@ -139,6 +142,8 @@ func (c Config) withDefaults() Config {
 	c.KeysWorkers = cmp.Or(c.KeysWorkers, DefaultKeysWorkers)
 	c.KeysCount = cmp.Or(c.KeysCount, DefaultKeysCount)
 	c.KeysLimit = cmp.Or(c.KeysLimit, DefaultKeysLimit)
+	c.PartsTasks = cmp.Or(c.PartsTasks, DefaultPartsTasks)
+	c.PartsRounds = cmp.Or(c.PartsRounds, DefaultPartsRounds)
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
@@ -179,6 +184,7 @@ func (c Config) Validate() error {
 	}{
 		{"keys tasks", c.KeysTasks, 10_000_000}, {"keys rounds", c.KeysRounds, 100}, {"keys workers", c.KeysWorkers, 10_000},
 		{"keys count", c.KeysCount, 100_000}, {"keys limit", c.KeysLimit, lease.MaxSlots},
+		{"claim-parts tasks", c.PartsTasks, 10_000_000}, {"claim-parts rounds", c.PartsRounds, 100},
 	} {
 		if k.n < 0 || k.n > k.top {
 			errs = append(errs, fmt.Errorf("%s %d must be between 1 and %d (or 0, the default)", k.what, k.n, k.top))
@@ -281,6 +287,7 @@ var scenarios = map[string]func(ctx context.Context, c Config, earlier []Result)
 	"river":       runRiver,
 	"pickup":      runPickup,
 	"keys":        runKeys,
+	"claim-parts": runClaimParts,
 }
 
 func machine(ctx context.Context, dbURL string) (Machine, error) {
