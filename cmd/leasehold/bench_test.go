@@ -77,6 +77,8 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		{"bench", "--keys-tasks", "0"},
 		{"bench", "--keys-rounds", "-1"},
 		{"bench", "--keys-limit", "1001"},
+		{"bench", "--parts-tasks", "0"},
+		{"bench", "--parts-rounds", "101"},
 	} {
 		err := run(t.Context(), args, env(), io.Discard, io.Discard)
 		if !errors.Is(err, errUsage) {
