@@ -143,6 +143,72 @@ func TestRateNeverOverspent(t *testing.T) {
 	t.Logf("%d tasks over %s, at most %d starts in any second (rate %d/s)", len(starts), starts[len(starts)-1].Sub(starts[0]), mostInWindow(starts, time.Second), rate)
 }
 
+// TestRateWakesTheIdleWhenItAllows: an idle claimer asks when to look
+// again. A key whose rate lets a task start now, with a free slot and a
+// task the claimer could take, is due now: the claimer may have found the
+// rate spent a moment ago (or read before another's claim committed), and
+// nothing else would wake it. A key whose slots are all held is not (the
+// slot's release wakes the claimers), nor is it for a claimer of other
+// kinds.
+func TestRateWakesTheIdleWhenItAllows(t *testing.T) {
+	t.Parallel()
+	pdb := pgtest.New(t)
+	s, l := taskstore.NewStore(pdb.Pool), leasestore.NewStore(pdb.Pool)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := l.SetLimit(ctx, "partner-api", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SetRate(ctx, "partner-api", 2, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	insert(t, s, taskstore.NewTask{Kind: "k", Lock: "partner-api"}, taskstore.NewTask{Kind: "k", Lock: "partner-api"},
+		taskstore.NewTask{Kind: "k", Lock: "partner-api"})
+	lookAgain := func(kinds []string) time.Duration {
+		t.Helper()
+		due, dbNow, err := s.NextDue(ctx, nil, kinds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return due.Sub(dbNow)
+	}
+	run := func(spent bool) {
+		t.Helper()
+		got := claim(t, s, taskstore.ClaimParams{Processors: []string{"w1", "w2"}, TTL: 30 * time.Second})
+		if len(got) != 1 {
+			t.Fatalf("claimed %d tasks of a key of one slot, want 1", len(got))
+		}
+		if wait := lookAgain(nil); !spent && wait < 30*time.Minute {
+			t.Errorf("while the key's one slot is held and its rate allows a start, an idle claimer is told to look again in %s; "+
+				"want no sooner than the slot's release wakes it", wait)
+		}
+		if _, err := s.Complete(ctx, got[0].ID, got[0].Processor, got[0].Fence, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(false)
+	run(true)
+	wait := lookAgain(nil)
+	if wait <= 0 || wait > time.Second {
+		t.Fatalf("with the rate spent, an idle claimer is told to look again in %s; want within the second", wait)
+	}
+	timer := time.NewTimer(wait)
+	select {
+	case <-timer.C:
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	if wait := lookAgain(nil); wait > 0 {
+		t.Errorf("the rate lets a task start, a slot is free, and an idle claimer is told to look again in %s; want now", wait)
+	}
+	if wait := lookAgain([]string{"other"}); wait < 30*time.Minute {
+		t.Errorf("a claimer of another kind is told to look again in %s for a key it cannot serve", wait)
+	}
+	if got := claim(t, s, taskstore.ClaimParams{Processors: []string{"w1"}, TTL: 30 * time.Second}); len(got) != 1 {
+		t.Errorf("claimed %d tasks, want the third", len(got))
+	}
+}
+
 // startTimes returns the started_at of the tasks of lock, in order.
 func startTimes(t *testing.T, pdb pgtest.DB, lock string) []time.Time {
 	t.Helper()

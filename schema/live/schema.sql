@@ -1777,11 +1777,18 @@ BEGIN
     END IF;
     RETURN least(due,
                  (SELECT min(p.until) FROM queue_pauses AS p WHERE p.until > now()),
-                 (SELECT min(lease_rate_next(ll, now())) FROM lease_limits AS ll
+                 (SELECT min(coalesce(lease_rate_next(ll, now()), now())) FROM lease_limits AS ll
                   WHERE ll.rate_starts IS NOT NULL
+                    AND cardinality(want_queues) IS DISTINCT FROM 0
                     AND EXISTS (SELECT 1 FROM tasks AS t
                                 WHERE t.state = 'pending' AND t.lock_resource = ll.resource
-                                  AND t.scheduled_at <= now())));
+                                  AND t.scheduled_at <= now()
+                                  AND (want_queues IS NULL OR t.queue = ANY (want_queues))
+                                  AND (want_kinds IS NULL OR t.kind = ANY (want_kinds)))
+                    AND (lease_rate_next(ll, now()) IS NOT NULL
+                         OR (SELECT count(*) FROM leases AS l
+                             WHERE l.resource = ANY (lease_slot_names(ll.resource, ll.span))
+                               AND l.released_at IS NULL AND l.expires_at > now()) < ll.slots)));
 END;
 $function$
 
