@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/internal/leasestore"
@@ -36,8 +37,9 @@ import (
 type Config struct {
 	// ID names this process among the others: its workers are the
 	// processors "<ID>/w<N>" (or "<ID>/<queue>/w<N>") and its electors'
-	// default holder. It must be unique among live processes. Default:
-	// "<hostname>-<pid>".
+	// default holder. It must be unique among live clients. Default:
+	// "<hostname>-<pid>" for the first client of a process given none, and
+	// "<hostname>-<pid>-<n>" for its n-th after that.
 	ID string
 	// Workers are the kinds this client runs (nil: none). A worker claims
 	// only the kinds it has; a task of a kind nobody runs waits, untouched.
@@ -197,6 +199,9 @@ func NewRemoteClient(remote RemoteConfig, cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// defaultIDs counts the clients of this process given the default ID.
+var defaultIDs atomic.Int64
+
 // newClient checks cfg and fills its defaults.
 func newClient(cfg Config) (*Client, error) {
 	if cfg.ID == "" {
@@ -205,6 +210,12 @@ func newClient(cfg Config) (*Client, error) {
 			host = "leasehold"
 		}
 		cfg.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
+		// Two clients of one process would otherwise name the same
+		// workers, and a worker's name is what holds its task's lease and
+		// its key's slot: the second and later get a number of their own.
+		if n := defaultIDs.Add(1); n > 1 {
+			cfg.ID += fmt.Sprintf("-%d", n)
+		}
 	}
 	if err := checkName("Config.ID", cfg.ID); err != nil {
 		return nil, asConfig(err)

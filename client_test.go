@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -696,5 +697,29 @@ func currentLeader(t *testing.T, db pgtest.DB) (string, int64) {
 			t.Fatalf("no leader within %s: %v", giveUp, err)
 		}
 		time.Sleep(20 * time.Millisecond) // a harness's poll of the database
+	}
+}
+
+// TestClientsOfAProcessHaveTheirOwnIDs: clients made in one process without
+// an ID get IDs of their own. A client's ID names its workers, which hold
+// their tasks' leases and their keys' slots, and is its electors' default
+// holder: two clients of one name would take each other's holdings for
+// their own.
+func TestClientsOfAProcessHaveTheirOwnIDs(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	seen := map[string]bool{}
+	for range 3 {
+		c, err := leasehold.NewClient(db.Pool, leasehold.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[c.ID()] {
+			t.Errorf("two clients of one process were both given the ID %q", c.ID())
+		}
+		seen[c.ID()] = true
+		if host, _ := os.Hostname(); !strings.HasPrefix(c.ID(), fmt.Sprintf("%s-%d", host, os.Getpid())) {
+			t.Errorf("default ID %q, want <hostname>-<pid> or <hostname>-<pid>-<n>", c.ID())
+		}
 	}
 }
