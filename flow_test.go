@@ -60,7 +60,15 @@ func TestRateAcrossClients(t *testing.T) {
 		select {
 		case <-done:
 		case <-timeout:
-			t.Fatalf("not every task ran within %s", giveUp)
+			// What a stall left: the tasks, the key's limit and its spent
+			// rate, and the leases of its slots.
+			var dump string
+			_ = db.Pool.QueryRow(t.Context(), `SELECT now()::text
+				|| E'\n' || (SELECT string_agg(format('%s %s attempts=%s processor=%s started=%s done=%s', id, state, attempts,
+				                                       processor, started_at, processed_at), E'\n' ORDER BY id) FROM tasks)
+				|| E'\n' || (SELECT string_agg(row_to_json(l)::text, E'\n') FROM lease_limits AS l)
+				|| E'\n' || coalesce((SELECT string_agg(row_to_json(l)::text, E'\n') FROM leases AS l), 'no leases')`).Scan(&dump)
+			t.Fatalf("not every task ran within %s; the database at that moment:\n%s", giveUp, dump)
 		}
 	}
 	rows, err := db.Pool.Query(t.Context(), `SELECT started_at FROM tasks WHERE lock_resource = 'mail-provider' ORDER BY started_at`)
