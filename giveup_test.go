@@ -48,6 +48,23 @@ func lossyPool(t *testing.T, db pgtest.DB, conns int32) (*pgtest.Proxy, *pgxpool
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	// Every connection open before the loss, so that a statement sent
+	// during it finds one idle and reaches the server (its answer lost). A
+	// connection opened during the loss never finishes its session's setup
+	// (PrepareSession's answers are lost too), and a statement waiting for
+	// one is never sent: the holder then gives up without a renewal whose
+	// answer was lost, which is not what these tests are about.
+	held := make([]*pgxpool.Conn, 0, conns)
+	for range conns {
+		c, err := pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	for _, c := range held {
+		c.Release()
+	}
 	return proxy, pool
 }
 

@@ -73,8 +73,8 @@ func (p *Proxy) DropAnswers() int {
 // every one made until the returned function is called: a pool that opens
 // a connection meanwhile (under load, or to replace one whose statement
 // hung) cannot slip an answered statement past the loss. After that call
-// new connections are answered again, and the dark ones stay dark until
-// they close.
+// every connection that executed nothing meanwhile, and every new one, is
+// answered again; the dark ones stay dark until they close.
 func (p *Proxy) DropAllAnswers() (restore func()) {
 	p.mu.Lock()
 	p.arming = true
@@ -82,8 +82,11 @@ func (p *Proxy) DropAllAnswers() (restore func()) {
 	p.DropAnswers()
 	return func() {
 		p.mu.Lock()
+		defer p.mu.Unlock()
 		p.arming = false
-		p.mu.Unlock()
+		for c := range p.conns {
+			c.armed.Store(false)
+		}
 	}
 }
 
