@@ -3,8 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -204,113 +202,92 @@ var partsVariants = []partsVariant{
 // costs on this table. PartsRounds rounds, the variants taking turns going first; each
 // drain on a fresh database, metered as river's are.
 func runClaimParts(ctx context.Context, c Config, _ []Result) ([]Result, error) {
-	per := make([][]partsRun, len(partsVariants))
+	per := make([][]partsFigures, len(partsVariants))
 	for r := range c.PartsRounds {
 		for k := range partsVariants {
 			i := (k + r) % len(partsVariants)
 			v := partsVariants[i]
 			fmt.Fprintf(c.Log, "claim-parts: round %d: %s\n", r+1, v.name)
-			d, err := partsDrain(ctx, c, v)
+			f, err := partsDrain(ctx, c, v)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", v.name, err)
 			}
-			per[i] = append(per[i], d)
+			per[i] = append(per[i], f)
 		}
 	}
 	var out []Result
 	medians := make([]partsFigures, len(partsVariants))
 	for i, v := range partsVariants {
-		medians[i] = partsMedians(per[i])
-		out = append(out, medians[i].results(v.name, v.what, per[i])...)
+		for k, field := range partsFields {
+			rounds := make([]float64, len(per[i]))
+			for j, f := range per[i] {
+				rounds[j] = f[k]
+			}
+			medians[i][k] = median(rounds)
+			note := field.note
+			if k == figRate {
+				note = v.what + "; median"
+			}
+			if note != "" {
+				note += "; "
+			}
+			out = append(out, Result{Scenario: "claim-parts", Case: v.name + ": " + field.what, Value: medians[i][k], Unit: field.unit,
+				Note: note + "rounds: " + listed(rounds, field.format)})
+		}
 	}
 	// What each part adds, from the medians.
 	for i := 1; i < len(partsVariants); i++ {
 		a, b := medians[i-1], medians[i]
 		out = append(out, Result{
 			Scenario: "claim-parts", Case: fmt.Sprintf("what %q adds to %q: PostgreSQL CPU per task", partsVariants[i].name, partsVariants[i-1].name),
-			Value: b.pgCPU - a.pgCPU, Unit: "µs",
-			Note: fmt.Sprintf("medians %.1f − %.1f; WAL per task %+.0f B; its own CPU per task %+.1f µs", b.pgCPU, a.pgCPU, b.wal-a.wal, b.app-a.app),
+			Value: b[figPGCPU] - a[figPGCPU], Unit: "µs",
+			Note: fmt.Sprintf("medians %.1f − %.1f; WAL per task %+.0f B; its own CPU per task %+.1f µs",
+				b[figPGCPU], a[figPGCPU], b[figWAL]-a[figWAL], b[figApp]-a[figApp]),
 		})
 	}
 	return out, nil
 }
 
-// partsFigures are one variant's figures per task (medians over its rounds).
-type partsFigures struct {
-	rate, pgCPU, app, wal, statements float64
+// The figures claim-parts reports of each way, each per task but the rate: figure k of a
+// drain's partsFigures is described by partsFields[k].
+const (
+	figRate = iota
+	figPGCPU
+	figApp
+	figWAL
+	figStatements
+)
+
+var partsFields = [...]struct{ what, unit, format, note string }{
+	figRate:       {"drain", "tasks/s", "%.0f", ""}, // its note says what the way is
+	figPGCPU:      {"PostgreSQL CPU per task", "µs", "%.1f", ""},
+	figApp:        {"the loops' own CPU per task", "µs", "%.1f", "this process: the loops, pgx, and the meter's sampling"},
+	figWAL:        {"WAL per task", "B", "%.0f", ""},
+	figStatements: {"statements per task", "statements", "%.3f", ""},
 }
 
-// partsRun is one metered drain of claim-parts, and the statements it ran.
-type partsRun struct {
-	d          drained
-	statements int
-}
-
-func figuresOf(r partsRun) partsFigures {
-	d, n := r.d, float64(r.d.tasks)
-	return partsFigures{
-		rate: float64(d.tasks) / d.secs, pgCPU: d.w.cpu.Seconds() * 1e6 / n, app: d.app.Seconds() * 1e6 / n,
-		wal: d.w.wal / n, statements: float64(r.statements) / n,
-	}
-}
-
-func partsMedians(ds []partsRun) partsFigures {
-	med := func(f func(partsFigures) float64) float64 {
-		vs := make([]float64, len(ds))
-		for i, d := range ds {
-			vs[i] = f(figuresOf(d))
-		}
-		slices.Sort(vs)
-		return vs[len(vs)/2]
-	}
-	return partsFigures{
-		rate:       med(func(f partsFigures) float64 { return f.rate }),
-		pgCPU:      med(func(f partsFigures) float64 { return f.pgCPU }),
-		app:        med(func(f partsFigures) float64 { return f.app }),
-		wal:        med(func(f partsFigures) float64 { return f.wal }),
-		statements: med(func(f partsFigures) float64 { return f.statements }),
-	}
-}
-
-func (m partsFigures) results(name, what string, ds []partsRun) []Result {
-	each := func(f func(partsFigures) float64, format string) string {
-		vs := make([]string, len(ds))
-		for i, d := range ds {
-			vs[i] = fmt.Sprintf(format, f(figuresOf(d)))
-		}
-		return "rounds: " + strings.Join(vs, ", ")
-	}
-	r := func(what string, v float64, unit, note string) Result {
-		return Result{Scenario: "claim-parts", Case: name + ": " + what, Value: v, Unit: unit, Note: note}
-	}
-	return []Result{
-		r("drain", m.rate, "tasks/s", what+"; median; "+each(func(f partsFigures) float64 { return f.rate }, "%.0f")),
-		r("PostgreSQL CPU per task", m.pgCPU, "µs", each(func(f partsFigures) float64 { return f.pgCPU }, "%.1f")),
-		r("the loops' own CPU per task", m.app, "µs", "this process: the loops, pgx, and the meter's sampling; "+each(func(f partsFigures) float64 { return f.app }, "%.1f")),
-		r("WAL per task", m.wal, "B", each(func(f partsFigures) float64 { return f.wal }, "%.0f")),
-		r("statements per task", m.statements, "statements", each(func(f partsFigures) float64 { return f.statements }, "%.3f")),
-	}
-}
+// partsFigures are one metered drain's figures.
+type partsFigures [len(partsFields)]float64
 
 // partsDrain drains PartsTasks fresh tasks one way, metered.
-func partsDrain(ctx context.Context, c Config, v partsVariant) (partsRun, error) {
+func partsDrain(ctx context.Context, c Config, v partsVariant) (partsFigures, error) {
 	d, err := newDB(ctx, c.DatabaseURL, partsLoops+2)
 	if err != nil {
-		return partsRun{}, err
+		return partsFigures{}, err
 	}
 	defer d.Close()
 	s := taskstore.NewStore(d.Pool)
 	if err := insertMany(ctx, s, c.PartsTasks); err != nil {
-		return partsRun{}, err
+		return partsFigures{}, err
 	}
 	if v.noTriggers {
 		if _, err := d.Pool.Exec(ctx, `ALTER TABLE tasks DISABLE TRIGGER USER`); err != nil {
-			return partsRun{}, err
+			return partsFigures{}, err
 		}
 	}
 	m, err := settledMeter(ctx, d)
 	if err != nil {
-		return partsRun{}, err
+		return partsFigures{}, err
 	}
 	defer m.close(ctx)
 	before := selfCPU()
@@ -362,17 +339,21 @@ func partsDrain(ctx context.Context, c Config, v partsVariant) (partsRun, error)
 	app := selfCPU() - before
 	w, err := m.stop(ctx)
 	if err != nil {
-		return partsRun{}, err
+		return partsFigures{}, err
 	}
 	if firstErr != nil {
-		return partsRun{}, firstErr
+		return partsFigures{}, firstErr
 	}
 	var finished, all int
 	if err := d.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'done'), count(*) FROM tasks`).Scan(&finished, &all); err != nil {
-		return partsRun{}, err
+		return partsFigures{}, err
 	}
 	if finished != c.PartsTasks || all != c.PartsTasks {
-		return partsRun{}, fmt.Errorf("after the drain %d of %d tasks are done, want all %d", finished, all, c.PartsTasks)
+		return partsFigures{}, fmt.Errorf("after the drain %d of %d tasks are done, want all %d", finished, all, c.PartsTasks)
 	}
-	return partsRun{drained{tasks: c.PartsTasks, secs: w.elapsed.Seconds(), w: w, app: app}, statements}, nil
+	n := float64(c.PartsTasks)
+	return partsFigures{
+		figRate: n / w.elapsed.Seconds(), figPGCPU: w.cpu.Seconds() * 1e6 / n, figApp: app.Seconds() * 1e6 / n,
+		figWAL: w.wal / n, figStatements: float64(statements) / n,
+	}, nil
 }
