@@ -35,11 +35,11 @@ import (
 // Config configures a Client. The zero value is a client that inserts and
 // controls tasks and takes leases, and runs no workers.
 type Config struct {
-	// ID names this process among the others: its workers are the
+	// ID names this client among the others: its workers are the
 	// processors "<ID>/w<N>" (or "<ID>/<queue>/w<N>") and its electors'
 	// default holder. It must be unique among live clients. Default:
 	// "<hostname>-<pid>" for the first client of a process given none, and
-	// "<hostname>-<pid>-<n>" for its n-th after that.
+	// "<hostname>-<pid>-<n>" for the n-th such client from the second on.
 	ID string
 	// Workers are the kinds this client runs (nil: none). A worker claims
 	// only the kinds it has; a task of a kind nobody runs waits, untouched.
