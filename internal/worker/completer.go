@@ -28,10 +28,27 @@ const maxCompleteBatch = 500
 // claim that comes back short stops the feeding; the workers left without
 // a task go idle, and the dispatcher takes over, registering as a waiter
 // for inserted tasks as it does.
+//
+// A batch is sent at once when no statement of the completer's is in
+// flight. While one is, a second is sent only once its batch holds half
+// the pool's workers (secondBatch): a drain then keeps two statements of
+// half the workers each in flight, and the database's cores busy, where
+// one statement at a time would leave half the workers waiting for it.
+// Completions that trickle in wait for the statement in flight, as they
+// would with one statement at a time, rather than split the rounds of a
+// busy pool into ever smaller batches.
 type completer struct {
 	p    *Pool
 	reqs chan completeReq
+	// secondBatch is the smallest batch sent while another is in flight.
+	secondBatch int
+	// send records a batch and answers its requests: record, but for
+	// tests of the batching.
+	send func([]completeReq)
 }
+
+// maxInFlight bounds the completer's statements in flight at once.
+const maxInFlight = 2
 
 type completeReq struct {
 	c        taskstore.Completion
@@ -47,7 +64,9 @@ type completeReply struct {
 }
 
 func newCompleter(p *Pool) *completer {
-	return &completer{p: p, reqs: make(chan completeReq)}
+	c := &completer{p: p, reqs: make(chan completeReq), secondBatch: max(p.Workers/maxInFlight, 1)}
+	c.send = c.record
+	return c
 }
 
 // complete completes one task as part of the next batch, and returns the
@@ -82,27 +101,48 @@ func (c *completer) complete(ctx context.Context, comp taskstore.Completion) (*c
 // answered and read: a completion costs no channel of its own.
 var replies = sync.Pool{New: func() any { return make(chan completeReply, 1) }}
 
-// run records batches until ctx ends; the pool ends it after its workers.
+// run records batches until ctx ends, then waits for its statements in
+// flight; the pool ends it after its workers.
 func (c *completer) run(ctx context.Context) {
-	var batch []completeReq // reused: record is done with it when it returns
+	var (
+		batch    []completeReq
+		inFlight int
+		finished = make(chan struct{}, maxInFlight)
+		sending  sync.WaitGroup
+	)
+	defer sending.Wait()
 	for {
-		batch = batch[:0]
+		if len(batch) > 0 && (inFlight == 0 || inFlight < maxInFlight && len(batch) >= c.secondBatch) {
+			b := batch
+			batch = nil
+			inFlight++
+			sending.Go(func() {
+				c.send(b)
+				finished <- struct{}{}
+			})
+			continue
+		}
+		reqs := c.reqs
+		if len(batch) >= maxCompleteBatch {
+			reqs = nil // full: wait for a statement to finish
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case r := <-c.reqs:
+		case <-finished:
+			inFlight--
+		case r := <-reqs:
 			batch = append(batch, r)
-		}
-	gather:
-		for len(batch) < maxCompleteBatch {
-			select {
-			case r := <-c.reqs:
-				batch = append(batch, r)
-			default:
-				break gather
+		gather:
+			for len(batch) < maxCompleteBatch {
+				select {
+				case r := <-c.reqs:
+					batch = append(batch, r)
+				default:
+					break gather
+				}
 			}
 		}
-		c.record(batch)
 	}
 }
 

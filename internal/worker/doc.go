@@ -34,7 +34,8 @@
 //
 // Completions are recorded in batches by one completer per pool (one
 // statement and one commit for all that arrived while the previous one
-// ran). While the queue has a backlog (the dispatcher's last claim got a
+// ran; a second statement beside it once half the pool's workers wait, so
+// that a drain keeps two in flight). While the queue has a backlog (the dispatcher's last claim got a
 // task for every idle worker) the completer's statement also claims each
 // completing worker's next task (task.Store.CompleteAndClaim, Wake
 // WakeChained): a busy replica runs one statement per round of tasks, not
