@@ -61,6 +61,7 @@ const eventBuffer = 1024
 type events struct {
 	mu      sync.Mutex
 	subs    []*subscriber
+	n       atomic.Int32 // len(subs): a client nobody subscribes to publishes nothing
 	dropped atomic.Int64
 }
 
@@ -80,6 +81,7 @@ func (c *Client) Subscribe(kinds ...EventKind) (<-chan *Event, func()) {
 	s := &subscriber{kinds: slices.Clone(kinds), c: make(chan *Event, eventBuffer)}
 	c.events.mu.Lock()
 	c.events.subs = append(c.events.subs, s)
+	c.events.n.Store(int32(len(c.events.subs)))
 	c.events.mu.Unlock()
 	var once sync.Once
 	return s.c, func() {
@@ -87,6 +89,7 @@ func (c *Client) Subscribe(kinds ...EventKind) (<-chan *Event, func()) {
 			c.events.mu.Lock()
 			defer c.events.mu.Unlock()
 			c.events.subs = slices.DeleteFunc(c.events.subs, func(o *subscriber) bool { return o == s })
+			c.events.n.Store(int32(len(c.events.subs)))
 			close(s.c)
 		})
 	}
@@ -99,6 +102,9 @@ func (c *Client) DroppedEvents() int64 { return c.events.dropped.Load() }
 // publish is the workers' OnEvent: the attempt's end, to every subscriber
 // of its kind.
 func (e *events) publish(ev worker.Event) {
+	if e.n.Load() == 0 {
+		return
+	}
 	out := publicEvent(ev)
 	if out == nil {
 		return
