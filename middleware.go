@@ -87,8 +87,13 @@ func (c *Client) inserting(ctx context.Context, params []InsertParams, nts []tas
 // working runs the client's Work middleware around one attempt.
 func (c *Client) working(ctx context.Context, t task.Task, run func(context.Context, task.Task) (json.RawMessage, error)) (json.RawMessage, error) {
 	if len(c.workMW) == 0 {
-		return run(ctx, t)
+		return run(ctx, t) // t stays on the stack: most clients have no middleware
 	}
+	return c.workingThrough(ctx, t, run)
+}
+
+// workingThrough is working with middleware, which gets the task's address.
+func (c *Client) workingThrough(ctx context.Context, t task.Task, run func(context.Context, task.Task) (json.RawMessage, error)) (json.RawMessage, error) {
 	var out json.RawMessage
 	next := func(ctx context.Context) error {
 		var err error
