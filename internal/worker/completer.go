@@ -31,12 +31,16 @@ const maxCompleteBatch = 500
 //
 // A batch is sent at once when no statement of the completer's is in
 // flight. While one is, a second is sent only once its batch holds half
-// the pool's workers (secondBatch): a drain then keeps two statements of
-// half the workers each in flight, and the database's cores busy, where
-// one statement at a time would leave half the workers waiting for it.
-// Completions that trickle in wait for the statement in flight, as they
-// would with one statement at a time, rather than split the rounds of a
-// busy pool into ever smaller batches.
+// the pool's workers, and at least minSecondBatch (secondBatch): a drain
+// of a large pool then keeps two statements of half the workers each in
+// flight, and the database's cores busy, where one statement at a time
+// would leave half the workers waiting for it. Completions that trickle
+// in wait for the statement in flight, as they would with one statement
+// at a time, rather than split the rounds of a busy pool into ever
+// smaller batches. A small pool never sends a second: its completions
+// all gather while one statement runs, and a statement costs the server
+// about as much as a few dozen of the tasks it carries, so halving its
+// batches would cost more than the second core gives.
 type completer struct {
 	p    *Pool
 	reqs chan completeReq
@@ -49,6 +53,9 @@ type completer struct {
 
 // maxInFlight bounds the completer's statements in flight at once.
 const maxInFlight = 2
+
+// minSecondBatch is the smallest batch sent beside a statement in flight.
+const minSecondBatch = 25
 
 type completeReq struct {
 	c        taskstore.Completion
@@ -64,7 +71,7 @@ type completeReply struct {
 }
 
 func newCompleter(p *Pool) *completer {
-	c := &completer{p: p, reqs: make(chan completeReq), secondBatch: max(p.Workers/maxInFlight, 1)}
+	c := &completer{p: p, reqs: make(chan completeReq), secondBatch: max(p.Workers/maxInFlight, minSecondBatch)}
 	c.send = c.record
 	return c
 }

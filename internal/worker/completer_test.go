@@ -13,7 +13,8 @@ import (
 // statement is in flight; while one is, a second goes only once it holds
 // half the pool's workers; never more than two are in flight.
 func TestCompleterKeepsBatchesWhole(t *testing.T) {
-	c := newCompleter(&Pool{Workers: 6}) // a second batch holds at least 3
+	c := newCompleter(&Pool{Workers: 6})
+	c.secondBatch = 3 // half the workers, were they enough
 	sent := make(chan []int64)
 	finish := make(chan struct{})
 	c.send = func(b []completeReq) {
@@ -58,4 +59,17 @@ func TestCompleterKeepsBatchesWhole(t *testing.T) {
 
 	cancel()
 	<-stopped
+}
+
+// TestCompleterSecondBatchOfLargePoolsOnly: a second statement carries half
+// a large pool's workers, and a small pool never sends one.
+func TestCompleterSecondBatchOfLargePoolsOnly(t *testing.T) {
+	for _, c := range []struct{ workers, want int }{
+		{1, minSecondBatch}, {4, minSecondBatch}, {49, minSecondBatch},
+		{50, minSecondBatch}, {100, 50}, {300, 150},
+	} {
+		if got := newCompleter(&Pool{Workers: c.workers}).secondBatch; got != c.want {
+			t.Errorf("%d workers: a second batch of %d, want %d", c.workers, got, c.want)
+		}
+	}
 }

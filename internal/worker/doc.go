@@ -34,8 +34,9 @@
 //
 // Completions are recorded in batches by one completer per pool (one
 // statement and one commit for all that arrived while the previous one
-// ran; a second statement beside it once half the pool's workers wait, so
-// that a drain keeps two in flight). While the queue has a backlog (the dispatcher's last claim got a
+// ran; a second statement beside it once half the pool's workers, and at
+// least minSecondBatch, wait, so that a large pool's drain keeps two in
+// flight). While the queue has a backlog (the dispatcher's last claim got a
 // task for every idle worker) the completer's statement also claims each
 // completing worker's next task (task.Store.CompleteAndClaim, Wake
 // WakeChained): a busy replica runs one statement per round of tasks, not
