@@ -67,6 +67,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		keysLimit = fs.Int("keys-limit", bench.DefaultKeysLimit, "slots of each key of keys's keyed drain: at most this many of its tasks run at once")
 		partsN    = fs.Int("parts-tasks", bench.DefaultPartsTasks, "tasks of each of claim-parts' drains")
 		partsR    = fs.Int("parts-rounds", bench.DefaultPartsRounds, "rounds of claim-parts, each a drain of each of its five ways, in turn first")
+		partsL    = fs.Int("parts-loops", bench.DefaultPartsLoops, "claimers of each of claim-parts' drains, each a statement at a time")
+		partsB    = fs.Int("parts-batch", bench.DefaultPartsBatch, "tasks each claim-parts statement hands in and claims")
 		standby   = fs.String("standby", "", "with `sync` or `async`, run on a local primary built for the run with a streaming standby of its own, "+
 			"synchronous (every commit waits for the standby's flush) or asynchronous, removed after; not with --database-url")
 	)
@@ -102,9 +104,9 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	cfg.BacklogWorkers, cfg.RiverPeer = *blWorkers, *riverPeer
 	cfg.KeysTasks, cfg.KeysRounds, cfg.KeysWorkers, cfg.KeysCount, cfg.KeysLimit = *keysTasks, *keysRound, *keysWork, *keysCount, *keysLimit
-	cfg.PartsTasks, cfg.PartsRounds = *partsN, *partsR
-	if *partsN <= 0 || *partsR <= 0 {
-		return usagef("--parts-tasks and --parts-rounds must be above 0")
+	cfg.PartsTasks, cfg.PartsRounds, cfg.PartsLoops, cfg.PartsBatch = *partsN, *partsR, *partsL, *partsB
+	if *partsN <= 0 || *partsR <= 0 || *partsL <= 0 || *partsB <= 0 {
+		return usagef("--parts-tasks, --parts-rounds, --parts-loops and --parts-batch must be above 0")
 	}
 	if *keysTasks <= 0 || *keysRound <= 0 || *keysWork <= 0 || *keysCount <= 0 || *keysLimit <= 0 {
 		return usagef("--keys-tasks, --keys-rounds, --keys-workers, --keys-count and --keys-limit must be above 0")

@@ -79,6 +79,8 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		{"bench", "--keys-limit", "1001"},
 		{"bench", "--parts-tasks", "0"},
 		{"bench", "--parts-rounds", "101"},
+		{"bench", "--parts-loops", "0"},
+		{"bench", "--parts-batch", "1001"},
 	} {
 		err := run(t.Context(), args, env(), io.Discard, io.Discard)
 		if !errors.Is(err, errUsage) {

@@ -83,6 +83,9 @@ type Config struct {
 	// PartsTasks are the tasks of each of claim-parts' drains, in each of its PartsRounds
 	// rounds (0: DefaultPartsTasks, DefaultPartsRounds).
 	PartsTasks, PartsRounds int
+	// PartsLoops are claim-parts' claimers, each claiming PartsBatch tasks a statement
+	// (0: DefaultPartsLoops, DefaultPartsBatch).
+	PartsLoops, PartsBatch int
 	// Log receives progress lines (nil discards).
 	Log io.Writer
 }
@@ -144,6 +147,8 @@ func (c Config) withDefaults() Config {
 	c.KeysLimit = cmp.Or(c.KeysLimit, DefaultKeysLimit)
 	c.PartsTasks = cmp.Or(c.PartsTasks, DefaultPartsTasks)
 	c.PartsRounds = cmp.Or(c.PartsRounds, DefaultPartsRounds)
+	c.PartsLoops = cmp.Or(c.PartsLoops, DefaultPartsLoops)
+	c.PartsBatch = cmp.Or(c.PartsBatch, DefaultPartsBatch)
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
@@ -185,6 +190,7 @@ func (c Config) Validate() error {
 		{"keys tasks", c.KeysTasks, 10_000_000}, {"keys rounds", c.KeysRounds, 100}, {"keys workers", c.KeysWorkers, 10_000},
 		{"keys count", c.KeysCount, 100_000}, {"keys limit", c.KeysLimit, lease.MaxSlots},
 		{"claim-parts tasks", c.PartsTasks, 10_000_000}, {"claim-parts rounds", c.PartsRounds, 100},
+		{"claim-parts loops", c.PartsLoops, 16}, {"claim-parts batch", c.PartsBatch, 1000},
 	} {
 		if k.n < 0 || k.n > k.top {
 			errs = append(errs, fmt.Errorf("%s %d must be between 1 and %d (or 0, the default)", k.what, k.n, k.top))

@@ -17,14 +17,18 @@ const (
 	DefaultPartsRounds = 3
 )
 
-// Claim-parts' fixed shape: claimers, each a loop of statements that hand in the tasks
-// its previous statement claimed and claim the next batch, as a busy Client's dispatcher
-// does (taskstore.Store.CompleteAndClaim), with nothing between a claim and a completion.
+// DefaultPartsLoops and DefaultPartsBatch are claim-parts' claimers and the tasks each of
+// their statements claims when Config.PartsLoops and Config.PartsBatch are zero: each
+// claimer a loop of statements that hand in the tasks its previous statement claimed and
+// claim the next batch, as a busy Client's completer does (taskstore.Store.CompleteAndClaim),
+// with nothing between a claim and a completion; two of fifty, as a Client of 100 workers
+// keeps in flight.
 const (
-	partsLoops = 2
-	partsBatch = 50
-	partsTTL   = 30 * time.Second
+	DefaultPartsLoops = 2
+	DefaultPartsBatch = 50
 )
+
+const partsTTL = 30 * time.Second
 
 // partsHint is where the highest claimed task stands in its branch: each pick reads the
 // pending index from after it, as leasehold's claims do with their hints, so that no
@@ -195,8 +199,8 @@ var partsVariants = []partsVariant{
 
 // runClaimParts prices the parts of leasehold's claim: the same drain of PartsTasks
 // zero-work tasks five ways (partsVariants), from the state alone on a table without
-// triggers up to leasehold's own statement, each by partsLoops loops that hand in their
-// last batch and claim the next partsBatch in one statement, with nothing between. No
+// triggers up to leasehold's own statement, each by PartsLoops loops that hand in their
+// last batch and claim the next PartsBatch in one statement, with nothing between. No
 // worker, no handler, no Go beyond the loops: what the server spends per task on each way,
 // and so what each part adds, and the fewest CPU microseconds a claimed and completed task
 // costs on this table. PartsRounds rounds, the variants taking turns going first; each
@@ -271,7 +275,7 @@ type partsFigures [len(partsFields)]float64
 
 // partsDrain drains PartsTasks fresh tasks one way, metered.
 func partsDrain(ctx context.Context, c Config, v partsVariant) (partsFigures, error) {
-	d, err := newDB(ctx, c.DatabaseURL, partsLoops+2)
+	d, err := newDB(ctx, c.DatabaseURL, int32(c.PartsLoops+2))
 	if err != nil {
 		return partsFigures{}, err
 	}
@@ -298,8 +302,8 @@ func partsDrain(ctx context.Context, c Config, v partsVariant) (partsFigures, er
 		firstErr   error
 		statements int
 	)
-	for loop := range partsLoops {
-		processors := make([]string, partsBatch)
+	for loop := range c.PartsLoops {
+		processors := make([]string, c.PartsBatch)
 		for i := range processors {
 			processors[i] = fmt.Sprintf("parts-%d/w%d", loop, i)
 		}
