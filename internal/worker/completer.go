@@ -122,6 +122,9 @@ func (c *completer) run(ctx context.Context) {
 		if len(batch) > 0 && (inFlight == 0 || inFlight < maxInFlight && len(batch) >= c.secondBatch) {
 			b := batch
 			batch = nil
+			if inFlight > 0 {
+				c.p.counters.overlapped.Add(1)
+			}
 			inFlight++
 			sending.Go(func() {
 				c.send(b)

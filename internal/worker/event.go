@@ -113,10 +113,13 @@ type Counters struct {
 	// inserted tasks: each time it went idle after its workers were all
 	// busy (or at start).
 	Registered int64
+	// Overlapped counts the completion statements sent while another was
+	// in flight: a large pool's drain keeps two.
+	Overlapped int64
 }
 
 type counters struct {
-	claims, empty, claimed, completed, failed, requeued, snoozed, cancelled, leaseLost, crashed, registered atomic.Int64
+	claims, empty, claimed, completed, failed, requeued, snoozed, cancelled, leaseLost, crashed, registered, overlapped atomic.Int64
 }
 
 func (c *counters) snapshot() Counters {
@@ -125,5 +128,6 @@ func (c *counters) snapshot() Counters {
 		Completed: c.completed.Load(), Failed: c.failed.Load(), Requeued: c.requeued.Load(),
 		Snoozed: c.snoozed.Load(), Cancelled: c.cancelled.Load(),
 		LeaseLost: c.leaseLost.Load(), Crashed: c.crashed.Load(), Registered: c.registered.Load(),
+		Overlapped: c.overlapped.Load(),
 	}
 }

@@ -29,6 +29,25 @@ import (
 // safety poll is off: notifications alone keep the replicas busy.
 func TestExactlyOnce(t *testing.T) {
 	t.Parallel()
+	for _, shape := range []struct {
+		name              string
+		replicas, workers int
+	}{
+		{"3 replicas of 4 workers", 3, 4},
+		// Its completer keeps two statements in flight.
+		{"a replica of 60 workers", 1, 60},
+	} {
+		t.Run(shape.name, func(t *testing.T) {
+			t.Parallel()
+			exactlyOnce(t, shape.replicas, shape.workers)
+		})
+	}
+}
+
+// exactlyOnce drains 3,000 zero-work tasks with replicas pools of workers
+// each, some inserted before they start, and checks that each was claimed
+// and completed once, under one lease and a fence of its own.
+func exactlyOnce(t *testing.T, replicas, workers int) {
 	e := newEnv(t)
 	const batches, perBatch = 30, 100
 	const n = batches * perBatch
@@ -40,9 +59,9 @@ func TestExactlyOnce(t *testing.T) {
 		e.insert(0, batch...)
 	}
 	e.startReaper() // should a lease lapse after all, the task is redone and the assertions below say so
-	var replicas []*replica
-	for i := range 3 {
-		replicas = append(replicas, e.startPool(fmt.Sprintf("replica-%d", i), 4, 30*time.Second, nil))
+	var pools []*replica
+	for i := range replicas {
+		pools = append(pools, e.startPool(fmt.Sprintf("replica-%d", i), workers, 30*time.Second, nil))
 	}
 	for range batches - batches/5 {
 		e.insert(0, batch...)
@@ -57,7 +76,7 @@ func TestExactlyOnce(t *testing.T) {
 		}
 		return st.Done == n
 	})
-	for _, r := range replicas {
+	for _, r := range pools {
 		r.stop(t)
 	}
 
@@ -84,8 +103,8 @@ func TestExactlyOnce(t *testing.T) {
 	// And from the workers' side: each task claimed and completed once,
 	// nothing else went wrong; with a backlog, completions claimed the
 	// workers' next tasks in their own statements.
-	completed, claimed, chained := map[int64]int{}, map[int64]int{}, 0
-	for _, r := range replicas {
+	completed, claimed, chained, overlapped := map[int64]int{}, map[int64]int{}, 0, int64(0)
+	for _, r := range pools {
 		for _, ev := range r.events.all(func(worker.Event) bool { return true }) {
 			switch ev.Kind {
 			case worker.EventClaimed:
@@ -100,8 +119,9 @@ func TestExactlyOnce(t *testing.T) {
 			}
 		}
 		c := r.Counters()
-		t.Logf("%s: %d claim statements (%d found nothing), %d tasks claimed, %d completed",
-			r.Instance, c.Claims, c.Empty, c.Claimed, c.Completed)
+		overlapped += c.Overlapped
+		t.Logf("%s: %d claim statements (%d found nothing), %d tasks claimed, %d completed, %d completion statements beside another",
+			r.Instance, c.Claims, c.Empty, c.Claimed, c.Completed, c.Overlapped)
 	}
 	for id, k := range completed {
 		if k != 1 || claimed[id] != 1 {
@@ -115,6 +135,9 @@ func TestExactlyOnce(t *testing.T) {
 		t.Errorf("no task was claimed by a completion's statement, though %d tasks waited", n)
 	}
 	t.Logf("%d of %d tasks claimed by a completion's statement", chained, n)
+	if workers >= 50 && overlapped == 0 {
+		t.Errorf("no completion statement went beside another, though %d workers drained %d tasks", workers, n)
+	}
 }
 
 // TestLeaseLostDuringWork pauses a worker's heartbeats past its lease (a
