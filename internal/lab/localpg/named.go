@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 )
 
 // Cluster is a cluster of its own beside the development one, for the tests and the chaos
@@ -110,12 +113,50 @@ func (c *Cluster) halt(ctx context.Context, mode string) error {
 	return cl.stop(ctx, mode)
 }
 
-// freePort asks the kernel for a TCP port of 127.0.0.1 that nothing listens on now.
+// freePort returns a TCP port of 127.0.0.1 that nothing listens on now, below the kernel's
+// range of ephemeral ports (from lowPortFloor): the kernel gives the local end of every
+// outgoing connection a port of that range, so a port from it could be taken by some
+// connection before the server binds it, or while a node of a pair is down for a failover,
+// and its start would fail. Only where that range leaves too little room below it does it
+// ask the kernel for any free port.
 func freePort() (int, error) {
+	if lo := ephemeralLow(); lo-lowPortFloor >= 1000 {
+		for range 100 {
+			port := lowPortFloor + rand.IntN(lo-lowPortFloor)
+			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+			if err != nil {
+				continue // taken: try another
+			}
+			_ = ln.Close()
+			return port, nil
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("localpg: find a free port: %w", err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// lowPortFloor is the lowest port freePort picks: above the ports of common services.
+const lowPortFloor = 20000
+
+// ephemeralLow is the first port of the kernel's range for the local ends of outgoing
+// connections (Linux's default, 32768, when it cannot be read).
+func ephemeralLow() int {
+	const linuxDefault = 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return linuxDefault
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return linuxDefault
+	}
+	lo, err := strconv.Atoi(fields[0])
+	if err != nil || lo <= 0 {
+		return linuxDefault
+	}
+	return lo
 }

@@ -2,6 +2,8 @@ package localpg
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -60,5 +62,29 @@ func TestClusterCrashAndRestart(t *testing.T) {
 func TestOpenRejectsBadName(t *testing.T) {
 	if _, err := Open(context.Background(), "../x", nil); err == nil {
 		t.Fatal("Open accepted a name with a path in it")
+	}
+}
+
+// TestFreePortIsBelowTheEphemeralRange: the ports the servers of pairs and named clusters get
+// are never those the kernel hands to the local ends of outgoing connections, which could
+// take one before its server binds it.
+func TestFreePortIsBelowTheEphemeralRange(t *testing.T) {
+	lo := ephemeralLow()
+	if lo-lowPortFloor < 1000 {
+		t.Skipf("the ephemeral range starts at %d: no room below it", lo)
+	}
+	for range 20 {
+		port, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if port < lowPortFloor || port >= lo {
+			t.Fatalf("port %d, want one from %d to %d, below the ephemeral range", port, lowPortFloor, lo-1)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			t.Fatalf("port %d is not free: %v", port, err)
+		}
+		_ = ln.Close()
 	}
 }
