@@ -121,7 +121,9 @@ func (c *completer) run(ctx context.Context) {
 	for {
 		if len(batch) > 0 && (inFlight == 0 || inFlight < maxInFlight && len(batch) >= c.secondBatch) {
 			b := batch
-			batch = nil
+			// The next batch is likely this one's size: room for it at
+			// once, not regrown from nothing by append.
+			batch = make([]completeReq, 0, len(b))
 			if inFlight > 0 {
 				c.p.counters.overlapped.Add(1)
 			}
