@@ -11,9 +11,17 @@ import (
 	"github.com/leasehold/leasehold/internal/lab/procstat"
 )
 
-// sampleEvery is how often the meter samples pg_stat_activity (and the CPU time of the
-// processes it attributes to the workload).
+// sampleEvery is how often the meter samples pg_stat_activity.
 const sampleEvery = 10 * time.Millisecond
+
+// readEvery is how many samples pass between two readings of the CPU time of every
+// process the meter attributes to the workload. A process alive at stop is read then, so
+// these readings only keep the time of one that exits in the window, and one that leaves
+// pg_stat_activity (as a backend does when it exits) is read at the sample that sees it
+// gone. Reading each at every sample cost the meter's own process a file read per server
+// process: with a Client's hundred sessions, a tenth of a 2-core machine, taken from the
+// workload it measured.
+const readEvery = 10
 
 // startMeter opens every connection of d's pool, so that no window pays for a session's
 // start (a fork, PrepareSession), which a running replica paid long ago, and starts a
@@ -67,6 +75,7 @@ type meter struct {
 	checkpoints int64
 	wholeStart  int64 // ticks of the whole tree
 	ownStart    int64 // of the postmaster itself
+	reapedStart int64 // of the children the postmaster had reaped
 	stopSampler func() samples
 }
 
@@ -84,6 +93,8 @@ const (
 type tracked struct {
 	class       procClass
 	first, last int64
+	seen        int  // the last sample that listed it in pg_stat_activity
+	gone        bool // read after it left pg_stat_activity
 }
 
 // samples are what the sampler saw.
@@ -156,11 +167,11 @@ func (m *meter) start(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("the postmaster (pid %d) is gone: %w", m.pg.pid, err)
 		}
-		m.ownStart = st.UTime + st.STime
+		m.ownStart, m.reapedStart = st.UTime+st.STime, st.CUTime+st.CSTime
 		for pid, ticks := range children {
 			procs[pid] = &tracked{class: classShared, first: ticks, last: ticks}
 		}
-		if _, _, err := m.classify(ctx, procs); err != nil {
+		if _, _, err := m.classify(ctx, procs, 0); err != nil {
 			return err
 		}
 	}
@@ -169,10 +180,12 @@ func (m *meter) start(ctx context.Context) error {
 	return nil
 }
 
-// classify reads pg_stat_activity: it sets the class of each process of procs that it lists
-// (adding those born since, with no ticks before), reads the CPU time of the workload's, and
-// returns how many of the scenario's client sessions and of other databases' were active.
-func (m *meter) classify(ctx context.Context, procs map[int]*tracked) (ours, others int, err error) {
+// classify reads pg_stat_activity as sample n: it sets the class of each process of procs
+// that it lists (adding those born since, with no ticks before), reads the CPU time of the
+// workload's (each one new, all of them every readEvery samples, and those no longer
+// listed), and returns how many of the scenario's client sessions and of other databases'
+// were active.
+func (m *meter) classify(ctx context.Context, procs map[int]*tracked, n int) (ours, others int, err error) {
 	// Every column may be NULL: a background process has no database, and a client backend
 	// still authenticating has neither a database nor a state yet (other tests connect while the
 	// meter samples).
@@ -201,23 +214,44 @@ func (m *meter) classify(ctx context.Context, procs map[int]*tracked) (ours, oth
 			continue
 		}
 		p := procs[pid]
-		if p == nil {
+		fresh := p == nil
+		if fresh {
 			p = &tracked{} // born since the window opened: all its time is the window's
 			procs[pid] = p
 		}
+		p.seen = n
 		switch {
 		case mine:
 			p.class = classOurs
 		case other:
 			p.class = classOther
 		}
-		if p.class != classOther {
-			if ticks, ok := m.pg.ticksOf(pid); ok {
-				p.last = max(p.last, ticks)
+		if fresh || n%readEvery == 0 {
+			m.read(pid, p)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, 0, err
+	}
+	if m.pg != nil {
+		for pid, p := range procs {
+			if p.seen != n && !p.gone {
+				p.gone = true // or never listed: a process alive at stop is read then
+				m.read(pid, p)
 			}
 		}
 	}
-	return ours, others, rows.Err()
+	return ours, others, nil
+}
+
+// read brings p, process pid, up to its CPU time now, unless it is another database's.
+func (m *meter) read(pid int, p *tracked) {
+	if p.class == classOther {
+		return
+	}
+	if ticks, ok := m.pg.ticksOf(pid); ok {
+		p.last = max(p.last, ticks)
+	}
 }
 
 // sample classifies and counts every sampleEvery until the function it returns is called,
@@ -231,7 +265,7 @@ func (m *meter) sample(ctx context.Context, procs map[int]*tracked) func() sampl
 		t := time.NewTicker(sampleEvery)
 		defer t.Stop()
 		for {
-			ours, others, err := m.classify(ctx, procs)
+			ours, others, err := m.classify(ctx, procs, s.n+1)
 			if err != nil {
 				s.err = err
 				done <- s
@@ -269,31 +303,42 @@ func (m *meter) stop(ctx context.Context) (window, error) {
 		if err != nil {
 			return window{}, err
 		}
+		// A process alive at stop is counted from its first reading to now. The time of
+		// those that exited is in the postmaster's reaped time (their whole lives): less
+		// what they had used at their first readings, it is the window's, those born and
+		// gone between two samples included. Another database's that exited is taken out
+		// as far as it was read.
 		var cpu, ours, others int64
 		for pid, p := range s.procs {
-			if ticks, ok := children[pid]; ok {
+			ticks, alive := children[pid]
+			if alive {
 				p.last = max(p.last, ticks)
 			}
 			if pid == m.pid {
 				continue
 			}
 			d := p.last - p.first
-			switch p.class {
-			case classOther:
-				if _, alive := children[pid]; alive {
-					others += d
+			switch {
+			case !alive:
+				cpu -= p.first
+				if p.class == classOther {
+					cpu -= d
+				} else if p.class == classOurs {
+					ours += d // as far as it was read
 				}
-			case classOurs:
+			case p.class == classOther:
+				others += d
+			case p.class == classOurs:
 				ours += d
 				cpu += d
 			default:
 				cpu += d
 			}
 		}
-		// The postmaster's own time is shared; its children's that it reaped are the
-		// exited processes', counted above as each was last read.
+		// The postmaster's own time is shared.
 		if st, err := procstat.Read(m.pg.pid); err == nil {
 			cpu += st.UTime + st.STime - m.ownStart
+			cpu += st.CUTime + st.CSTime - m.reapedStart
 		}
 		own := int64(0)
 		if p := s.procs[m.pid]; p != nil {

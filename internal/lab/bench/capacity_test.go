@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/leasehold/leasehold/internal/lab/pgtest"
+	"github.com/leasehold/leasehold/internal/lab/procstat"
 )
 
 // TestCapacity runs the capacity scenario small on the test server and checks that every
@@ -123,11 +126,75 @@ func TestMeterReadsSessionsWithoutAState(t *testing.T) {
 			(5, 'elsewhere', 'client backend', 'idle in transaction')`); err != nil {
 		t.Fatal(err)
 	}
-	ours, others, err := m.classify(ctx, map[int]*tracked{})
+	ours, others, err := m.classify(ctx, map[int]*tracked{}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ours != 1 || others != 1 {
 		t.Errorf("classify counted %d active sessions of ours and %d of others, want 1 and 1", ours, others)
+	}
+}
+
+// TestMeterCountsASessionThatExits: a session that works and exits within the window has
+// all its CPU time counted, though the meter reads a process's time only now and then.
+func TestMeterCountsASessionThatExits(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	d, err := newDB(ctx, pgtest.ServerURL(t), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	m, err := newMeter(ctx, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.close(ctx)
+	if m.pg == nil {
+		t.Skip("the server is not on this machine: " + m.notLocal)
+	}
+	if err := m.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, d.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM generate_series(1, 3000000)`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	st, err := procstat.Read(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := m.pg.dur(st.CPU())
+	if err := conn.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Gone once the postmaster has reaped it.
+	for {
+		if _, err := procstat.Read(pid); err != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("session %d did not exit: %v", pid, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	w, err := m.stop(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used == 0 {
+		t.Fatal("the session used no CPU time that /proc shows: the test shows nothing")
+	}
+	if w.cpu < used {
+		t.Errorf("the window counted %s of CPU, less than the %s the exited session alone used", w.cpu, used)
 	}
 }
