@@ -15,13 +15,13 @@ import (
 const sampleEvery = 10 * time.Millisecond
 
 // readEvery is how many samples pass between two readings of the CPU time of every
-// process the meter attributes to the workload. A process alive at stop is read then, so
-// these readings only keep the time of one that exits in the window, and one that leaves
-// pg_stat_activity (as a backend does when it exits) is read at the sample that sees it
-// gone. Reading each at every sample cost the meter's own process a file read per server
-// process: with a Client's hundred sessions, a tenth of a 2-core machine, taken from the
-// workload it measured.
-const readEvery = 10
+// process the meter attributes to the workload. A process alive at stop is read then, and
+// the time of one that exits is counted whole from the postmaster's (stop), so these
+// readings only tell which database an exited process's time was for. Reading each at
+// every sample cost the meter's own process a file read per server process: with a
+// Client's hundred sessions, a tenth of a 2-core machine, taken from the workload it
+// measured.
+const readEvery = 100
 
 // startMeter opens every connection of d's pool, so that no window pays for a session's
 // start (a fork, PrepareSession), which a running replica paid long ago, and starts a
@@ -60,9 +60,10 @@ func startMeter(ctx context.Context, d *freshDB) (*meter, error) {
 // The CPU time is the workload's: that of the processes of the scenario's database (its
 // sessions, and autovacuum's workers on it) and of PostgreSQL's shared processes (the WAL
 // writer, the checkpointer, the postmaster…), each from its reading at start (or its birth)
-// to its last reading, at stop or at the last sample before it exited. Other databases'
-// sessions on the same server are left out, and their CPU time is reported beside it, as is
-// the whole server's (the postmaster and all its children, reaped ones included).
+// to stop, or to its exit for one that exited (the postmaster's time for the children it
+// reaped holds theirs). Other databases' sessions on the same server are left out, and
+// their CPU time is reported beside it, as is the whole server's (the postmaster and all
+// its children, reaped ones included).
 type meter struct {
 	conn     *pgx.Conn
 	pid      int      // conn's backend
