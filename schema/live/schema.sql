@@ -744,9 +744,13 @@ RETURN CASE WHEN (want_queues IS NULL) THEN ARRAY(SELECT DISTINCT br.queue FROM 
 
 CREATE OR REPLACE FUNCTION public.queues_paused()
  RETURNS text[]
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
-RETURN ARRAY(SELECT p.queue FROM queue_pauses p WHERE ((p.until IS NULL) OR (p.until > now())))
+AS $function$
+BEGIN
+    RETURN ARRAY(SELECT p.queue FROM queue_pauses AS p WHERE p.until IS NULL OR p.until > now());
+END;
+$function$
 
 CREATE OR REPLACE FUNCTION public.rate_kept(recent timestamp with time zone[], starts timestamp with time zone[], n integer)
  RETURNS timestamp with time zone[]
