@@ -322,9 +322,10 @@ func (m *meter) stop(ctx context.Context) (window, error) {
 			switch {
 			case !alive:
 				cpu -= p.first
-				if p.class == classOther {
+				switch p.class {
+				case classOther:
 					cpu -= d
-				} else if p.class == classOurs {
+				case classOurs:
 					ours += d // as far as it was read
 				}
 			case p.class == classOther:
