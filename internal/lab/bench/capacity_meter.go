@@ -7,8 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/leasehold/leasehold/internal/lab/procstat"
 )
 
 // sampleEvery is how often the meter samples pg_stat_activity.
@@ -159,16 +157,12 @@ func (m *meter) start(ctx context.Context) error {
 	if m.pg != nil {
 		// Every process there is now, read before they are classified: one that starts
 		// between the two is then taken as born in the window, a few ticks early.
-		children, whole, err := m.pg.tree()
+		children, pm, whole, err := m.pg.tree()
 		if err != nil {
 			return err
 		}
 		m.wholeStart = whole
-		st, err := procstat.Read(m.pg.pid)
-		if err != nil {
-			return fmt.Errorf("the postmaster (pid %d) is gone: %w", m.pg.pid, err)
-		}
-		m.ownStart, m.reapedStart = st.UTime+st.STime, st.CUTime+st.CSTime
+		m.ownStart, m.reapedStart = pm.UTime+pm.STime, pm.CUTime+pm.CSTime
 		for pid, ticks := range children {
 			procs[pid] = &tracked{class: classShared, first: ticks, last: ticks}
 		}
@@ -300,7 +294,7 @@ func (m *meter) stop(ctx context.Context) (window, error) {
 	}
 	w := window{elapsed: time.Since(m.startAt), notLocal: m.notLocal, samples: s}
 	if m.pg != nil {
-		children, whole, err := m.pg.tree()
+		children, pm, whole, err := m.pg.tree()
 		if err != nil {
 			return window{}, err
 		}
@@ -338,10 +332,8 @@ func (m *meter) stop(ctx context.Context) (window, error) {
 			}
 		}
 		// The postmaster's own time is shared.
-		if st, err := procstat.Read(m.pg.pid); err == nil {
-			cpu += st.UTime + st.STime - m.ownStart
-			cpu += st.CUTime + st.CSTime - m.reapedStart
-		}
+		cpu += pm.UTime + pm.STime - m.ownStart
+		cpu += pm.CUTime + pm.CSTime - m.reapedStart
 		own := int64(0)
 		if p := s.procs[m.pid]; p != nil {
 			own = p.last - p.first

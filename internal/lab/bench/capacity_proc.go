@@ -55,27 +55,41 @@ func findServer(backend int, database, dataDir string) (*pgProcs, string) {
 }
 
 // tree returns the CPU ticks, user and system, that each live child of the postmaster has
-// used so far (its children's included), and those of the whole tree: the children's, and
-// the postmaster's own and those of the children it reaped (a backend that exited is
-// counted there).
-func (s *pgProcs) tree() (children map[int]int64, whole int64, err error) {
-	// Children first: one that exits meanwhile is then counted twice (its own and its
-	// parent's reaped time) rather than not at all, for the few milliseconds of its exit.
-	stats, err := procstat.Children(s.pid)
-	if err != nil {
-		return nil, 0, fmt.Errorf("PostgreSQL's processes: %w", err)
+// used so far (its children's included), the postmaster's own reading, and the ticks of the
+// whole tree: the children's, and the postmaster's own and those of the children it reaped
+// (a backend that exited is counted there). The children are listed between two readings of
+// the postmaster, again while a child was reaped in between (up to treeTries times), so that
+// no process is counted both as a live child and in the reaped time, nor in neither.
+func (s *pgProcs) tree() (children map[int]int64, pm procstat.Stat, whole int64, err error) {
+	for try := 1; ; try++ {
+		before, err := procstat.Read(s.pid)
+		if err != nil {
+			return nil, pm, 0, fmt.Errorf("the postmaster (pid %d) is gone: %w", s.pid, err)
+		}
+		stats, err := procstat.Children(s.pid)
+		if err != nil {
+			return nil, pm, 0, fmt.Errorf("PostgreSQL's processes: %w", err)
+		}
+		pm, err = procstat.Read(s.pid)
+		if err != nil {
+			return nil, pm, 0, fmt.Errorf("the postmaster (pid %d) is gone: %w", s.pid, err)
+		}
+		if pm.CUTime+pm.CSTime != before.CUTime+before.CSTime && try < treeTries {
+			continue
+		}
+		children = make(map[int]int64, len(stats))
+		whole = pm.CPU()
+		for _, st := range stats {
+			children[st.PID] = st.CPU()
+			whole += st.CPU()
+		}
+		return children, pm, whole, nil
 	}
-	children = make(map[int]int64, len(stats))
-	for _, st := range stats {
-		children[st.PID] = st.CPU()
-		whole += st.CPU()
-	}
-	st, err := procstat.Read(s.pid)
-	if err != nil {
-		return nil, 0, fmt.Errorf("the postmaster (pid %d) is gone: %w", s.pid, err)
-	}
-	return children, whole + st.CPU(), nil
 }
+
+// treeTries bounds tree's listings: a server whose children exit faster than they can be
+// listed is read as the last listing found it.
+const treeTries = 5
 
 // ticksOf returns the CPU ticks process pid has used so far, its children's included;
 // false when it is gone.
