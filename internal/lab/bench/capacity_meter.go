@@ -15,7 +15,7 @@ const sampleEvery = 10 * time.Millisecond
 // readEvery is how many samples pass between two readings of the CPU time of every
 // process the meter attributes to the workload. A process alive at stop is read then, and
 // the time of one that exits is counted whole from the postmaster's (stop), so these
-// readings only tell which database an exited process's time was for. Reading each at
+// readings only tell, as far as they go, which database an exited process's time was for. Reading each at
 // every sample cost the meter's own process a file read per server process: with a
 // Client's hundred sessions, a tenth of a 2-core machine, taken from the workload it
 // measured.
@@ -92,8 +92,6 @@ const (
 type tracked struct {
 	class       procClass
 	first, last int64
-	seen        int  // the last sample that listed it in pg_stat_activity
-	gone        bool // read after it left pg_stat_activity
 }
 
 // samples are what the sampler saw.
@@ -177,9 +175,8 @@ func (m *meter) start(ctx context.Context) error {
 
 // classify reads pg_stat_activity as sample n: it sets the class of each process of procs
 // that it lists (adding those born since, with no ticks before), reads the CPU time of the
-// workload's (each one new, all of them every readEvery samples, and those no longer
-// listed), and returns how many of the scenario's client sessions and of other databases'
-// were active.
+// workload's (each one new, and all of them every readEvery samples), and returns how many
+// of the scenario's client sessions and of other databases' were active.
 func (m *meter) classify(ctx context.Context, procs map[int]*tracked, n int) (ours, others int, err error) {
 	// Every column may be NULL: a background process has no database, and a client backend
 	// still authenticating has neither a database nor a state yet (other tests connect while the
@@ -214,7 +211,6 @@ func (m *meter) classify(ctx context.Context, procs map[int]*tracked, n int) (ou
 			p = &tracked{} // born since the window opened: all its time is the window's
 			procs[pid] = p
 		}
-		p.seen = n
 		switch {
 		case mine:
 			p.class = classOurs
@@ -225,18 +221,7 @@ func (m *meter) classify(ctx context.Context, procs map[int]*tracked, n int) (ou
 			m.read(pid, p)
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return 0, 0, err
-	}
-	if m.pg != nil {
-		for pid, p := range procs {
-			if p.seen != n && !p.gone {
-				p.gone = true // or never listed: a process alive at stop is read then
-				m.read(pid, p)
-			}
-		}
-	}
-	return ours, others, nil
+	return ours, others, rows.Err()
 }
 
 // read brings p, process pid, up to its CPU time now, unless it is another database's.
