@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -107,16 +108,7 @@ func TestFindServerElsewhere(t *testing.T) {
 func TestMeterReadsSessionsWithoutAState(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	d, err := newDB(ctx, pgtest.ServerURL(t), 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	m, err := newMeter(ctx, d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.close(ctx)
+	_, m := testMeter(t)
 	if _, err := m.conn.Exec(ctx, `
 		CREATE TEMP VIEW pg_stat_activity (pid, datname, backend_type, state) AS VALUES
 			(1, NULL::name, 'checkpointer', NULL::text),
@@ -140,16 +132,7 @@ func TestMeterReadsSessionsWithoutAState(t *testing.T) {
 func TestMeterCountsASessionThatExits(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	d, err := newDB(ctx, pgtest.ServerURL(t), 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	m, err := newMeter(ctx, d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.close(ctx)
+	d, m := testMeter(t)
 	if m.pg == nil {
 		t.Skip("the server is not on this machine: " + m.notLocal)
 	}
@@ -201,4 +184,27 @@ func TestMeterCountsASessionThatExits(t *testing.T) {
 	if w.cpu < used-slack {
 		t.Errorf("the window counted %s of CPU, less than the %s the exited session alone used", w.cpu, used)
 	}
+}
+
+// testDB is a fresh database of the test server, dropped when the test ends.
+func testDB(t *testing.T) *freshDB {
+	t.Helper()
+	d, err := newDB(t.Context(), pgtest.ServerURL(t), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	return d
+}
+
+// testMeter is a meter, not started, on a fresh database (testDB), closed when the test ends.
+func testMeter(t *testing.T) (*freshDB, *meter) {
+	t.Helper()
+	d := testDB(t)
+	m, err := newMeter(t.Context(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.close(context.Background()) })
+	return d, m
 }

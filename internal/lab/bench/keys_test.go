@@ -80,13 +80,9 @@ func TestKeys(t *testing.T) {
 func TestCheckKeysFindsOverlaps(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	d, err := newDB(ctx, pgtest.ServerURL(t), 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := testDB(t)
 	// Three done tasks of key-0, the third started before the first ended.
-	_, err = d.Pool.Exec(ctx, `INSERT INTO tasks (task_data, state, attempts, lock_resource, fence, started_at, processed_at)
+	_, err := d.Pool.Exec(ctx, `INSERT INTO tasks (task_data, state, attempts, lock_resource, fence, started_at, processed_at)
 		SELECT '{}', 'done', 1, 'key-0', nextval('lease_fence_seq'), now() + s * interval '1 second', now() + (s + 2.5) * interval '1 second'
 		FROM generate_series(0, 2) AS s`)
 	if err != nil {
@@ -110,14 +106,10 @@ func TestCheckKeysFindsOverlaps(t *testing.T) {
 func TestCheckRateFindsExcess(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	d, err := newDB(ctx, pgtest.ServerURL(t), 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := testDB(t)
 	// key-0: starts at 0, 0.5, 0.9 and 1.0 s: three in [0, 1 s), and three in
 	// [0.5 s, 1.5 s). key-1: starts at 0, 1 and 2 s, one in every second.
-	_, err = d.Pool.Exec(ctx, `
+	_, err := d.Pool.Exec(ctx, `
 		WITH base AS (SELECT date_trunc('second', now()) AS at)
 		INSERT INTO tasks (task_data, state, attempts, lock_resource, started_at, processed_at)
 		SELECT '{}', 'done', 1, k.key, base.at + k.s * interval '1 second', base.at + k.s * interval '1 second' + interval '1 millisecond'
